@@ -1,0 +1,64 @@
+# Make targets are a contract: users, CI (.ci/run -> make test) and reviewers call them.
+# Each target installs what it needs, so a fresh machine needs nothing else.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+UV      := $(VENV)/bin/uv
+CLUSTER := $(PY) tests/cluster/controlplane.py
+PYTEST_ARGS ?=
+
+.PHONY: help install binaries cluster-up cluster-down test test-unit test-integration \
+        demo bench bench-engine crds lint clean
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+install: $(VENV)/.installed ## Create .venv with the operator, the engine extra and test tools
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip uv
+	$(UV) pip install --python $(PY) -e '.[engine,test]'
+	# torchvision/torchaudio/torchcodec are linked against CUDA torch and break
+	# `import transformers` next to the torch vLLM pins; the engine needs none of them.
+	$(UV) pip uninstall --python $(PY) torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside the repo)
+	tests/cluster/build.sh
+
+cluster-up: install binaries ## Start the local control plane (.cluster/kubeconfig, .cluster/bin)
+	$(CLUSTER) up
+
+cluster-down: ## Stop the local control plane; leaves no process behind
+	@if [ -x $(PY) ]; then $(CLUSTER) down; else echo "no venv, nothing to stop"; fi
+
+crds: install ## Regenerate the CRD YAML from the pydantic API models
+	$(PY) -m spyre_operator.cli crd > crds/serving.spyre.dev_spyremodels.yaml
+	cp crds/serving.spyre.dev_spyremodels.yaml charts/spyre-model-operator/templates/crd-spyremodels.yaml 2>/dev/null || true
+
+lint: install ## ruff + mypy
+	$(VENV)/bin/ruff check operator engine tests
+	$(VENV)/bin/mypy operator/spyre_operator
+
+test: install binaries ## Everything: unit, golden, engine, integration (real control plane)
+	$(CLUSTER) up
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install ## Only the tests that need neither the cluster nor vLLM
+	$(PY) -m pytest -m 'not integration and not engine and not contract' $(PYTEST_ARGS)
+
+demo: install binaries ## Local control plane + operator + a sample SpyreModel reaching Ready
+	operator/scripts/demo.sh
+
+bench: install binaries ## Operator benchmark on the local control plane
+	$(CLUSTER) up
+	$(PY) tests/bench/bench_operator.py $(BENCH_ARGS)
+
+bench-engine: install ## Engine benchmark: warm vs cold start, wrapper overhead, drain
+	$(PY) engine/bench/bench_engine.py $(BENCH_ARGS)
+
+clean: cluster-down
+	rm -rf .cluster
