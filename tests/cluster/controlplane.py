@@ -1,0 +1,924 @@
+#!/usr/bin/env python3
+"""A real Kubernetes control plane on loopback, run as plain processes.
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake Spyre nodes
+and pod lifecycles) are started from the pinned binaries that ``tests/cluster/build.sh``
+builds into a cache outside the repository. State, certificates and logs live in
+``.cluster/`` at the repository root:
+
+    .cluster/kubeconfig        admin kubeconfig (token of user "admin", group system:masters)
+    .cluster/bin/{kubectl,helm}
+    .cluster/logs/<component>.log
+    .cluster/pids/<component>.pid
+    .cluster/state.json        ports, binary dir and the command line of every component
+    .cluster/pki/              throwaway CA, serving cert, service-account keys, admin token
+    .cluster/etcd/             etcd data (wiped by ``down``)
+
+CLI::
+
+    python tests/cluster/controlplane.py up      # idempotent; prints the kubeconfig path
+    python tests/cluster/controlplane.py down    # stops every process it started
+    python tests/cluster/controlplane.py status
+
+Library::
+
+    from tests.cluster.controlplane import ControlPlane
+    cp = ControlPlane(root=Path(repo))
+    cp.up(); cp.kubectl("get", "nodes"); cp.restart(("kube-apiserver", "etcd")); cp.down()
+
+Only the standard library is used (plus the ``openssl`` command line tool).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+
+# Start order; stopping goes the other way round.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+)
+
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+POD_CIDR = "10.244.0.0/16"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
+
+# Static PersistentVolumes for the "local" StorageClass. Retain + fixtures that make
+# Released volumes Available again (ControlPlane.recycle_pvs) keep the pool from draining.
+PV_COUNT_SMALL = 40  # 100Gi each
+PV_COUNT_LARGE = 8  # 1Ti each
+STORAGE_CLASS = "local"
+
+UP_TIMEOUT = float(os.environ.get("SPYRE_CLUSTER_UP_TIMEOUT", "120"))
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started, or is not healthy."""
+
+
+class BinariesMissing(ClusterError):
+    """The pinned binaries have not been built yet."""
+
+
+class KubectlError(subprocess.CalledProcessError):
+    def __str__(self) -> str:  # include what kubectl said, not just the exit code
+        cmd = " ".join(str(c) for c in self.cmd[3:]) if isinstance(self.cmd, list) else self.cmd
+        err = (self.stderr or "").strip() or (self.output or "").strip()
+        return f"kubectl {cmd} failed with exit code {self.returncode}: {err}"
+
+
+def _log(msg: str) -> None:
+    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def _read_versions(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip().strip('"').strip("'")
+    return out
+
+
+def default_bin_dir() -> Path:
+    """The cache directory build.sh builds into (same formula as build.sh)."""
+    v = _read_versions(HERE / "versions.env")
+    cache_root = os.environ.get("SPYRE_BIN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "spyre-model-operator",
+        "bin",
+    )
+    name = (
+        f"k8s-{v['K8S_VERSION']}.etcd-{v['ETCD_VERSION']}"
+        f".kwok-{v['KWOK_VERSION']}.helm-{v['HELM_VERSION']}"
+    )
+    return Path(cache_root) / name
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; raise TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - keep polling, report the last error
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc})" if last_exc else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is not alive for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if the process is our child (avoids zombies in pytest)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+class ControlPlane:
+    """The local control plane rooted at ``root`` (the repository)."""
+
+    def __init__(self, root: Path | str | None = None, bin_dir: Path | str | None = None):
+        self.root = Path(root).resolve() if root else REPO_ROOT
+        self.state_dir = self.root / ".cluster"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+        self.pki = self.state_dir / "pki"
+        self.logs = self.state_dir / "logs"
+        self.pids = self.state_dir / "pids"
+        self.link_dir = self.state_dir / "bin"
+        self.state_file = self.state_dir / "state.json"
+        self.component_kubeconfig = self.state_dir / "components.kubeconfig"
+        self._bin_dir = Path(bin_dir) if bin_dir else None
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ------------------------------------------------------------------ paths & state
+    @property
+    def bin_dir(self) -> Path:
+        if self._bin_dir is None:
+            state = self._load_state()
+            if state and Path(state.get("bin_dir", "")).is_dir():
+                self._bin_dir = Path(state["bin_dir"])
+            else:
+                self._bin_dir = default_bin_dir()
+        return self._bin_dir
+
+    def check_binaries(self) -> None:
+        missing = [b for b in BINARIES if not os.access(self.bin_dir / b, os.X_OK)]
+        if missing:
+            raise BinariesMissing(
+                f"control-plane binaries missing in {self.bin_dir}: {', '.join(missing)}. "
+                "Build them with `make binaries` (tests/cluster/build.sh; 10-20 min cold)."
+            )
+
+    def _load_state(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        st = self._load_state()
+        if not st:
+            raise ClusterError(f"no cluster state in {self.state_file}; run `up` first")
+        return st
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.state['ports']['apiserver']}"
+
+    @property
+    def admin_token(self) -> str:
+        return (self.pki / "admin.token").read_text().strip()
+
+    # ------------------------------------------------------------------ kubectl
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = True,
+        input: str | bytes | None = None,  # noqa: A002 - mirrors subprocess.run
+        timeout: float | None = 120,
+        kubeconfig: Path | str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        if isinstance(input, bytes):
+            input = input.decode()
+        cmd = [
+            str(self.bin_dir / "kubectl"),
+            "--kubeconfig",
+            str(kubeconfig or self.kubeconfig),
+            *[str(a) for a in args],
+        ]
+        res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise KubectlError(res.returncode, cmd, res.stdout, res.stderr)
+        return res
+
+    def kubectl_json(self, *args: str, **kw: Any) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json", **kw).stdout)
+
+    def apply(self, manifest: str | dict[str, Any] | list[dict[str, Any]], *extra: str) -> str:
+        """``kubectl apply`` a YAML/JSON string, an object or a list of objects."""
+        if not isinstance(manifest, str):
+            items = manifest if isinstance(manifest, list) else [manifest]
+            manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        return self.kubectl("apply", "-f", "-", *extra, input=manifest).stdout
+
+    # ------------------------------------------------------------------ health
+    def _ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        return ctx
+
+    def _get(self, url: str, timeout: float = 2.0, token: bool = True) -> tuple[int, str]:
+        req = urllib.request.Request(url)
+        if token:
+            req.add_header("Authorization", f"Bearer {self.admin_token}")
+        ctx = self._ssl_context() if url.startswith("https") else None
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
+                return r.status, r.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    def apiserver_ready(self) -> bool:
+        try:
+            code, _ = self._get(f"{self.server}/readyz")
+            return code == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+    def etcd_healthy(self) -> bool:
+        try:
+            port = self.state["ports"]["etcd"]
+            code, body = self._get(f"http://127.0.0.1:{port}/health", token=False)
+            return code == 200 and '"health":"true"' in body.replace(" ", "")
+        except Exception:  # noqa: BLE001
+            return False
+
+    def pid(self, component: str) -> int | None:
+        try:
+            pid = int((self.pids / f"{component}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if self._is_ours(pid, component) else None
+
+    def _is_ours(self, pid: int, component: str | None = None) -> bool:
+        if not _pid_alive(pid):
+            return False
+        argv = _cmdline(pid)
+        if not argv:
+            return False
+        exe = os.path.basename(argv[0])
+        if component and exe != component:
+            return False
+        if exe not in COMPONENTS:
+            return False
+        marker = str(self.state_dir) + "/"
+        return any(marker in a for a in argv)
+
+    def running(self) -> dict[str, bool]:
+        return {c: self.pid(c) is not None for c in COMPONENTS}
+
+    def healthy(self) -> bool:
+        if not self._load_state():
+            return False
+        if not all(self.running().values()):
+            return False
+        return self.apiserver_ready()
+
+    # ------------------------------------------------------------------ up / down
+    @contextlib.contextmanager
+    def _lock(self):  # type: ignore[no-untyped-def]
+        """Serialise up/down between processes (e.g. two pytest runs)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / "lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def up(self, timeout: float = UP_TIMEOUT) -> Path:
+        """Start the cluster, or reuse a healthy running one. Returns the kubeconfig path."""
+        self.check_binaries()
+        with self._lock():
+            return self._up(timeout)
+
+    def _up(self, timeout: float) -> Path:
+        if self.healthy():
+            _log("reusing the running cluster")
+            self._link_tools()
+            self.recycle_pvs()
+            return self.kubeconfig
+        if any(self.pid(c) for c in COMPONENTS) or self._stray_pids():
+            _log("a previous cluster is only partly running; stopping it first")
+            self._down()
+        t0 = time.monotonic()
+        for d in (self.state_dir, self.pki, self.logs, self.pids, self.link_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / ".gitignore").write_text("*\n")
+        self._link_tools()
+        self._ensure_pki()
+        etcd_port, etcd_peer, api_port, kcm_port, sched_port = free_ports(5)
+        state: dict[str, Any] = {
+            "bin_dir": str(self.bin_dir),
+            "ports": {
+                "etcd": etcd_port,
+                "etcd_peer": etcd_peer,
+                "apiserver": api_port,
+                "controller_manager": kcm_port,
+                "scheduler": sched_port,
+            },
+            "started_at": time.time(),
+        }
+        self.state_file.write_text(json.dumps(state, indent=2))
+        self._write_kubeconfigs()
+        self._write_configs()
+        state["commands"] = self._commands(state["ports"])
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+        try:
+            self._start("etcd")
+            wait_until(self.etcd_healthy, 30, "etcd /health")
+            self._start("kube-apiserver")
+            wait_until(self.apiserver_ready, timeout, "kube-apiserver /readyz", interval=0.25)
+            t_api = time.monotonic() - t0
+            for c in ("kube-controller-manager", "kube-scheduler", "kwok"):
+                self._start(c)
+            self._bootstrap_objects()
+            self._wait_ready(max(timeout - (time.monotonic() - t0), 10))
+        except BaseException:
+            _log("start-up failed; logs are in " + str(self.logs))
+            self._dump_log_tails()
+            self._down()
+            raise
+        _log(
+            f"ready in {time.monotonic() - t0:.1f}s (apiserver after {t_api:.1f}s); "
+            f"kubeconfig {self.kubeconfig}"
+        )
+        return self.kubeconfig
+
+    def down(self) -> None:
+        """Stop every process this control plane started and wipe etcd's data."""
+        with self._lock():
+            self._down()
+
+    def _down(self) -> None:
+        for c in reversed(COMPONENTS):
+            self._stop(c)
+        for pid in self._stray_pids():
+            _log(f"killing leftover process {pid}: {' '.join(_cmdline(pid))[:120]}")
+            self._kill_pid(pid)
+        for f in self.pids.glob("*.pid") if self.pids.is_dir() else []:
+            f.unlink(missing_ok=True)
+        for p in (self.state_file, self.kubeconfig, self.component_kubeconfig):
+            p.unlink(missing_ok=True)
+        etcd_dir = self.state_dir / "etcd"
+        if etcd_dir.exists():
+            subprocess.run(["rm", "-rf", str(etcd_dir)], check=False)
+
+    def restart(self, components: Sequence[str] = ("kube-apiserver", "etcd")) -> None:
+        """Stop the given components and start them again in place (same ports, certs, data)."""
+        unknown = set(components) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"unknown components: {sorted(unknown)}")
+        for c in reversed(COMPONENTS):
+            if c in components:
+                self._stop(c)
+        for c in COMPONENTS:
+            if c in components:
+                self.start_component(c)
+
+    def stop_component(self, component: str) -> None:
+        """Stop one component (for fault injection); ``start_component`` brings it back."""
+        self._stop(component)
+
+    def start_component(self, component: str, timeout: float = 60) -> None:
+        if self.pid(component):
+            return
+        self._start(component)
+        if component == "etcd":
+            wait_until(self.etcd_healthy, timeout, "etcd /health")
+        elif component == "kube-apiserver":
+            wait_until(self.apiserver_ready, timeout, "kube-apiserver /readyz", interval=0.25)
+
+    # ------------------------------------------------------------------ process handling
+    def _start(self, component: str) -> int:
+        argv = self.state["commands"][component]
+        log = open(self.logs / f"{component}.log", "ab")  # noqa: SIM115 - handed to the child
+        log.write(f"\n==== {time.strftime('%H:%M:%S')} starting {component}\n".encode())
+        log.flush()
+        env = dict(os.environ)
+        env.pop("KUBECONFIG", None)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(self.state_dir),
+            env=env,
+            start_new_session=True,  # own process group: killpg() takes everything down
+        )
+        log.close()
+        self._procs[component] = proc
+        (self.pids / f"{component}.pid").write_text(f"{proc.pid}\n")
+        time.sleep(0.05)
+        if proc.poll() is not None:
+            raise ClusterError(f"{component} exited at once with {proc.returncode}; see its log")
+        return proc.pid
+
+    def _kill_pid(self, pid: int, grace: float = 10.0) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
+            while time.monotonic() < deadline:
+                _reap(pid)
+                if not _pid_alive(pid):
+                    break
+                time.sleep(0.05)
+            if not _pid_alive(pid):
+                break
+        _reap(pid)
+        proc = next((p for p in self._procs.values() if p.pid == pid), None)
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=1)
+
+    def _stop(self, component: str) -> None:
+        pid_file = self.pids / f"{component}.pid"
+        pid = self.pid(component)
+        if pid:
+            self._kill_pid(pid)
+        else:
+            # The process is gone; its group might not be (it never forks, but be thorough).
+            with contextlib.suppress(OSError, ValueError):
+                old = int(pid_file.read_text().strip())
+                for p in self._group_members(old):
+                    self._kill_pid(p)
+        self._procs.pop(component, None)
+        pid_file.unlink(missing_ok=True)
+
+    @staticmethod
+    def _group_members(pgid: int) -> list[int]:
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[2]) == pgid:
+                    out.append(int(d.name))
+        return out
+
+    def _stray_pids(self) -> list[int]:
+        """Processes of our components that reference this .cluster dir but have no pid file."""
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid() and self._is_ours(int(d.name)):
+                out.append(int(d.name))
+        return out
+
+    def _dump_log_tails(self, lines: int = 15) -> None:
+        for c in COMPONENTS:
+            f = self.logs / f"{c}.log"
+            if f.exists():
+                tail = f.read_text(errors="replace").splitlines()[-lines:]
+                _log(f"--- {f} (last {len(tail)} lines)\n" + "\n".join(tail))
+
+    # ------------------------------------------------------------------ files
+    def _link_tools(self) -> None:
+        self.link_dir.mkdir(parents=True, exist_ok=True)
+        for b in ("kubectl", "helm"):
+            link = self.link_dir / b
+            target = self.bin_dir / b
+            if link.is_symlink() and os.readlink(link) == str(target):
+                continue
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+
+    def _openssl(self, *args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=self.pki)
+
+    def _ensure_pki(self) -> None:
+        p = self.pki
+        if not (p / "ca.crt").exists() or not (p / "ca.key").exists():
+            self._openssl("genrsa", "-out", "ca.key", "2048")
+            self._openssl(
+                "req", "-x509", "-new", "-nodes", "-key", "ca.key", "-sha256", "-days", "3650",
+                "-subj", "/CN=spyre-local-ca", "-out", "ca.crt",
+            )  # fmt: skip
+            (p / "apiserver.crt").unlink(missing_ok=True)
+        if not (p / "apiserver.crt").exists():
+            san = ",".join(
+                [
+                    "IP:127.0.0.1",
+                    f"IP:{SERVICE_IP}",
+                    "DNS:localhost",
+                    "DNS:kubernetes",
+                    "DNS:kubernetes.default",
+                    "DNS:kubernetes.default.svc",
+                    "DNS:kubernetes.default.svc.cluster.local",
+                ]
+            )
+            (p / "apiserver.ext").write_text(
+                f"subjectAltName={san}\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
+            )
+            self._openssl("genrsa", "-out", "apiserver.key", "2048")
+            self._openssl(
+                "req", "-new", "-key", "apiserver.key", "-subj", "/CN=kube-apiserver",
+                "-out", "apiserver.csr",
+            )  # fmt: skip
+            self._openssl(
+                "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", "apiserver.ext",
+                "-out", "apiserver.crt",
+            )  # fmt: skip
+        if not (p / "sa.key").exists():
+            self._openssl("genrsa", "-out", "sa.key", "2048")
+            (p / "sa.pub").unlink(missing_ok=True)
+        if not (p / "sa.pub").exists():
+            self._openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        if not (p / "admin.token").exists():
+            (p / "admin.token").write_text(secrets.token_hex(24) + "\n")
+        token = self.admin_token
+        # token,user,uid,"group1,group2"
+        (p / "tokens.csv").write_text(f'{token},admin,admin,"system:masters"\n')
+        for f in p.iterdir():
+            f.chmod(0o600)
+
+    def _kubeconfig_text(self, user: str, token: str, namespace: str | None = None) -> str:
+        ca = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
+        ns = f"\n    namespace: {namespace}" if namespace else ""
+        return f"""apiVersion: v1
+kind: Config
+clusters:
+- name: spyre-local
+  cluster:
+    server: {self.server}
+    certificate-authority-data: {ca}
+users:
+- name: {user}
+  user:
+    token: {token}
+contexts:
+- name: {user}@spyre-local
+  context:
+    cluster: spyre-local
+    user: {user}{ns}
+current-context: {user}@spyre-local
+"""
+
+    def _write_kubeconfigs(self) -> None:
+        for path in (self.kubeconfig, self.component_kubeconfig):
+            path.write_text(self._kubeconfig_text("admin", self.admin_token))
+            path.chmod(0o600)
+
+    def _write_configs(self) -> None:
+        kc = self.component_kubeconfig
+        (self.state_dir / "scheduler.yaml").write_text(
+            f"""apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: {kc}
+  qps: 100
+  burst: 200
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: default-scheduler
+# Spyre workloads: pack accelerator cards tightly so whole nodes stay free for big models.
+- schedulerName: spyre-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+        resources:
+        - name: ibm.com/spyre_vf
+          weight: 5
+        - name: ibm.com/spyre_pf
+          weight: 5
+        - name: cpu
+          weight: 1
+        - name: memory
+          weight: 1
+"""
+        )
+
+    def _commands(self, ports: dict[str, int]) -> dict[str, list[str]]:
+        b, s, p = self.bin_dir, self.state_dir, self.pki
+        kc = str(self.component_kubeconfig)
+        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{ports['etcd_peer']}"
+        stages = sorted(str(f) for f in (HERE / "kwok").glob("*.yaml"))
+        return {
+            "etcd": [
+                str(b / "etcd"),
+                "--name=spyre",
+                f"--data-dir={s / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=spyre={peer_url}",
+                "--initial-cluster-state=new",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592",
+                "--auto-compaction-mode=periodic",
+                "--auto-compaction-retention=5m",
+                "--log-level=warn",
+            ],
+            "kube-apiserver": [
+                str(b / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['apiserver']}",
+                f"--cert-dir={s / 'apiserver-certs'}",
+                f"--tls-cert-file={p / 'apiserver.crt'}",
+                f"--tls-private-key-file={p / 'apiserver.key'}",
+                f"--client-ca-file={p / 'ca.crt'}",
+                f"--token-auth-file={p / 'tokens.csv'}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={SA_ISSUER}",
+                f"--service-account-key-file={p / 'sa.pub'}",
+                f"--service-account-signing-key-file={p / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint IP
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--event-ttl=1h",
+                "--v=1",
+            ],
+            "kube-controller-manager": [
+                str(b / "kube-controller-manager"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['controller_manager']}",
+                f"--cert-dir={s / 'kcm-certs'}",
+                f"--root-ca-file={p / 'ca.crt'}",
+                f"--service-account-private-key-file={p / 'sa.key'}",
+                f"--cluster-signing-cert-file={p / 'ca.crt'}",
+                f"--cluster-signing-key-file={p / 'ca.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--controllers=*",
+                "--use-service-account-credentials=false",
+                "--node-monitor-grace-period=2m",
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
+                "--concurrent-gc-syncs=5",
+                "--v=1",
+            ],
+            "kube-scheduler": [
+                str(b / "kube-scheduler"),
+                f"--config={s / 'scheduler.yaml'}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['scheduler']}",
+                f"--cert-dir={s / 'scheduler-certs'}",
+                "--v=1",
+            ],
+            "kwok": [
+                str(b / "kwok"),
+                f"--kubeconfig={kc}",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
+                f"--cidr={POD_CIDR}",
+                *[f"--config={f}" for f in stages],
+            ],
+        }
+
+    # ------------------------------------------------------------------ cluster objects
+    def _storage_manifest(self) -> list[dict[str, Any]]:
+        objs: list[dict[str, Any]] = [
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {
+                    "name": STORAGE_CLASS,
+                    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+                },
+                "provisioner": "kubernetes.io/no-provisioner",
+                "reclaimPolicy": "Retain",
+                "volumeBindingMode": "Immediate",
+                "allowVolumeExpansion": True,
+            }
+        ]
+        sizes = [("100Gi", PV_COUNT_SMALL, "pv"), ("1Ti", PV_COUNT_LARGE, "pv-large")]
+        for size, count, prefix in sizes:
+            for i in range(count):
+                name = f"{prefix}-{i:03d}"
+                objs.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolume",
+                        "metadata": {"name": name, "labels": {"spyre.dev/local-pv": "true"}},
+                        "spec": {
+                            "capacity": {"storage": size},
+                            "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
+                            "persistentVolumeReclaimPolicy": "Retain",
+                            "storageClassName": STORAGE_CLASS,
+                            "volumeMode": "Filesystem",
+                            "hostPath": {"path": f"/tmp/spyre-local-pv/{name}", "type": ""},
+                        },
+                    }
+                )
+        return objs
+
+    def _bootstrap_objects(self) -> None:
+        nodes = (HERE / "manifests" / "nodes.yaml").read_text()
+        wait_until(
+            lambda: self.kubectl("apply", "-f", "-", input=nodes, check=False).returncode == 0,
+            30,
+            "creating the fake nodes",
+            interval=0.5,
+        )
+        self.apply(self._storage_manifest())
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 1)
+
+        def nodes_ready() -> bool:
+            items = self.kubectl_json("get", "nodes")["items"]
+            if len(items) < 2:
+                return False
+            for n in items:
+                conds = {c["type"]: c["status"] for c in n["status"].get("conditions", [])}
+                taints = [t["key"] for t in n["spec"].get("taints", [])]
+                if conds.get("Ready") != "True" or "node.kubernetes.io/not-ready" in taints:
+                    return False
+            return True
+
+        wait_until(nodes_ready, left(), "the fake nodes to be Ready and untainted", 0.5)
+        wait_until(
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default",
+                                 check=False).returncode == 0,
+            left(),
+            "the default ServiceAccount",
+            0.5,
+        )  # fmt: skip
+        wait_until(
+            lambda: (
+                len(self.kubectl_json("get", "pv", "-l", "spyre.dev/local-pv=true")["items"])
+                >= PV_COUNT_SMALL + PV_COUNT_LARGE
+            ),
+            left(),
+            "the static PersistentVolumes",
+            0.5,
+        )
+        wait_until(
+            lambda: self.kubectl("get", "storageclass", STORAGE_CLASS, check=False).returncode == 0,
+            left(),
+            "the StorageClass",
+            0.5,
+        )
+
+    def recycle_pvs(self) -> list[str]:
+        """Make Released static PVs Available again (what a deleter would do). Returns names."""
+        pvs = self.kubectl_json("get", "pv", "-l", "spyre.dev/local-pv=true")["items"]
+        done = []
+        for pv in pvs:
+            if pv.get("status", {}).get("phase") in ("Released", "Failed"):
+                name = pv["metadata"]["name"]
+                res = self.kubectl(
+                    "patch", "pv", name, "--type=json",
+                    "-p", '[{"op":"remove","path":"/spec/claimRef"}]', check=False,
+                )  # fmt: skip
+                if res.returncode == 0:
+                    done.append(name)
+        return done
+
+    # ------------------------------------------------------------------ service accounts
+    def token_kubeconfig(
+        self,
+        namespace: str,
+        serviceaccount: str,
+        path: Path | str,
+        duration: str = "24h",
+        audiences: Iterable[str] = (),
+    ) -> Path:
+        """Write a kubeconfig that authenticates as ``namespace/serviceaccount`` with a
+        token from the TokenRequest API (``kubectl create token``)."""
+        args = ["create", "token", serviceaccount, "-n", namespace, f"--duration={duration}"]
+        args += [f"--audience={a}" for a in audiences]
+        token = self.kubectl(*args).stdout.strip()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        user = f"system:serviceaccount:{namespace}:{serviceaccount}"
+        path.write_text(self._kubeconfig_text(user, token, namespace=namespace))
+        path.chmod(0o600)
+        return path
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"components": {}, "kubeconfig": str(self.kubeconfig)}
+        for c in COMPONENTS:
+            out["components"][c] = self.pid(c)
+        st = self._load_state()
+        out["ports"] = st["ports"] if st else None
+        out["apiserver_ready"] = bool(st) and self.apiserver_ready()
+        return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=("up", "down", "status", "restart"))
+    ap.add_argument("components", nargs="*", help="for restart: which components")
+    ap.add_argument("--root", default=str(REPO_ROOT), help="repository root (default: this repo)")
+    args = ap.parse_args(argv)
+    cp = ControlPlane(root=Path(args.root))
+    try:
+        if args.command == "up":
+            t0 = time.monotonic()
+            kc = cp.up()
+            _log(f"up took {time.monotonic() - t0:.1f}s")
+            print(kc)
+        elif args.command == "down":
+            cp.down()
+            _log("stopped")
+        elif args.command == "restart":
+            cp.restart(tuple(args.components) or ("kube-apiserver", "etcd"))
+        else:
+            st = cp.status()
+            for c, pid in st["components"].items():
+                print(f"{c:24s} {'running pid ' + str(pid) if pid else 'stopped'}")
+            print(f"{'apiserver':24s} {'ready' if st['apiserver_ready'] else 'not ready'}")
+            if st["ports"]:
+                print(f"{'ports':24s} {st['ports']}")
+            print(f"{'kubeconfig':24s} {st['kubeconfig']}")
+            return 0 if st["apiserver_ready"] else 1
+    except ClusterError as e:
+        _log(f"error: {e}")
+        return 2
+    except TimeoutError as e:
+        _log(f"error: {e}")
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

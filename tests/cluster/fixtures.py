@@ -1,0 +1,95 @@
+"""pytest plugin: the local control plane as fixtures.
+
+Register it from ``tests/conftest.py`` with ``pytest_plugins = ["tests.cluster.fixtures"]``.
+
+Fixtures
+--------
+``control_plane`` (session)
+    A running :class:`~tests.cluster.controlplane.ControlPlane`. A healthy cluster that is
+    already running (``make cluster-up``) is reused and left running; one this session
+    started is stopped at the end unless ``SPYRE_KEEP_CLUSTER=1``. Missing binaries fail
+    the test with a message naming ``make binaries``; nothing is skipped.
+``kubeconfig`` (session)
+    Path of the admin kubeconfig; also exported as ``KUBECONFIG`` for the session.
+``namespace`` (function)
+    A fresh namespace with PodSecurity ``restricted`` enforced (and warned/audited), whose
+    ``default`` ServiceAccount exists. Deleted (without waiting) after the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.controlplane import BinariesMissing, ClusterError, ControlPlane, wait_until
+
+PSA_LEVEL = "restricted"
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    cp = ControlPlane()
+    try:
+        cp.check_binaries()
+    except BinariesMissing as e:
+        pytest.fail(str(e), pytrace=False)
+    was_running = cp.healthy()
+    try:
+        cp.up()
+    except (ClusterError, TimeoutError) as e:
+        pytest.fail(f"could not start the local control plane: {e} (logs: {cp.logs})", False)
+    yield cp
+    if not was_running and not os.environ.get("SPYRE_KEEP_CLUSTER"):
+        cp.down()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane: ControlPlane) -> Iterator[Path]:
+    old = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(control_plane.kubeconfig)
+    yield control_plane.kubeconfig
+    if old is None:
+        os.environ.pop("KUBECONFIG", None)
+    else:
+        os.environ["KUBECONFIG"] = old
+
+
+def _namespace_name(test_name: str) -> str:
+    slug = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{slug}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    # Static PVs whose claims were deleted by earlier tests become Available again.
+    control_plane.recycle_pvs()
+    name = _namespace_name(request.node.name)
+    labels = {
+        f"pod-security.kubernetes.io/{mode}": PSA_LEVEL for mode in ("enforce", "warn", "audit")
+    }
+    labels.update(
+        {f"pod-security.kubernetes.io/{m}-version": "latest" for m in ("enforce", "warn", "audit")}
+    )
+    labels["spyre.dev/test-namespace"] = "true"
+    control_plane.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    )
+    wait_until(
+        lambda: (
+            control_plane.kubectl(
+                "get", "serviceaccount", "default", "-n", name, check=False
+            ).returncode
+            == 0
+        ),
+        30,
+        f"the default ServiceAccount in {name}",
+    )
+    yield name
+    control_plane.kubectl(
+        "delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False, timeout=30
+    )
