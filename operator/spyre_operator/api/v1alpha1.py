@@ -1,0 +1,561 @@
+"""SpyreModel v1alpha1: spec and status as pydantic models.
+
+These models are the single source of truth for the API: the CRD in ``crds/`` is generated
+from them (``spyre-operator crd``), defaults live here and so in the CRD schema, and the
+``x-kubernetes-validations`` (CEL) rules attached below are what the API server enforces at
+admission. Every field carries a description because ``kubectl explain`` shows it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+# --------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------
+
+#: Regular expression for a Kubernetes resource quantity (as in apimachinery).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+MODEL_URI_PATTERN = (
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+(@[A-Za-z0-9._/-]+)?"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^@]*)$"
+)
+
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+def cel(rule: str, message: str, **extra: str) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry."""
+    return {"rule": rule, "message": message, **extra}
+
+
+class ApiModel(BaseModel):
+    """Base for API objects: camelCase on the wire, snake_case in Python."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        use_enum_values=True,
+    )
+
+
+class Task(StrEnum):
+    """What the model serves."""
+
+    GENERATE = "generate"
+    EMBED = "embed"
+    SCORE = "score"
+    RERANK = "rerank"
+
+
+class Backend(StrEnum):
+    """The torch dynamo backend the Spyre plugin compiles with."""
+
+    SENDNN = "sendnn"
+    SENDNN_COMPILE_ONLY = "sendnn_compile_only"
+    INDUCTOR = "inductor"
+    EAGER = "eager"
+
+
+POOLING_TASKS = frozenset({Task.EMBED, Task.SCORE, Task.RERANK})
+
+# --------------------------------------------------------------------------------------
+# Spec
+# --------------------------------------------------------------------------------------
+
+
+class ModelSource(ApiModel):
+    """Where the model weights come from."""
+
+    uri: str = Field(
+        description=(
+            "Model location: hf://org/name[@revision] (downloaded into the cache volume by the "
+            "precompile Job) or pvc://claim/path (a PVC in this namespace holding the weights). "
+            "Pin a revision for reproducible artifacts; the revision is part of the artifact key."
+        ),
+        max_length=512,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.matches('{MODEL_URI_PATTERN}')",
+                    "model.uri must be hf://org/name[@revision] or pvc://claim/path",
+                )
+            ]
+        },
+    )
+    served_name: str | None = Field(
+        default=None,
+        description=(
+            "Model name clients send in OpenAI requests. Defaults to the uri's name "
+            "(org/name for hf://, the last path element for pvc://)."
+        ),
+        max_length=253,
+    )
+
+
+class WarmupShape(ApiModel):
+    """A static (prompt length, batch size) shape a pooling model is compiled for."""
+
+    prompt_len: int = Field(
+        description="Padded prompt length in tokens; a multiple of 64.",
+        ge=64,
+        le=131072,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self % 64 == 0", "warmupShapes[].promptLen must be a multiple of 64")
+            ]
+        },
+    )
+    batch_size: int = Field(description="Batch size compiled for this shape.", ge=1, le=256)
+
+
+class CompileSpec(ApiModel):
+    """The compile shape: every field here is part of the artifact key."""
+
+    tensor_parallel_size: int = Field(
+        default=1,
+        description="Spyre cards per replica (tensor parallel size): 1, 2, 4 or 8.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self in [1, 2, 4, 8]",
+                    "tensorParallelSize must be 1, 2, 4 or 8 (Spyre cards per replica)",
+                )
+            ]
+        },
+    )
+    max_model_len: int = Field(
+        default=4096,
+        description=(
+            "Maximum context length in tokens (vLLM --max-model-len). Ignored by pooling "
+            "models, which compile per warmup shape."
+        ),
+        ge=64,
+        le=131072,
+    )
+    max_num_seqs: int = Field(
+        default=4,
+        description=(
+            "Maximum concurrent sequences, the decode batch size (vLLM --max-num-seqs). "
+            "Ignored by pooling models."
+        ),
+        ge=1,
+        le=256,
+    )
+    max_num_batched_tokens: int = Field(
+        default=1024,
+        description=(
+            "Prefill chunk size in tokens (vLLM --max-num-batched-tokens); a multiple of 64."
+        ),
+        ge=64,
+        le=131072,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self % 64 == 0",
+                    "maxNumBatchedTokens (the prefill chunk size) must be a multiple of 64",
+                )
+            ]
+        },
+    )
+    warmup_shapes: list[WarmupShape] | None = Field(
+        default=None,
+        description=(
+            "Static shapes for pooling models (task embed, score or rerank); required for "
+            "them and rejected for generate models."
+        ),
+        max_length=16,
+    )
+    backend: Backend = Field(
+        default=Backend.SENDNN,
+        description=(
+            "Compile backend: sendnn (Spyre, production), sendnn_compile_only, or the CPU "
+            "backends inductor and eager (testing without Spyre cards)."
+        ),
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the engine container (as in a Pod spec)."""
+
+    name: str = Field(description="Variable name.", min_length=1, max_length=253)
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: FreeForm | None = Field(
+        default=None,
+        description="Source for the value (secretKeyRef, configMapKeyRef, fieldRef, ...).",
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources (as in a Pod spec); Spyre cards are added by the operator."""
+
+    requests: dict[str, Quantity] | None = Field(default=None, description="Minimum resources.")
+    limits: dict[str, Quantity] | None = Field(default=None, description="Maximum resources.")
+
+
+class RolloutSpec(ApiModel):
+    """How the serving Deployment replaces pods. Cards are scarce, so surge is 0 by default."""
+
+    max_surge: int = Field(default=0, ge=0, description="Extra pods above replicas during a roll.")
+    max_unavailable: int = Field(
+        default=1, ge=0, description="Pods that may be unavailable during a roll."
+    )
+
+
+MANAGED_ARGS = (
+    "--model",
+    "--served-model-name",
+    "--tensor-parallel-size",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--port",
+    "--host",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+)
+
+
+class ServingSpec(ApiModel):
+    """How the inference pods run. Nothing here changes the artifact key."""
+
+    prefix_caching: bool = Field(
+        default=True,
+        description="Enable vLLM automatic prefix caching (generate models; pooling ignores it).",
+    )
+    extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
+        default=None,
+        description=(
+            "Extra vLLM server arguments, appended after the operator's. Flags the operator "
+            "derives from spec (" + ", ".join(MANAGED_ARGS) + ") are rejected."
+        ),
+        max_length=64,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(a, "
+                    + " && ".join(f"!a.startsWith('{f}')" for f in MANAGED_ARGS)
+                    + ")",
+                    "serving.extraArgs must not set flags derived from spec (model, shape, port, "
+                    "prefix caching); set the spec field instead",
+                )
+            ]
+        },
+    )
+    env: list[EnvVar] | None = Field(
+        default=None,
+        description=(
+            "Extra environment for the serving container. Variables the Spyre plugin reads at "
+            "compile time (see the operator docs) are also passed to the precompile Job and "
+            "are part of the artifact key."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    port: int = Field(default=8000, ge=1024, le=65535, description="HTTP port of the server.")
+    resources: ResourceRequirements | None = Field(
+        default=None, description="CPU/memory for the serving container."
+    )
+    shutdown_grace_period_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description=(
+            "Drain deadline on shutdown: in-flight requests may finish for this long. The pod's "
+            "terminationGracePeriodSeconds is this plus a safety margin."
+        ),
+    )
+    pod_annotations: dict[str, str] | None = Field(
+        default=None, description="Annotations added to the serving pods."
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="Rolling-update limits of the Deployment."
+    )
+
+
+class PrecompileSpec(ApiModel):
+    """The precompile Job. Nothing here changes the artifact key."""
+
+    backoff_limit: int = Field(
+        default=1, ge=0, le=10, description="Retries of a failed compile pod."
+    )
+    active_deadline_seconds: int = Field(
+        default=7200, ge=60, description="Wall-clock limit of the precompile Job."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="CPU/memory for the precompile container."
+    )
+    pod_annotations: dict[str, str] | None = Field(
+        default=None, description="Annotations added to the precompile pod."
+    )
+
+
+class EngineSpec(ApiModel):
+    """The engine image (vLLM + Spyre plugin + spyre-engine). Part of the artifact key."""
+
+    image: str = Field(
+        default="ghcr.io/spyre-model-operator/spyre-engine:0.1.0",
+        min_length=1,
+        description="Engine container image; pin a digest for reproducible artifacts.",
+    )
+    image_pull_policy: str = Field(
+        default="IfNotPresent",
+        description="Image pull policy: Always, IfNotPresent or Never.",
+        json_schema_extra={"enum": ["Always", "IfNotPresent", "Never"]},
+    )
+    image_pull_secrets: list[str] | None = Field(
+        default=None, description="Names of Secrets used to pull the image."
+    )
+
+
+class Toleration(ApiModel):
+    """A toleration (as in a Pod spec)."""
+
+    key: str | None = Field(default=None, description="Taint key.")
+    operator: str | None = Field(
+        default=None,
+        description="Exists or Equal.",
+        json_schema_extra={"enum": ["Exists", "Equal"]},
+    )
+    value: str | None = Field(default=None, description="Taint value.")
+    effect: str | None = Field(
+        default=None,
+        description="NoSchedule, PreferNoSchedule or NoExecute.",
+        json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class AcceleratorSpec(ApiModel):
+    """Which Spyre cards the pods request and where they may run."""
+
+    resource_name: str = Field(
+        default="ibm.com/spyre_vf",
+        description="Extended resource for Spyre cards: ibm.com/spyre_vf or ibm.com/spyre_pf.",
+        json_schema_extra={"enum": ["ibm.com/spyre_vf", "ibm.com/spyre_pf"]},
+    )
+    scheduler_name: str = Field(
+        default="spyre-scheduler",
+        description="Pod scheduler; empty means the cluster's default scheduler.",
+        max_length=253,
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Node labels the pods must match."
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None, description="Tolerations for tainted accelerator nodes."
+    )
+
+
+class CacheVolumeSpec(ApiModel):
+    """A compile-cache PVC the operator creates and shares between SpyreModels naming it."""
+
+    name: str = Field(
+        default="spyre-compile-cache",
+        description="PVC name; every SpyreModel in the namespace naming it shares it.",
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    )
+    storage_class_name: str | None = Field(
+        default=None, description="StorageClass; unset means the cluster default."
+    )
+    size: Quantity = Field(default="50Gi", description="Requested capacity.")
+    access_modes: list[str] = Field(
+        default_factory=lambda: ["ReadWriteMany"],
+        description=(
+            "Access modes. ReadWriteMany lets replicas on several nodes share the cache; "
+            "ReadWriteOnce confines them to one node."
+        ),
+        min_length=1,
+        json_schema_extra={
+            "items": {
+                "type": "string",
+                "enum": ["ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany", "ReadWriteOncePod"],
+            }
+        },
+    )
+    retain_policy: str = Field(
+        default="Retain",
+        description=(
+            "Retain keeps the PVC (and its compiled artifacts) when SpyreModels are deleted; "
+            "Delete garbage-collects it once no SpyreModel naming it remains."
+        ),
+        json_schema_extra={"enum": ["Retain", "Delete"]},
+    )
+
+
+class CacheSpec(ApiModel):
+    """Where compiled artifacts live: an existing PVC, or one the operator creates."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.claimName) && has(self.volume))",
+                    "set cache.claimName (an existing PVC) or cache.volume (a PVC the operator "
+                    "creates), not both",
+                )
+            ]
+        }
+    )
+
+    claim_name: str | None = Field(
+        default=None,
+        description=(
+            "An existing PVC to use; the operator never creates or deletes it. "
+            "Unset means cache.volume (with its defaults)."
+        ),
+        max_length=253,
+    )
+    volume: CacheVolumeSpec | None = Field(
+        default=None, description="A PVC the operator creates (the default when claimName is unset)."
+    )
+
+
+class SpyreModelSpec(ApiModel):
+    """Desired state of a SpyreModel."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.task != 'generate' || !has(self.compile.warmupShapes)",
+                    "compile.warmupShapes apply only to pooling models (task embed, score or "
+                    "rerank); generate models compile with chunked prefill "
+                    "(compile.maxNumBatchedTokens)",
+                ),
+                cel(
+                    "self.task == 'generate' || (has(self.compile.warmupShapes) && "
+                    "size(self.compile.warmupShapes) > 0)",
+                    "pooling models (task embed, score or rerank) are compiled per static "
+                    "shape: set compile.warmupShapes",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSource = Field(description="The model to serve.")
+    task: Task = Field(
+        default=Task.GENERATE,
+        description=(
+            "generate (chunked prefill, prefix caching) or a pooling task: embed, score, rerank "
+            "(static warmup shapes)."
+        ),
+    )
+    compile: CompileSpec = Field(
+        default_factory=CompileSpec, description="The compile shape (part of the artifact key)."
+    )
+    serving: ServingSpec = Field(
+        default_factory=ServingSpec, description="How inference pods run."
+    )
+    precompile: PrecompileSpec = Field(
+        default_factory=PrecompileSpec, description="The precompile Job's limits."
+    )
+    replicas: int = Field(default=1, ge=0, le=1000, description="Number of serving replicas.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="The engine image.")
+    accelerator: AcceleratorSpec = Field(
+        default_factory=AcceleratorSpec, description="Spyre cards and placement."
+    )
+    cache: CacheSpec = Field(
+        default_factory=CacheSpec, description="The compile-cache volume."
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Status
+# --------------------------------------------------------------------------------------
+
+
+class Condition(ApiModel):
+    """A status condition (as metav1.Condition)."""
+
+    type: str = Field(description="Condition type, e.g. Ready.")
+    status: str = Field(
+        description="True, False or Unknown.",
+        json_schema_extra={"enum": ["True", "False", "Unknown"]},
+    )
+    reason: str = Field(default="", description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable detail.")
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was computed from."
+    )
+    last_transition_time: str | None = Field(
+        default=None, description="When status last changed (RFC 3339)."
+    )
+
+
+class ArtifactStatus(ApiModel):
+    """The compiled artifact for the current spec."""
+
+    key: str | None = Field(default=None, description="Content-addressed artifact key.")
+    path: str | None = Field(default=None, description="Artifact directory in the cache volume.")
+    phase: str | None = Field(
+        default=None,
+        description="Pending, Compiling, Ready or Failed.",
+        json_schema_extra={"enum": ["Pending", "Compiling", "Ready", "Failed"]},
+    )
+    job_name: str | None = Field(default=None, description="The precompile Job.")
+    compile_seconds: float | None = Field(default=None, description="Compile wall time.")
+    size_bytes: int | None = Field(default=None, description="Artifact size on disk.")
+    completed_at: str | None = Field(default=None, description="When compilation finished.")
+    message: str | None = Field(default=None, description="Detail, e.g. the failure reason.")
+
+
+class SpyreModelStatus(ApiModel):
+    """Observed state of a SpyreModel."""
+
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this status reflects."
+    )
+    artifact: ArtifactStatus | None = Field(
+        default=None, description="The artifact the current spec needs."
+    )
+    serving_artifact_key: str | None = Field(
+        default=None,
+        description="Artifact key the serving Deployment runs (differs while a new one compiles).",
+    )
+    replicas: int | None = Field(default=None, description="Serving pods (all versions).")
+    ready_replicas: int | None = Field(default=None, description="Ready serving pods.")
+    selector: str | None = Field(
+        default=None, description="Label selector of serving pods (for the scale subresource)."
+    )
+    endpoint: str | None = Field(
+        default=None, description="In-cluster OpenAI base URL, e.g. http://name.ns.svc:8000/v1."
+    )
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Ready, CacheVolumeReady, ArtifactReady, Progressing and Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+
+class SpyreModel(ApiModel):
+    """A model served on Spyre cards: a cache PVC, a precompile Job, a Deployment and a Service."""
+
+    api_version: str = Field(default="serving.spyre.dev/v1alpha1", alias="apiVersion")
+    kind: str = Field(default="SpyreModel")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: SpyreModelSpec
+    status: SpyreModelStatus | None = None

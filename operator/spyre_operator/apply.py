@@ -1,0 +1,204 @@
+"""The only module that writes to the API server.
+
+Children are written with server-side apply under one field manager. Before each write the
+desired object is compared with the live one from the watch cache: when every field we would
+set already has that value, nothing is sent, so an idle resync makes zero API writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import Counter
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Event
+from lightkube.types import CascadeType, PatchType
+
+from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from .conditions import now_rfc3339
+
+log = logging.getLogger(__name__)
+
+SpyreModelResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+
+_SUFFIX = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}  # fmt: skip
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity as a number ("1Gi" == "1024Mi", "500m" == "0.5")."""
+    s = str(value).strip()
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if s.endswith(suffix) and s[: -len(suffix)]:
+            try:
+                return Decimal(s[: -len(suffix)]) * Decimal(_SUFFIX[suffix])
+            except InvalidOperation:
+                return None
+    try:
+        return Decimal(s)
+    except InvalidOperation:
+        return None
+
+
+_QUANTITY_PARENTS = frozenset({"requests", "limits", "capacity"})
+
+
+def is_subset(desired: Any, live: Any, parent: str = "") -> bool:
+    """Whether every field of ``desired`` has the same value in ``live``.
+
+    Fields the API server defaults (present only in ``live``) are ignored. Lists must have the
+    same length and match element-wise. Resource quantities compare by value, because the API
+    server may canonicalise them ("1024Mi" -> "1Gi").
+    """
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            return False
+        return all(k in live and is_subset(v, live[k], k) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(live, list) or len(desired) != len(live):
+            return False
+        return all(is_subset(d, v, parent) for d, v in zip(desired, live, strict=True))
+    if desired == live:
+        return True
+    if parent in _QUANTITY_PARENTS or parent == "storage":
+        a, b = parse_quantity(desired), parse_quantity(live)
+        return a is not None and a == b
+    # int-or-string fields (e.g. maxSurge: 0 vs "0") compare as strings
+    return isinstance(desired, int | str) and str(desired) == str(live)
+
+
+class Applier:
+    """Writes desired objects, skipping no-ops, and counts what it wrote."""
+
+    def __init__(self, client: AsyncClient, instance: str = "spyre-model-operator") -> None:
+        self.client = client
+        self.instance = instance
+        self.writes: Counter[str] = Counter()
+        self.skipped = 0
+
+    def _count(self, verb: str, kind: str) -> None:
+        self.writes[f"{verb} {kind}"] += 1
+
+    async def apply(self, obj: Any, live: dict[str, Any] | None) -> bool:
+        """Server-side apply ``obj`` unless ``live`` already matches. Returns True if written."""
+        desired = obj.to_dict()
+        if live is not None and is_subset(desired, live):
+            self.skipped += 1
+            return False
+        await self.client.apply(obj, field_manager=FIELD_MANAGER, force=True)
+        self._count("apply", desired["kind"])
+        log.info(
+            "%s %s %s/%s",
+            "Created" if live is None else "Updated",
+            desired["kind"],
+            desired["metadata"].get("namespace"),
+            desired["metadata"]["name"],
+        )
+        return True
+
+    async def ensure_job(self, job: Job, live: dict[str, Any] | None) -> bool:
+        """Create the precompile Job if absent; else only reconcile its owners.
+
+        A Job's pod template is immutable and a shared Job's template comes from whichever
+        SpyreModel created it, so an existing Job is never re-applied, only its ownerReferences
+        are patched (guarded by resourceVersion against concurrent edits).
+        """
+        if live is None:
+            return await self.apply(job, None)
+        desired_refs = [r.to_dict() for r in job.metadata.ownerReferences or []]
+        live_refs = live.get("metadata", {}).get("ownerReferences") or []
+        if {r["uid"] for r in desired_refs} == {r.get("uid") for r in live_refs}:
+            self.skipped += 1
+            return False
+        patch = {
+            "metadata": {
+                "ownerReferences": desired_refs,
+                "resourceVersion": live["metadata"]["resourceVersion"],
+            }
+        }
+        await self.client.patch(
+            Job,
+            job.metadata.name,
+            patch,
+            namespace=job.metadata.namespace,
+            patch_type=PatchType.MERGE,
+            field_manager=FIELD_MANAGER,
+        )
+        self._count("patch", "Job")
+        log.info("Updated owners of Job %s/%s", job.metadata.namespace, job.metadata.name)
+        return True
+
+    async def delete(self, resource: type, name: str, namespace: str) -> bool:
+        """Delete a child (dependents are garbage-collected in the background)."""
+        try:
+            await self.client.delete(
+                resource, name, namespace=namespace, cascade=CascadeType.BACKGROUND
+            )
+        except ApiError as e:
+            if e.status.code == 404:
+                return False
+            raise
+        self._count("delete", resource.__name__)
+        log.info("Deleted %s %s/%s", resource.__name__, namespace, name)
+        return True
+
+    async def apply_status(
+        self, name: str, namespace: str, status: dict[str, Any], current: dict[str, Any] | None
+    ) -> bool:
+        """Server-side apply the status subresource, unless it is unchanged."""
+        if current == status:
+            self.skipped += 1
+            return False
+        obj = SpyreModelResource.Status(
+            apiVersion=f"{GROUP}/{VERSION}",
+            kind=KIND,
+            metadata=ObjectMeta(name=name, namespace=namespace),
+            status=status,
+        )
+        await self.client.apply(obj, field_manager=FIELD_MANAGER, force=True)
+        self._count("apply", "SpyreModel/status")
+        return True
+
+    async def event(
+        self, model: dict[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        """Record a Kubernetes Event on a SpyreModel (best effort)."""
+        meta = model["metadata"]
+        now = now_rfc3339()
+        ev = Event(
+            metadata=ObjectMeta(
+                name=f"{meta['name']}.{secrets.token_hex(8)}", namespace=meta["namespace"]
+            ),
+            involvedObject=ObjectReference(
+                apiVersion=f"{GROUP}/{VERSION}",
+                kind=KIND,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta.get("uid"),
+                resourceVersion=meta.get("resourceVersion"),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            count=1,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            source=EventSource(component="spyre-model-operator"),
+            reportingComponent="serving.spyre.dev/spyre-model-operator",
+            reportingInstance=self.instance,
+        )
+        try:
+            await self.client.create(ev)
+            self._count("create", "Event")
+        except ApiError as e:  # events are informational; never fail a reconcile on them
+            log.warning("could not record event %s on %s: %s", reason, meta["name"], e)

@@ -1,0 +1,77 @@
+"""`spyre-operator`: run the operator, or print the CRD."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import handlers  # noqa: F401 - registers the kopf handlers
+    from .handlers import OperatorConfig
+
+    if not args.all_namespaces and not args.namespace:
+        print("spyre-operator run: pass --namespace NS (repeatable) or --all-namespaces",
+              file=sys.stderr)
+        return 2
+    OperatorConfig.workers = args.workers
+    OperatorConfig.metrics_port = args.metrics_port
+    OperatorConfig.leader_election = args.leader_elect
+    OperatorConfig.leader_election_namespace = args.leader_election_namespace or (
+        os.environ.get("POD_NAMESPACE") or (args.namespace[0] if args.namespace else "default")
+    )
+    OperatorConfig.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # kopf's per-object log lines are noisy at 500 models; ours are enough.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    asyncio.run(
+        kopf.operator(
+            clusterwide=args.all_namespaces,
+            namespaces=args.namespace or None,
+            standalone=True,
+            liveness_endpoint=args.liveness,
+        )
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `spyre-operator` console script."""
+    parser = argparse.ArgumentParser(prog="spyre-operator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
+    run = sub.add_parser("run", help="run the operator")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[],
+                       help="watch this namespace (repeatable)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true",
+                       help="watch every namespace")
+    run.add_argument("--workers", type=int, default=int(os.environ.get("SPYRE_WORKERS", "8")),
+                     help="concurrent reconciles")
+    run.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
+    run.add_argument("--liveness", default=None,
+                     help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--leader-elect", action="store_true",
+                     help="only the holder of a Lease writes (for more than one replica)")
+    run.add_argument("--leader-election-namespace", default=None)
+    run.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    if args.command == "crd":
+        from .crd import render_crd
+
+        sys.stdout.write(render_crd())
+        return 0
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Status conditions: types, reasons and pure functions to merge them.
+
+A condition keeps its ``lastTransitionTime`` while its status is unchanged, so recomputing
+status on an idle resync produces identical bytes and the operator writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+# Types
+READY = "Ready"
+CACHE_VOLUME_READY = "CacheVolumeReady"
+ARTIFACT_READY = "ArtifactReady"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+TYPES = (READY, CACHE_VOLUME_READY, ARTIFACT_READY, PROGRESSING, DEGRADED)
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+# Reasons (CamelCase, one per situation; tests and dashboards match on them).
+# CacheVolumeReady
+CLAIM_BOUND = "ClaimBound"
+CLAIM_PENDING = "ClaimPending"
+CLAIM_LOST = "ClaimLost"
+CLAIM_NOT_FOUND = "ClaimNotFound"
+CLAIM_CREATING = "ClaimCreating"
+# ArtifactReady
+COMPILING = "Compiling"
+COMPILE_PENDING = "CompilePending"
+ARTIFACT_AVAILABLE = "ArtifactAvailable"
+PRECOMPILE_FAILED = "PrecompileFailed"
+# Ready / Progressing / Degraded
+SERVING = "Serving"
+SCALED_TO_ZERO = "ScaledToZero"
+WAITING_FOR_ARTIFACT = "WaitingForArtifact"
+ROLLING_OUT = "RollingOut"
+SERVING_PREVIOUS_ARTIFACT = "ServingPreviousArtifact"
+PODS_NOT_READY = "PodsNotReady"
+RECONCILED = "Reconciled"
+AS_EXPECTED = "AsExpected"
+INVALID_SPEC = "InvalidSpec"
+ENGINE_FAILED = "EngineFailed"
+ROLLOUT_STALLED = "RolloutStalled"
+RECONCILE_ERROR = "ReconcileError"
+
+#: Reasons that are warnings when they appear (Kubernetes Event type).
+WARNING_REASONS = frozenset(
+    {
+        CLAIM_LOST,
+        CLAIM_NOT_FOUND,
+        PRECOMPILE_FAILED,
+        INVALID_SPEC,
+        ENGINE_FAILED,
+        ROLLOUT_STALLED,
+        RECONCILE_ERROR,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Cond:
+    """A computed condition, before merging with the stored one."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+
+def now_rfc3339() -> str:
+    """Current time as Kubernetes writes it (seconds precision, Z)."""
+    return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_conditions(
+    current: Iterable[dict[str, Any]] | None,
+    computed: Iterable[Cond],
+    generation: int,
+    now: str,
+) -> list[dict[str, Any]]:
+    """New condition list: computed values, keeping lastTransitionTime when status is unchanged.
+
+    Output is in :data:`TYPES` order so that equal states serialise identically.
+    """
+    old = {c.get("type"): c for c in current or []}
+    out = []
+    for c in sorted(computed, key=lambda c: TYPES.index(c.type) if c.type in TYPES else 99):
+        prev = old.get(c.type)
+        ltt = prev.get("lastTransitionTime") if prev and prev.get("status") == c.status else None
+        out.append(
+            {
+                "type": c.type,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "observedGeneration": generation,
+                "lastTransitionTime": ltt or now,
+            }
+        )
+    return out
+
+
+def find(conditions: Iterable[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    """The condition of ``type_``, if any."""
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def transitions(
+    old: Iterable[dict[str, Any]] | None, new: Iterable[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Conditions whose status or reason changed: each becomes a Kubernetes Event."""
+    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in old or []}
+    return [c for c in new if before.get(c["type"]) != (c["status"], c["reason"])]
+
+
+def event_type(reason: str) -> str:
+    """Normal or Warning, for an Event about ``reason``."""
+    return "Warning" if reason in WARNING_REASONS else "Normal"

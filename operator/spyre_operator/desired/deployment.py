@@ -1,0 +1,164 @@
+"""The serving Deployment: vLLM pods that load a precompiled artifact and never compile."""
+
+from __future__ import annotations
+
+import json
+
+from lightkube.models.apps_v1 import DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment
+from lightkube.models.core_v1 import (
+    Container,
+    ContainerPort,
+    EnvVar,
+    HTTPGetAction,
+    PodSpec,
+    PodTemplateSpec,
+    Probe,
+)
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.apps_v1 import Deployment
+
+from ..api.v1alpha1 import SpyreModelSpec
+from . import names
+from .job import TERMINATION_LOG
+from .owners import controller_ref
+from .plan import ModelPlan
+from .pod import (
+    container_security_context,
+    placement,
+    plugin_env,
+    pod_security_context,
+    resources,
+    shape_args,
+    user_env,
+    volumes,
+)
+
+PORT_NAME = "http"
+#: Probe paths of `spyre-engine serve` (engine/spyre_engine): startup passes once the model is
+#: loaded, readiness fails as soon as a drain starts, liveness only if the engine is wedged.
+STARTUP_PATH = "/health/startup"
+READY_PATH = "/health/ready"
+LIVE_PATH = "/health/live"
+#: Loading a large model from the cache onto the cards can take many minutes.
+STARTUP_BUDGET_SECONDS = 1800
+
+
+def server_labels(plan: ModelPlan, key: str) -> dict[str, str]:
+    """Labels on the Deployment and its pods."""
+    return {
+        **names.common_labels(names.COMPONENT_SERVER),
+        **names.server_selector(plan.name),
+        names.ARTIFACT_LABEL: names.short_key(key),
+    }
+
+
+def serve_args(plan: ModelPlan, key: str) -> list[str]:
+    """`spyre-engine serve` arguments for the artifact ``key``."""
+    spec = plan.spec
+    args = [
+        "serve",
+        *shape_args(plan),
+        "--artifact-dir", plan.artifact_dir(key),
+        "--artifact-key", key,
+        "--port", str(spec.serving.port),
+        "--drain-timeout", str(plan.drain_seconds),
+        "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+    if not plan.is_pooling:
+        args.append("--prefix-caching" if spec.serving.prefix_caching else "--no-prefix-caching")
+    if spec.serving.extra_args:
+        args += ["--", *spec.serving.extra_args]
+    return args
+
+
+def served_spec_json(spec: SpyreModelSpec) -> str:
+    """The spec this Deployment was built from, canonical JSON.
+
+    While a new artifact compiles, the Deployment keeps serving the old one and must keep being
+    built from the old spec (its shape and compile-time env match the old artifact); the
+    operator reads it back from this annotation.
+    """
+    return json.dumps(
+        spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def _probe(path: str, period: int, failures: int) -> Probe:
+    return Probe(
+        httpGet=HTTPGetAction(path=path, port=PORT_NAME),
+        periodSeconds=period,
+        failureThreshold=failures,
+        timeoutSeconds=5,
+    )
+
+
+def build_deployment(plan: ModelPlan, key: str) -> Deployment:
+    """The Deployment serving artifact ``key`` (the spec's key, or the previous one while the
+    new artifact compiles)."""
+    spec = plan.spec
+    tp = spec.compile.tensor_parallel_size
+    vols, mounts = volumes(plan, read_only=True)
+    env: list[EnvVar] = [
+        *user_env(spec.serving.env or []),
+        *plugin_env(plan, key),
+        # Load from the artifact; never compile on the serving path.
+        EnvVar(name="SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS", value="1"),
+        EnvVar(name="HF_HUB_OFFLINE", value="1"),
+    ]
+    labels = server_labels(plan, key)
+    pod_annotations = {**(spec.serving.pod_annotations or {}), names.ARTIFACT_KEY_ANNOTATION: key}
+    container = Container(
+        name="engine",
+        image=spec.engine.image,
+        imagePullPolicy=spec.engine.image_pull_policy,
+        args=serve_args(plan, key),
+        env=env,
+        ports=[ContainerPort(name=PORT_NAME, containerPort=spec.serving.port, protocol="TCP")],
+        resources=resources(
+            spec.serving.resources,
+            {spec.accelerator.resource_name: tp},
+        ),
+        volumeMounts=mounts,
+        securityContext=container_security_context(),
+        startupProbe=_probe(STARTUP_PATH, 10, STARTUP_BUDGET_SECONDS // 10),
+        readinessProbe=_probe(READY_PATH, 5, 2),
+        livenessProbe=_probe(LIVE_PATH, 10, 6),
+        terminationMessagePath=TERMINATION_LOG,
+        terminationMessagePolicy="FallbackToLogsOnError",
+    )
+    rollout = spec.serving.rollout
+    return Deployment(
+        metadata=ObjectMeta(
+            name=names.server_name(plan.name),
+            namespace=plan.namespace,
+            labels=labels,
+            annotations={
+                names.ARTIFACT_KEY_ANNOTATION: key,
+                names.SERVED_SPEC_ANNOTATION: served_spec_json(spec),
+            },
+            ownerReferences=[controller_ref(plan.owner)],
+        ),
+        spec=DeploymentSpec(
+            replicas=spec.replicas,
+            selector=LabelSelector(matchLabels=names.server_selector(plan.name)),
+            strategy=DeploymentStrategy(
+                type="RollingUpdate",
+                rollingUpdate=RollingUpdateDeployment(
+                    maxSurge=rollout.max_surge, maxUnavailable=rollout.max_unavailable
+                ),
+            ),
+            template=PodTemplateSpec(
+                metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
+                spec=PodSpec(
+                    securityContext=pod_security_context(),
+                    terminationGracePeriodSeconds=plan.termination_grace_seconds,
+                    containers=[container],
+                    volumes=vols,
+                    enableServiceLinks=False,
+                    **placement(spec),
+                ),
+            ),
+        ),
+    )

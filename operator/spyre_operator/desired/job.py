@@ -1,0 +1,100 @@
+"""The precompile Job: runs the engine image in compile mode to fill the artifact directory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from lightkube.models.batch_v1 import JobSpec
+from lightkube.models.core_v1 import Container, EnvVar, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.batch_v1 import Job
+
+from . import names
+from .key import compile_env
+from .owners import shared_refs
+from .plan import ModelPlan, OwnerRef
+from .pod import (
+    container_security_context,
+    placement,
+    plugin_env,
+    pod_security_context,
+    resources,
+    shape_args,
+    user_env,
+    volumes,
+)
+
+#: The engine writes its one-line JSON summary (or failure reason) here.
+TERMINATION_LOG = "/dev/termination-log"
+BACKENDS_THAT_RUN_ON_CARDS = frozenset({"sendnn"})
+
+
+def job_labels(plan: ModelPlan) -> dict[str, str]:
+    """Labels on the Job and its pod (no model label: the Job is shared)."""
+    return {
+        **names.common_labels(names.COMPONENT_PRECOMPILE),
+        names.ARTIFACT_LABEL: plan.short_key,
+        names.CLAIM_LABEL: plan.claim,
+    }
+
+
+def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
+    """One Job per (claim, key), owned by every SpyreModel that needs that artifact."""
+    spec = plan.spec
+    vols, mounts = volumes(plan, read_only=False)
+    # Compiling with sendnn runs the warmup on the cards; the CPU backends and
+    # sendnn_compile_only need none.
+    cards = (
+        {spec.accelerator.resource_name: spec.compile.tensor_parallel_size}
+        if str(spec.compile.backend) in BACKENDS_THAT_RUN_ON_CARDS
+        else {}
+    )
+    env: list[EnvVar] = [*user_env(compile_env(spec)), *plugin_env(plan, plan.key)]
+    container = Container(
+        name="precompile",
+        image=spec.engine.image,
+        imagePullPolicy=spec.engine.image_pull_policy,
+        args=[
+            "precompile",
+            *shape_args(plan),
+            "--artifact-dir", plan.artifact_dir(),
+            "--artifact-key", plan.key,
+            "--termination-log", TERMINATION_LOG,
+        ],  # fmt: skip
+        env=env,
+        resources=resources(spec.precompile.resources, cards),
+        volumeMounts=mounts,
+        securityContext=container_security_context(),
+        terminationMessagePath=TERMINATION_LOG,
+        terminationMessagePolicy="FallbackToLogsOnError",
+    )
+    labels = job_labels(plan)
+    annotations = {names.ARTIFACT_KEY_ANNOTATION: plan.key}
+    pod_annotations = {**(spec.precompile.pod_annotations or {}), **annotations}
+    placement_fields = placement(spec)
+    if not cards:
+        placement_fields.pop("schedulerName", None)  # nothing for the Spyre scheduler to do
+    return Job(
+        metadata=ObjectMeta(
+            name=plan.job_name,
+            namespace=plan.namespace,
+            labels=labels,
+            annotations=annotations,
+            ownerReferences=shared_refs(owners),
+        ),
+        spec=JobSpec(
+            backoffLimit=spec.precompile.backoff_limit,
+            activeDeadlineSeconds=spec.precompile.active_deadline_seconds,
+            template=PodTemplateSpec(
+                metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
+                spec=PodSpec(
+                    restartPolicy="Never",
+                    securityContext=pod_security_context(),
+                    containers=[container],
+                    volumes=vols,
+                    enableServiceLinks=False,
+                    **placement_fields,
+                ),
+            ),
+        ),
+    )

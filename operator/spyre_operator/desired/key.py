@@ -1,0 +1,88 @@
+"""The content-addressed artifact key.
+
+The key is a hash over everything that changes the compiled graphs, and nothing else. Two
+SpyreModels with the same key share one precompile Job and one artifact directory
+(``<cache>/artifacts/<key>/``) on the same cache claim.
+
+In the key:
+  - ``spec.model.uri`` (including ``@revision``) — different weights, different graphs.
+  - ``spec.task`` — pooling models compile static warmup shapes, generate models chunked prefill.
+  - every ``spec.compile`` field: tensorParallelSize, maxModelLen, maxNumSeqs,
+    maxNumBatchedTokens, warmupShapes, backend.
+  - ``spec.engine.image`` — the compiler (torch, the plugin, the Spyre stack) lives in the image.
+  - environment variables the plugin and the Spyre compiler read at compile time, when set in
+    ``spec.serving.env`` (see :data:`COMPILE_ENV_NAMES` and :data:`COMPILE_ENV_PREFIXES`).
+    They are also passed to the precompile Job.
+
+Not in the key (changing them only rolls the Deployment): replicas, resources, serving env that
+does not affect compilation, extraArgs, prefixCaching, port, shutdown grace period, scheduling,
+the precompile Job's limits and annotations, and the cache claim (a different claim gets its
+own Job, named from claim and key, but the same key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..api.v1alpha1 import EnvVar, SpyreModelSpec
+
+#: Bump when the key's inputs change meaning, so old artifacts are not reused by mistake.
+KEY_SCHEMA = "spyre-artifact/v1"
+
+#: Plugin variables that change what gets compiled (sendnn_inference/envs.py, 2.6.x).
+COMPILE_ENV_NAMES = frozenset(
+    {
+        "SENDNN_INFERENCE_DYNAMO_BACKEND",
+        "SENDNN_INFERENCE_SIMPLE_COMPILE_BACKEND",
+        "SENDNN_INFERENCE_WARMUP_PROMPT_LENS",
+        "SENDNN_INFERENCE_WARMUP_BATCH_SIZES",
+        "SENDNN_INFERENCE_CP_INTERLEAVE_STEPS",
+        "SENDNN_INFERENCE_MODEL_CONFIG_FILE",
+    }
+)
+#: Prefixes of the Spyre compiler's and runtime's graph-shaping variables.
+COMPILE_ENV_PREFIXES = ("DT_", "FLEX_", "VLLM_DT_", "TORCH_SENDNN_", "SENCORES")
+#: Set by the operator itself; never user-controlled, never part of the key.
+OPERATOR_ENV_NAMES = frozenset({"TORCH_SENDNN_CACHE_ENABLE", "TORCH_SENDNN_CACHE_DIR"})
+
+
+def is_compile_env(name: str) -> bool:
+    """Whether an environment variable changes compiled graphs."""
+    if name in OPERATOR_ENV_NAMES:
+        return False
+    return name in COMPILE_ENV_NAMES or name.startswith(COMPILE_ENV_PREFIXES)
+
+
+def compile_env(spec: SpyreModelSpec) -> list[EnvVar]:
+    """The serving env entries that affect compilation, sorted by name."""
+    return sorted(
+        (e for e in spec.serving.env or [] if is_compile_env(e.name)), key=lambda e: e.name
+    )
+
+
+def key_inputs(spec: SpyreModelSpec) -> dict[str, Any]:
+    """The canonical document the key hashes (also useful to explain a key)."""
+    c = spec.compile
+    return {
+        "schema": KEY_SCHEMA,
+        "model": spec.model.uri,
+        "task": str(spec.task),
+        "compile": {
+            "tensorParallelSize": c.tensor_parallel_size,
+            "maxModelLen": c.max_model_len,
+            "maxNumSeqs": c.max_num_seqs,
+            "maxNumBatchedTokens": c.max_num_batched_tokens,
+            "warmupShapes": [[w.prompt_len, w.batch_size] for w in c.warmup_shapes or []],
+            "backend": str(c.backend),
+        },
+        "image": spec.engine.image,
+        "env": [e.model_dump(by_alias=True, exclude_none=True) for e in compile_env(spec)],
+    }
+
+
+def artifact_key(spec: SpyreModelSpec) -> str:
+    """A stable 32-hex-digit key over everything that changes the compiled graphs."""
+    doc = json.dumps(key_inputs(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()[:32]

@@ -1,0 +1,122 @@
+"""Resolve a SpyreModel into the concrete values every builder needs (pure)."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+from ..api.v1alpha1 import POOLING_TASKS, CacheVolumeSpec, SpyreModelSpec, Task
+from . import names
+from .key import artifact_key
+
+#: Where the cache claim is mounted, in the precompile Job (read-write) and the serving pods
+#: (read-only). Same path in both, so anything a compiler records by absolute path still holds.
+CACHE_MOUNT = "/cache"
+#: Where a pvc:// model's claim is mounted (read-only).
+MODEL_MOUNT = "/models"
+#: Hugging Face downloads of hf:// models, inside the cache claim.
+HF_CACHE_DIR = f"{CACHE_MOUNT}/hub"
+#: Margin between the engine's drain deadline and the kubelet's SIGKILL.
+TERMINATION_MARGIN_SECONDS = 15
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """Identity of a SpyreModel, for ownerReferences."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything derived from one SpyreModel's spec (no cluster state)."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: SpyreModelSpec
+    key: str
+    claim: str
+    #: The operator creates the claim (cache.volume) rather than using an existing one.
+    claim_managed: bool
+    volume: CacheVolumeSpec | None
+    served_name: str
+    model_arg: str
+    model_claim: str | None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def owner(self) -> OwnerRef:
+        return OwnerRef(self.name, self.uid)
+
+    @property
+    def short_key(self) -> str:
+        return names.short_key(self.key)
+
+    @property
+    def job_name(self) -> str:
+        return names.precompile_job_name(self.key, self.claim)
+
+    @property
+    def is_pooling(self) -> bool:
+        return Task(self.spec.task) in POOLING_TASKS
+
+    def artifact_dir(self, key: str | None = None) -> str:
+        """Artifact directory for ``key`` (default: this spec's key) inside the cache mount."""
+        return f"{CACHE_MOUNT}/artifacts/{key or self.key}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.name}.{self.namespace}.svc:{self.spec.serving.port}/v1"
+
+    @property
+    def drain_seconds(self) -> int:
+        return self.spec.serving.shutdown_grace_period_seconds
+
+    @property
+    def termination_grace_seconds(self) -> int:
+        return self.drain_seconds + TERMINATION_MARGIN_SECONDS
+
+
+def default_served_name(uri: str) -> str:
+    """org/name for hf://org/name[@rev]; the last path element for pvc://claim/path."""
+    if uri.startswith("hf://"):
+        return uri[len("hf://") :].split("@", 1)[0]
+    path = uri[len("pvc://") :].rstrip("/")
+    return posixpath.basename(path) or path.split("/", 1)[0]
+
+
+def resolve_model(uri: str) -> tuple[str, str | None]:
+    """The engine's ``--model`` argument and the claim to mount for pvc:// models."""
+    if uri.startswith("pvc://"):
+        claim, _, path = uri[len("pvc://") :].partition("/")
+        return posixpath.join(MODEL_MOUNT, path.strip("/")) if path else MODEL_MOUNT, claim
+    return uri, None
+
+
+def plan_model(
+    name: str, namespace: str, uid: str, generation: int, spec: SpyreModelSpec
+) -> ModelPlan:
+    """Resolve one SpyreModel."""
+    if spec.cache.claim_name:
+        claim, managed, volume = spec.cache.claim_name, False, None
+    else:
+        volume = spec.cache.volume or CacheVolumeSpec()
+        claim, managed = volume.name, True
+    model_arg, model_claim = resolve_model(spec.model.uri)
+    return ModelPlan(
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        generation=generation,
+        spec=spec,
+        key=artifact_key(spec),
+        claim=claim,
+        claim_managed=managed,
+        volume=volume,
+        served_name=spec.model.served_name or default_served_name(spec.model.uri),
+        model_arg=model_arg,
+        model_claim=model_claim,
+    )

@@ -1,0 +1,156 @@
+"""Pod pieces shared by the precompile Job and the serving Deployment."""
+
+from __future__ import annotations
+
+from lightkube.models.core_v1 import (
+    Capabilities,
+    EmptyDirVolumeSource,
+    EnvVar,
+    EnvVarSource,
+    LocalObjectReference,
+    ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource,
+    PodSecurityContext,
+    ResourceRequirements,
+    SeccompProfile,
+    SecurityContext,
+    Toleration,
+    Volume,
+    VolumeMount,
+)
+
+from ..api.v1alpha1 import ResourceRequirements as ApiResources
+from ..api.v1alpha1 import SpyreModelSpec
+from .plan import CACHE_MOUNT, HF_CACHE_DIR, MODEL_MOUNT, ModelPlan
+
+#: The engine image runs as this non-root user (engine/Containerfile).
+ENGINE_UID = 1001
+
+CACHE_VOLUME = "compile-cache"
+MODEL_VOLUME = "model"
+TMP_VOLUME = "tmp"
+SHM_VOLUME = "dshm"
+
+
+def pod_security_context() -> PodSecurityContext:
+    """Passes PodSecurity `restricted`; fsGroup makes the cache claim writable."""
+    return PodSecurityContext(
+        runAsNonRoot=True,
+        runAsUser=ENGINE_UID,
+        runAsGroup=ENGINE_UID,
+        fsGroup=ENGINE_UID,
+        seccompProfile=SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def container_security_context() -> SecurityContext:
+    """No privilege escalation, no capabilities, read-only root filesystem."""
+    return SecurityContext(
+        allowPrivilegeEscalation=False,
+        readOnlyRootFilesystem=True,
+        runAsNonRoot=True,
+        capabilities=Capabilities(drop=["ALL"]),
+    )
+
+
+def shape_args(plan: ModelPlan) -> list[str]:
+    """Engine flags for the model and compile shape, identical in precompile and serve."""
+    spec = plan.spec
+    c = spec.compile
+    args = [
+        "--model", plan.model_arg,
+        "--served-name", plan.served_name,
+        "--task", str(spec.task),
+        "--tensor-parallel-size", str(c.tensor_parallel_size),
+        "--max-model-len", str(c.max_model_len),
+        "--max-num-seqs", str(c.max_num_seqs),
+        "--max-num-batched-tokens", str(c.max_num_batched_tokens),
+        "--backend", str(c.backend),
+    ]  # fmt: skip
+    if c.warmup_shapes:
+        shapes = ",".join(f"{w.prompt_len}x{w.batch_size}" for w in c.warmup_shapes)
+        args += ["--warmup-shapes", shapes]
+    if plan.model_claim is None:
+        args += ["--hf-cache-dir", HF_CACHE_DIR]
+    return args
+
+
+def plugin_env(plan: ModelPlan, key: str) -> list[EnvVar]:
+    """The Spyre plugin's cache settings for the artifact ``key``."""
+    return [
+        EnvVar(name="TORCH_SENDNN_CACHE_ENABLE", value="1"),
+        EnvVar(name="TORCH_SENDNN_CACHE_DIR", value=plan.artifact_dir(key)),
+        EnvVar(name="SENDNN_INFERENCE_DYNAMO_BACKEND", value=str(plan.spec.compile.backend)),
+        EnvVar(name="HOME", value="/tmp"),
+        EnvVar(
+            name="SPYRE_ENGINE_POD_NAME",
+            valueFrom=EnvVarSource(fieldRef=ObjectFieldSelector(fieldPath="metadata.name")),
+        ),
+    ]
+
+
+def user_env(entries: list) -> list[EnvVar]:  # type: ignore[type-arg]
+    """Convert API env entries to typed EnvVars."""
+    return [
+        EnvVar.from_dict(e.model_dump(by_alias=True, exclude_none=True)) for e in entries
+    ]
+
+
+def resources(api: ApiResources | None, cards: dict[str, int]) -> ResourceRequirements:
+    """Container resources with the Spyre cards added to requests and limits."""
+    requests = {k: str(v) for k, v in ((api.requests if api else None) or {}).items()}
+    limits = {k: str(v) for k, v in ((api.limits if api else None) or {}).items()}
+    for name, count in cards.items():
+        requests[name] = str(count)
+        limits[name] = str(count)
+    return ResourceRequirements(requests=requests or None, limits=limits or None)
+
+
+def volumes(plan: ModelPlan, *, read_only: bool) -> tuple[list[Volume], list[VolumeMount]]:
+    """Cache claim (and model claim) volumes, plus writable scratch space."""
+    vols = [
+        Volume(
+            name=CACHE_VOLUME,
+            persistentVolumeClaim=PersistentVolumeClaimVolumeSource(
+                claimName=plan.claim, readOnly=read_only or None
+            ),
+        ),
+        Volume(name=TMP_VOLUME, emptyDir=EmptyDirVolumeSource()),
+        Volume(name=SHM_VOLUME, emptyDir=EmptyDirVolumeSource(medium="Memory")),
+    ]
+    mounts = [
+        VolumeMount(name=CACHE_VOLUME, mountPath=CACHE_MOUNT, readOnly=read_only or None),
+        VolumeMount(name=TMP_VOLUME, mountPath="/tmp"),
+        VolumeMount(name=SHM_VOLUME, mountPath="/dev/shm"),
+    ]
+    if plan.model_claim is not None:
+        vols.append(
+            Volume(
+                name=MODEL_VOLUME,
+                persistentVolumeClaim=PersistentVolumeClaimVolumeSource(
+                    claimName=plan.model_claim, readOnly=True
+                ),
+            )
+        )
+        mounts.append(VolumeMount(name=MODEL_VOLUME, mountPath=MODEL_MOUNT, readOnly=True))
+    return vols, mounts
+
+
+def placement(spec: SpyreModelSpec) -> dict:  # type: ignore[type-arg]
+    """schedulerName, nodeSelector, tolerations and pull secrets for a PodSpec."""
+    acc = spec.accelerator
+    out: dict = {}  # type: ignore[type-arg]
+    if acc.scheduler_name:
+        out["schedulerName"] = acc.scheduler_name
+    if acc.node_selector:
+        out["nodeSelector"] = dict(acc.node_selector)
+    if acc.tolerations:
+        out["tolerations"] = [
+            Toleration.from_dict(t.model_dump(by_alias=True, exclude_none=True))
+            for t in acc.tolerations
+        ]
+    if spec.engine.image_pull_secrets:
+        out["imagePullSecrets"] = [
+            LocalObjectReference(name=n) for n in spec.engine.image_pull_secrets
+        ]
+    return out

@@ -1,0 +1,61 @@
+"""The Service in front of the serving pods, and their PodDisruptionBudget."""
+
+from __future__ import annotations
+
+from lightkube.models.core_v1 import ServicePort, ServiceSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.models.policy_v1 import PodDisruptionBudgetSpec
+from lightkube.resources.core_v1 import Service
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+
+from . import names
+from .deployment import PORT_NAME
+from .owners import controller_ref
+from .plan import ModelPlan
+
+
+def build_service(plan: ModelPlan) -> Service:
+    """ClusterIP Service, port `http`, selecting the model's serving pods of any artifact."""
+    return Service(
+        metadata=ObjectMeta(
+            name=names.server_name(plan.name),
+            namespace=plan.namespace,
+            labels={**names.common_labels(names.COMPONENT_SERVER), names.MODEL_LABEL: plan.name},
+            ownerReferences=[controller_ref(plan.owner)],
+        ),
+        spec=ServiceSpec(
+            type="ClusterIP",
+            selector=names.server_selector(plan.name),
+            ports=[
+                ServicePort(
+                    name=PORT_NAME,
+                    port=plan.spec.serving.port,
+                    targetPort=PORT_NAME,
+                    protocol="TCP",
+                    appProtocol="http",
+                )
+            ],
+        ),
+    )
+
+
+def wants_pdb(plan: ModelPlan) -> bool:
+    """A PDB only makes sense with more than one replica."""
+    return plan.spec.replicas > 1
+
+
+def build_pdb(plan: ModelPlan) -> PodDisruptionBudget:
+    """At most one serving pod disrupted voluntarily at a time."""
+    return PodDisruptionBudget(
+        metadata=ObjectMeta(
+            name=names.server_name(plan.name),
+            namespace=plan.namespace,
+            labels={**names.common_labels(names.COMPONENT_SERVER), names.MODEL_LABEL: plan.name},
+            ownerReferences=[controller_ref(plan.owner)],
+        ),
+        spec=PodDisruptionBudgetSpec(
+            maxUnavailable=1,
+            selector=LabelSelector(matchLabels=names.server_selector(plan.name)),
+            unhealthyPodEvictionPolicy="AlwaysAllow",
+        ),
+    )

@@ -1,0 +1,215 @@
+"""The kopf layer: watches, indices and routing. Thin by design.
+
+Index handlers keep slim copies of SpyreModels and their children in memory; event handlers
+only route each event to the SpyreModels it concerns; all decisions happen in
+``controller.Controller`` / ``reconcile.decide``. No change-detection handlers are used, so
+kopf itself writes nothing to the objects (its bookkeeping storage is still configured under
+the group's annotation prefix for any future handler).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from lightkube import AsyncClient
+from pydantic import ValidationError
+
+from . import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
+from .controller import Caches, Controller
+from .desired import names
+from .desired.plan import OwnerRef, plan_model
+from .metrics import start_metrics_server
+
+log = logging.getLogger(__name__)
+
+MANAGED = {names.MANAGED_BY: names.MANAGED_BY_VALUE}
+INDEX_NAMES = (
+    "models",
+    "artifact_users",
+    "claim_users",
+    "jobs",
+    "deployments",
+    "services",
+    "pdbs",
+    "pvcs",
+)
+
+
+@dataclass(frozen=True)
+class ClaimUser:
+    """A SpyreModel using a cache claim; ``volume`` is set when the operator manages it."""
+
+    owner: OwnerRef
+    volume: CacheVolumeSpec | None
+
+
+class OperatorConfig:
+    """Process-wide settings from the CLI (set before kopf starts)."""
+
+    workers: int = 8
+    metrics_port: int | None = None
+    leader_election: bool = False
+    leader_election_namespace: str | None = None
+    identity: str = "spyre-model-operator"
+
+
+def slim(body: Any) -> dict[str, Any]:
+    """A plain-dict copy of an object without managedFields (they are large and unused)."""
+    raw = dict(body)
+    meta = dict(raw.get("metadata") or {})
+    meta.pop("managedFields", None)
+    raw["metadata"] = meta
+    return raw
+
+
+def _plan(body: Any) -> Any:
+    meta = body.get("metadata", {})
+    if meta.get("deletionTimestamp"):
+        return None
+    try:
+        spec = SpyreModelSpec.model_validate(dict(body.get("spec") or {}))
+    except ValidationError:
+        return None
+    return plan_model(meta["name"], meta["namespace"], meta.get("uid", ""), 1, spec)
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Configure kopf, create the API client and start the reconcile workers."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.WARNING  # our own Events mark transitions
+    # Survive API server restarts: short watch timeouts, quick reconnects.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.watching.reconnect_backoff = 1.0
+    settings.networking.request_timeout = 30
+    settings.batching.worker_limit = 1000
+
+    client = AsyncClient(field_manager=FIELD_MANAGER, timeout=30)
+    caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
+    controller = Controller(client, caches, workers=OperatorConfig.workers)
+    memo["controller"] = controller
+    controller.start()
+    if OperatorConfig.leader_election:
+        from .leader import LeaderElector
+
+        elector = LeaderElector(
+            client,
+            namespace=OperatorConfig.leader_election_namespace or "default",
+            identity=OperatorConfig.identity,
+            on_change=controller.set_leader,
+        )
+        controller.set_leader(False)
+        memo["elector"] = elector
+        elector.start()
+    if OperatorConfig.metrics_port:
+        memo["metrics"] = await start_metrics_server(controller, OperatorConfig.metrics_port)
+    log.info("spyre-model-operator started with %d workers", OperatorConfig.workers)
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    """Stop workers, the leader elector and the metrics server."""
+    if "elector" in memo:
+        await memo["elector"].stop()
+    if "controller" in memo:
+        await memo["controller"].stop()
+    if "metrics" in memo:
+        await memo["metrics"].cleanup()
+
+
+# ------------------------------------------------------------------------------ indices
+
+
+@kopf.index(GROUP, VERSION, PLURAL, id="models")
+def index_models(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim(body)}
+
+
+@kopf.index(GROUP, VERSION, PLURAL, id="artifact_users")
+def index_artifact_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    plan = _plan(body)
+    if plan is None:
+        return {}
+    return {(plan.namespace, plan.claim, plan.key): plan.owner}
+
+
+@kopf.index(GROUP, VERSION, PLURAL, id="claim_users")
+def index_claim_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    plan = _plan(body)
+    if plan is None:
+        return {}
+    volume = plan.volume if plan.claim_managed else None
+    return {(plan.namespace, plan.claim): ClaimUser(plan.owner, volume)}
+
+
+@kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")
+def index_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=MANAGED, id="deployments")
+def index_deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim(body)}
+
+
+@kopf.index("", "v1", "services", labels=MANAGED, id="services")
+def index_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim(body)}
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED, id="pdbs")
+def index_pdbs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim(body)}
+
+
+@kopf.index("", "v1", "persistentvolumeclaims", id="pvcs")
+def index_pvcs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, name): slim(body)}
+
+
+# ------------------------------------------------------------------------------ routing
+
+
+def _controller(memo: kopf.Memo) -> Controller:
+    return memo["controller"]  # type: ignore[no-any-return]
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_model(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A SpyreModel changed: reconcile it and every model sharing its cache claim."""
+    c = _controller(memo)
+    keys = [(namespace, name)]
+    plan = _plan(body)
+    if plan is not None:
+        keys += c.models_for_claim(namespace, plan.claim)
+    c.enqueue(keys)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+@kopf.on.event("", "v1", "services", labels=MANAGED)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
+def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A child changed: reconcile the SpyreModels that own it."""
+    c = _controller(memo)
+    c.enqueue(c.models_for_owner_refs(namespace, body))
+
+
+@kopf.on.event("", "v1", "persistentvolumeclaims")
+def on_pvc(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A PVC changed: reconcile the SpyreModels caching on it."""
+    c = _controller(memo)
+    c.enqueue(c.models_for_claim(namespace, name))

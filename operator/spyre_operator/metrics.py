@@ -1,0 +1,61 @@
+"""The operator's own Prometheus metrics (reconciles, errors, writes by kind, queue depth)."""
+
+from __future__ import annotations
+
+import resource
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+
+def render(controller: Controller) -> str:
+    """Prometheus text exposition of the controller's counters."""
+    s = controller.stats
+    lines = [
+        "# HELP spyre_operator_reconciles_total Reconciles run.",
+        "# TYPE spyre_operator_reconciles_total counter",
+        f"spyre_operator_reconciles_total {s.reconciles}",
+        "# HELP spyre_operator_reconcile_errors_total Reconciles that raised.",
+        "# TYPE spyre_operator_reconcile_errors_total counter",
+        f"spyre_operator_reconcile_errors_total {s.errors}",
+        "# HELP spyre_operator_reconcile_seconds_total Time spent reconciling.",
+        "# TYPE spyre_operator_reconcile_seconds_total counter",
+        f"spyre_operator_reconcile_seconds_total {s.reconcile_seconds:.6f}",
+        "# HELP spyre_operator_writes_total API writes by verb and kind.",
+        "# TYPE spyre_operator_writes_total counter",
+    ]
+    for key, n in sorted(controller.applier.writes.items()):
+        verb, kind = key.split(" ", 1)
+        lines.append(f'spyre_operator_writes_total{{verb="{verb}",kind="{kind}"}} {n}')
+    lines += [
+        "# HELP spyre_operator_skipped_writes_total Writes skipped because nothing changed.",
+        "# TYPE spyre_operator_skipped_writes_total counter",
+        f"spyre_operator_skipped_writes_total {controller.applier.skipped}",
+        "# HELP spyre_operator_queue_depth Models queued or being reconciled.",
+        "# TYPE spyre_operator_queue_depth gauge",
+        f"spyre_operator_queue_depth {len(controller.queue)}",
+        "# HELP spyre_operator_leader Whether this replica may write.",
+        "# TYPE spyre_operator_leader gauge",
+        f"spyre_operator_leader {1 if controller.active.is_set() else 0}",
+        "# HELP spyre_operator_max_rss_bytes Peak resident set size.",
+        "# TYPE spyre_operator_max_rss_bytes gauge",
+        f"spyre_operator_max_rss_bytes {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def start_metrics_server(controller: Controller, port: int) -> web.AppRunner:
+    """Serve /metrics on ``port``."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=render(controller), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    return runner
