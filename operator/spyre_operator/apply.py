@@ -63,14 +63,18 @@ def is_subset(desired: Any, live: Any, parent: str = "") -> bool:
     if isinstance(desired, dict):
         if not isinstance(live, dict):
             return False
-        return all(k in live and is_subset(v, live[k], k) for k, v in desired.items())
+        in_quantities = parent in _QUANTITY_PARENTS
+        return all(
+            k in live and is_subset(v, live[k], "quantity" if in_quantities else k)
+            for k, v in desired.items()
+        )
     if isinstance(desired, list):
         if not isinstance(live, list) or len(desired) != len(live):
             return False
         return all(is_subset(d, v, parent) for d, v in zip(desired, live, strict=True))
     if desired == live:
         return True
-    if parent in _QUANTITY_PARENTS or parent == "storage":
+    if parent == "quantity":
         a, b = parse_quantity(desired), parse_quantity(live)
         return a is not None and a == b
     # int-or-string fields (e.g. maxSurge: 0 vs "0") compare as strings

@@ -1,0 +1,58 @@
+"""Golden YAML for every builder; regenerate with `pytest tests/golden --update-golden`.
+
+A reviewer reads the diff of tests/golden/data/ to see exactly what a change does to the
+objects the operator writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spyre_operator.api import SpyreModelSpec
+from spyre_operator.desired.deployment import build_deployment
+from spyre_operator.desired.job import build_precompile_job
+from spyre_operator.desired.plan import plan_model
+from spyre_operator.desired.pvc import build_cache_pvc, cache_owners
+from spyre_operator.desired.service import build_pdb, build_service
+
+from ..unit.samples import ALL
+
+DATA = Path(__file__).parent / "data"
+
+
+def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
+    spec = SpyreModelSpec.model_validate(spec_doc)
+    plan = plan_model(sample, "team-a", f"uid-{sample}", 1, spec)
+    objs: dict[str, Any] = {
+        "job": build_precompile_job(plan, [plan.owner]),
+        "deployment": build_deployment(plan, plan.key),
+        "service": build_service(plan),
+        "pdb": build_pdb(plan),
+    }
+    if plan.claim_managed and plan.volume is not None:
+        objs["pvc"] = build_cache_pvc(
+            "team-a", plan.volume, cache_owners([(plan.owner, plan.volume)])
+        )
+    return {k: v.to_dict() for k, v in objs.items()}
+
+
+CASES = [(sample, kind) for sample in ALL for kind in ("job", "deployment", "service", "pdb", "pvc")]
+
+
+@pytest.mark.parametrize("sample,kind", CASES)
+def test_golden(sample: str, kind: str, update_golden: bool) -> None:
+    rendered = render(sample, ALL[sample])
+    if kind not in rendered:
+        pytest.skip(f"{sample} has no {kind}")
+    text = yaml.safe_dump(rendered[kind], sort_keys=True, width=100)
+    path = DATA / f"{sample}.{kind}.yaml"
+    if update_golden or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if not update_golden:
+            pytest.fail(f"wrote missing golden file {path.name}; re-run")
+    assert text == path.read_text(), f"{path.name} differs: review and run --update-golden"

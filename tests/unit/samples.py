@@ -1,0 +1,46 @@
+"""SpyreModel specs shared by unit and golden tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GENERATE: dict[str, Any] = {"model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@a1b2c3"}}
+GENERATE_TP4: dict[str, Any] = {
+    "model": {"uri": "pvc://models/granite/8b", "servedName": "granite"},
+    "compile": {"tensorParallelSize": 4, "maxModelLen": 32768, "maxNumBatchedTokens": 512},
+    "replicas": 3,
+    "serving": {
+        "extraArgs": ["--disable-log-requests"],
+        "env": [{"name": "LOG_LEVEL", "value": "debug"}, {"name": "DT_OPT", "value": "varsub=1"}],
+        "resources": {"requests": {"cpu": "8", "memory": "64Gi"}},
+    },
+    "accelerator": {"resourceName": "ibm.com/spyre_pf", "nodeSelector": {"pool": "spyre"}},
+    "cache": {"claimName": "shared-cache"},
+}
+EMBED: dict[str, Any] = {
+    "model": {"uri": "hf://ibm-granite/granite-embedding-125m-english"},
+    "task": "embed",
+    "compile": {
+        "warmupShapes": [{"promptLen": 64, "batchSize": 4}, {"promptLen": 512, "batchSize": 1}],
+        "backend": "eager",
+    },
+    "accelerator": {"schedulerName": ""},
+    "cache": {"volume": {"name": "embed-cache", "size": "10Gi", "retainPolicy": "Delete",
+                         "accessModes": ["ReadWriteOnce"], "storageClassName": "local"}},
+}
+ALL = {"generate": GENERATE, "generate-tp4": GENERATE_TP4, "embed": EMBED}
+
+
+def model(name: str, spec: dict[str, Any], *, ns: str = "ns", uid: str | None = None,
+          generation: int = 1, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A SpyreModel object as the API server would return it (before defaulting)."""
+    body: dict[str, Any] = {
+        "apiVersion": "serving.spyre.dev/v1alpha1",
+        "kind": "SpyreModel",
+        "metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{name}",
+                     "generation": generation},
+        "spec": spec,
+    }
+    if status is not None:
+        body["status"] = status
+    return body
