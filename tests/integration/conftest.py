@@ -1,0 +1,211 @@
+"""Fixtures for operator tests on the local control plane: the CRD and a running operator."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import ControlPlane, free_ports, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration/" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+class OperatorProcess:
+    """`spyre-operator run` as a child process, with its metrics endpoint."""
+
+    def __init__(self, kubeconfig: Path, log_dir: Path, args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_dir = log_dir
+        self.args = args or ["--all-namespaces"]
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port, self.health_port = free_ports(2)
+        self.log_path: Path | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 60) -> None:
+        self.starts += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"operator-{os.getpid()}-{self.starts}.log"
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "spyre_operator.cli", "run", *self.args,
+             "--metrics-port", str(self.metrics_port),
+             "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        wait_until(self._healthy, timeout, "the operator's liveness endpoint")
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"operator exited with {self.proc.returncode}: {self.log_tail()}")
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.health_port}/healthz", timeout=2
+            ) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def writes(self) -> float:
+        return sum(v for k, v in self.metrics().items() if k.startswith("spyre_operator_writes"))
+
+    def log_tail(self, n: int = 40) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+@pytest.fixture(scope="session")
+def crd(control_plane: ControlPlane) -> Path:
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/spyremodels.serving.spyre.dev",
+    )
+    return CRD_FILE
+
+
+@pytest.fixture(scope="session")
+def operator(control_plane: ControlPlane, kubeconfig: Path, crd: Path) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs")
+    op.start()
+    yield op
+    op.stop()
+
+
+class Kube:
+    """Small kubectl helpers bound to one namespace."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp = cp
+        self.ns = namespace
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
+        r = self.cp.kubectl(*args, "-n", self.ns, check=check, input=input)
+        return str(r.stdout)
+
+    def apply_model(self, name: str, spec: dict[str, Any]) -> None:
+        doc = {"apiVersion": "serving.spyre.dev/v1alpha1", "kind": "SpyreModel",
+               "metadata": {"name": name}, "spec": spec}
+        self.kubectl("apply", "--server-side", "--field-manager=test", "--force-conflicts",
+                     "-f", "-", input=yaml.safe_dump(doc))
+
+    def try_apply(self, doc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return self.cp.kubectl("apply", "-n", self.ns, "--server-side", "--field-manager=test",
+                               "-f", "-", input=yaml.safe_dump(doc), check=False)
+
+    def get(self, kind: str, name: str | None = None, selector: str | None = None) -> Any:
+        args = ["get", kind] + ([name] if name else []) + (["-l", selector] if selector else [])
+        r = self.cp.kubectl(*args, "-n", self.ns, "-o", "json", check=False)
+        if r.returncode != 0:
+            if "NotFound" in r.stderr:
+                return None
+            raise RuntimeError(r.stderr)
+        return json.loads(r.stdout)
+
+    def items(self, kind: str, selector: str | None = None) -> list[dict[str, Any]]:
+        return list((self.get(kind, selector=selector) or {}).get("items", []))
+
+    def model(self, name: str) -> dict[str, Any]:
+        m = self.get("spyremodel", name)
+        assert m is not None, f"SpyreModel {name} not found"
+        return m  # type: ignore[no-any-return]
+
+    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
+        for c in (self.model(name).get("status") or {}).get("conditions") or []:
+            if c["type"] == type_:
+                return c  # type: ignore[no-any-return]
+        return None
+
+    def wait_condition(self, name: str, type_: str, status: str = "True",
+                       reason: str | None = None, timeout: float = 60) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+
+        def ok() -> bool:
+            c = self.condition(name, type_)
+            if c and c["status"] == status and (reason is None or c["reason"] == reason):
+                found.update(c)
+                return True
+            return False
+
+        try:
+            wait_until(ok, timeout, f"{name} {type_}={status} {reason or ''}")
+        except TimeoutError as e:
+            raise AssertionError(
+                f"{e}; conditions: {json.dumps(self.model(name).get('status'), indent=1)}"
+            ) from None
+        return found
+
+    def wait(self, what: Callable[[], Any], timeout: float = 60, desc: str = "") -> Any:
+        box: list[Any] = []
+
+        def ok() -> bool:
+            v = what()
+            if v:
+                box.append(v)
+                return True
+            return False
+
+        wait_until(ok, timeout, desc or "condition")
+        return box[-1]
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane, namespace: str) -> Kube:
+    return Kube(control_plane, namespace)
+
+
+@pytest.fixture
+def wait() -> Callable[..., Any]:
+    return wait_until
+
+
+def now() -> float:
+    return time.monotonic()

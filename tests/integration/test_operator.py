@@ -1,0 +1,274 @@
+"""The operator against the real control plane: the reconcile end to end (issue 3).
+
+kwok plays the precompile pod (Job pods complete; annotations make them hold, fail, or report
+a termination message) and the serving pods (Ready).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from .conftest import Kube, OperatorProcess
+
+pytestmark = pytest.mark.integration
+
+GROUP = "serving.spyre.dev"
+HOLD = {"kwok.spyre.dev/hold": "true"}
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@main"},
+        "compile": {"maxModelLen": 2048},
+        "precompile": {"backoffLimit": 0},
+    }
+    for k, v in overrides.items():
+        base[k] = v
+    return base
+
+
+def jobs(kube: Kube) -> list[dict[str, Any]]:
+    return kube.items("jobs", "app.kubernetes.io/managed-by=spyre-model-operator")
+
+
+def deployment(kube: Kube, name: str) -> dict[str, Any] | None:
+    return kube.get("deployment", name)  # type: ignore[no-any-return]
+
+
+def artifact_of(dep: dict[str, Any]) -> str:
+    return str(dep["metadata"]["labels"][f"{GROUP}/artifact"])
+
+
+def release(kube: Kube, job_name: str) -> None:
+    """Let a held precompile pod complete (kwok re-evaluates its stages on the update)."""
+    kube.kubectl("annotate", "pods", "-l", f"job-name={job_name}", "kwok.spyre.dev/hold-")
+
+
+def test_happy_path_to_ready(kube: Kube, operator: OperatorProcess) -> None:
+    summary = {"path": "ignored", "compileSeconds": 42.5, "sizeBytes": 123456789}
+    kube.apply_model(
+        "granite",
+        spec(precompile={"podAnnotations": {
+            "kwok.spyre.dev/termination-message": json.dumps(summary)}}),
+    )
+    # kubectl wait works on the Ready condition
+    kube.kubectl("wait", "--for=condition=Ready", "--timeout=90s", "spyremodel/granite")
+    m = kube.model("granite")
+    st = m["status"]
+    assert st["observedGeneration"] == m["metadata"]["generation"]
+    assert st["artifact"]["phase"] == "Ready"
+    assert st["artifact"]["compileSeconds"] == 42.5
+    assert st["artifact"]["sizeBytes"] == 123456789
+    key = st["artifact"]["key"]
+    assert st["artifact"]["path"] == f"/cache/artifacts/{key}"
+    assert st["servingArtifactKey"] == key
+    assert st["endpoint"] == f"http://granite.{kube.ns}.svc:8000/v1"
+    types = {c["type"]: c for c in st["conditions"]}
+    assert set(types) == {"Ready", "CacheVolumeReady", "ArtifactReady", "Progressing", "Degraded"}
+    assert types["CacheVolumeReady"]["status"] == "True"
+    assert types["Degraded"]["status"] == "False"
+    for c in types.values():
+        assert c["observedGeneration"] == m["metadata"]["generation"] and c["lastTransitionTime"]
+
+    dep = deployment(kube, "granite")
+    assert dep is not None
+    assert dep["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "spyre-model-operator"
+    assert dep["metadata"]["labels"][f"{GROUP}/model"] == "granite"
+    assert artifact_of(dep) == key[:12]
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["schedulerName"] == "spyre-scheduler"
+    c = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] == "1"
+    assert env["TORCH_SENDNN_CACHE_ENABLE"] == "1"
+    assert env["TORCH_SENDNN_CACHE_DIR"] == f"/cache/artifacts/{key}"
+    assert env["SENDNN_INFERENCE_DYNAMO_BACKEND"] == "sendnn"
+    assert c["resources"]["limits"]["ibm.com/spyre_vf"] == "1"
+    mounts = {v["mountPath"]: v for v in c["volumeMounts"]}
+    assert mounts["/cache"]["readOnly"] is True
+    claim = next(v for v in pod["volumes"] if v["name"] == "compile-cache")
+    assert claim["persistentVolumeClaim"]["claimName"] == "spyre-compile-cache"
+    assert c["startupProbe"]["httpGet"]["path"] == "/health/startup"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert pod["terminationGracePeriodSeconds"] == 30 + 15
+    strategy = dep["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxSurge"] == 0 and strategy["maxUnavailable"] == 1
+    svc = kube.get("service", "granite")
+    assert svc["spec"]["ports"][0]["name"] == "http" and svc["spec"]["ports"][0]["port"] == 8000
+    # the serving pod really runs on a fake Spyre node with the cards
+    pods = kube.items("pods", f"{GROUP}/model=granite")
+    assert pods and all(p["status"]["phase"] == "Running" for p in pods)
+    assert all(p["spec"]["nodeName"].startswith("spyre-node") for p in pods)
+    pvc = kube.get("pvc", "spyre-compile-cache")
+    assert pvc["status"]["phase"] == "Bound"
+    # the transitions were recorded as Events
+    events = kube.items("events", "")
+    reasons = {e["reason"] for e in events if e["involvedObject"]["name"] == "granite"}
+    assert {"Compiling", "ArtifactAvailable", "Serving"} <= reasons, reasons
+    # printer columns
+    out = kube.kubectl("get", "spyremodels")
+    assert "READY" in out and "REASON" in out and "Serving" in out
+
+
+def test_same_key_shares_one_job(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply_model("a", spec(precompile={"podAnnotations": HOLD, "backoffLimit": 0}))
+    kube.apply_model("b", spec(replicas=2, serving={"port": 8080}))  # same key
+    job = kube.wait(lambda: (j := jobs(kube)) and len(j[0]["metadata"].get(
+        "ownerReferences", [])) == 2 and j[0], 30, "a Job owned by both models")
+    assert len(jobs(kube)) == 1
+    assert {r["name"] for r in job["metadata"]["ownerReferences"]} == {"a", "b"}
+    for n in ("a", "b"):
+        assert kube.condition(n, "ArtifactReady")["reason"] == "Compiling"
+    release(kube, job["metadata"]["name"])
+    for n in ("a", "b"):
+        kube.wait_condition(n, "Ready", timeout=60)
+    assert len(jobs(kube)) == 1
+
+
+def test_replicas_edit_scales_without_new_job(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply_model("m", spec())
+    kube.wait_condition("m", "Ready")
+    key = kube.model("m")["status"]["artifact"]["key"]
+    kube.apply_model("m", spec(replicas=3))
+    kube.wait(lambda: (d := deployment(kube, "m")) and d["spec"]["replicas"] == 3, 30,
+              "Deployment scaled to 3")
+    kube.wait(lambda: kube.model("m")["status"].get("readyReplicas") == 3, 60, "3 ready")
+    kube.wait_condition("m", "Ready")
+    assert len(jobs(kube)) == 1
+    assert kube.model("m")["status"]["artifact"]["key"] == key
+    assert kube.get("pdb", "m") is not None  # replicas > 1
+    # the scale subresource works too
+    kube.kubectl("scale", "spyremodel/m", "--replicas=1")
+    kube.wait(lambda: deployment(kube, "m")["spec"]["replicas"] == 1, 30, "scaled to 1")
+    kube.wait(lambda: kube.get("pdb", "m") is None, 30, "PDB removed at 1 replica")
+
+
+def test_compile_edit_keeps_old_pods_until_new_artifact(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    kube.apply_model("m", spec())
+    kube.wait_condition("m", "Ready")
+    old_key = kube.model("m")["status"]["artifact"]["key"]
+    # new shape; hold the new Job's pod so the compile "takes a while"
+    kube.apply_model("m", spec(compile={"maxModelLen": 4096},
+                               precompile={"podAnnotations": HOLD, "backoffLimit": 0}))
+    new = kube.wait(
+        lambda: [j for j in jobs(kube) if j["metadata"]["labels"][f"{GROUP}/artifact"]
+                 != old_key[:12]], 30, "the new precompile Job")[0]
+    kube.wait_condition("m", "Progressing", "True", reason="Compiling")
+    ready = kube.wait_condition("m", "Ready", "True", reason="ServingPreviousArtifact")
+    assert old_key[:12] in ready["message"]
+    time.sleep(2)  # give a wrong implementation the chance to roll early
+    dep = deployment(kube, "m")
+    assert artifact_of(dep) == old_key[:12], "Deployment switched before the artifact was ready"
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-model-len") + 1] == "2048"
+    serving = [p for p in kube.items("pods", f"{GROUP}/model=m")
+               if p["status"].get("phase") == "Running"]
+    assert serving, "old pods must keep serving while the new artifact compiles"
+    release(kube, new["metadata"]["name"])
+    kube.wait(lambda: artifact_of(deployment(kube, "m")) != old_key[:12], 60, "roll to new key")
+    kube.wait_condition("m", "Ready", "True", reason="Serving")
+    st = kube.model("m")["status"]
+    assert st["servingArtifactKey"] == st["artifact"]["key"] != old_key
+    args = deployment(kube, "m")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-model-len") + 1] == "4096"
+
+
+def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProcess) -> None:
+    failure = {"reason": "CompileFailed", "message": "graph too large for 1 card"}
+    kube.apply_model("bad", spec(precompile={"backoffLimit": 0, "podAnnotations": {
+        "kwok.spyre.dev/fail": "true",
+        "kwok.spyre.dev/termination-message": json.dumps(failure)}}))
+    deg = kube.wait_condition("bad", "Degraded", "True", reason="PrecompileFailed")
+    assert "graph too large for 1 card" in deg["message"]
+    assert kube.condition("bad", "Ready")["status"] == "False"
+    assert kube.model("bad")["status"]["artifact"]["phase"] == "Failed"
+    assert deployment(kube, "bad") is None
+    events = [e for e in kube.items("events") if e["involvedObject"]["name"] == "bad"]
+    assert any(e["type"] == "Warning" and e["reason"] == "PrecompileFailed" for e in events)
+    # a spec change retries (and here fixes) the compile
+    kube.apply_model("bad", spec(precompile={"backoffLimit": 1}))
+    kube.wait_condition("bad", "Ready", timeout=60)
+    assert kube.condition("bad", "Degraded")["status"] == "False"
+
+
+@pytest.mark.parametrize(
+    "bad,expect",
+    [
+        ({"compile": {"maxNumBatchedTokens": 100}}, "multiple of 64"),
+        ({"compile": {"warmupShapes": [{"promptLen": 64, "batchSize": 1}]}},
+         "warmupShapes apply only to pooling models"),
+        ({"compile": {"tensorParallelSize": 3}}, "tensorParallelSize must be 1, 2, 4 or 8"),
+        ({"task": "embed"}, "set compile.warmupShapes"),
+        ({"model": {"uri": "s3://bucket/model"}}, "hf://org/name"),
+        ({"serving": {"extraArgs": ["--max-model-len=99"]}}, "must not set flags"),
+        ({"cache": {"claimName": "x", "volume": {"name": "y"}}}, "not both"),
+    ],
+)
+def test_api_server_rejects_bad_specs(kube: Kube, crd: Any, bad: dict[str, Any],
+                                      expect: str) -> None:
+    doc = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "SpyreModel",
+           "metadata": {"name": "rejected"}, "spec": {**spec(), **bad}}
+    r = kube.try_apply(doc)
+    assert r.returncode != 0, "the API server accepted an invalid SpyreModel"
+    assert expect in r.stderr, r.stderr
+    assert kube.get("spyremodel", "rejected") is None
+
+
+def test_idle_period_makes_no_writes(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply_model("idle", spec(replicas=2))
+    kube.wait_condition("idle", "Ready")
+    time.sleep(3)  # let trailing status updates settle
+
+    def versions() -> dict[str, str]:
+        out = {"model": kube.model("idle")["metadata"]["resourceVersion"]}
+        for kind in ("deployment", "service", "pdb", "job", "pvc"):
+            for o in kube.items(kind):
+                out[f"{kind}/{o['metadata']['name']}"] = o["metadata"]["resourceVersion"]
+        return out
+
+    before, writes_before = versions(), operator.writes()
+    # poke the operator: an unrelated label on the model triggers a full reconcile
+    kube.kubectl("label", "spyremodel/idle", "poke=1")
+    time.sleep(8)
+    after = versions()
+    before.pop("model"), after.pop("model")  # the label itself changed the model
+    assert after == before, "an idle reconcile changed a child"
+    assert operator.writes() == writes_before, "the operator wrote during an idle period"
+
+
+def test_deletion_cleans_up(kube: Kube, operator: OperatorProcess) -> None:
+    kube.apply_model("gone", spec(replicas=2, cache={"volume": {
+        "name": "tmp-cache", "retainPolicy": "Delete", "size": "1Gi"}}))
+    kube.apply_model("kept", spec(cache={"volume": {"name": "kept-cache", "size": "1Gi"}}))
+    kube.wait_condition("gone", "Ready")
+    kube.wait_condition("kept", "Ready")
+    kube.kubectl("delete", "spyremodel", "gone", "kept", "--wait=true", "--timeout=60s")
+
+    def cleaned() -> bool:
+        left = [o["metadata"]["name"] for kind in ("deployment", "service", "pdb", "job")
+                for o in kube.items(kind)]
+        return not left and kube.get("pvc", "tmp-cache") is None
+    kube.wait(cleaned, 90, "children garbage-collected")
+    assert kube.get("pvc", "kept-cache") is not None, "Retain policy must keep the PVC"
+
+
+def test_operator_restart_mid_compile_makes_no_duplicate_job(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    kube.apply_model("r", spec(precompile={"podAnnotations": HOLD, "backoffLimit": 0}))
+    job = kube.wait(lambda: jobs(kube), 30, "the precompile Job")[0]
+    kube.wait_condition("r", "ArtifactReady", "False", reason="Compiling")
+    operator.kill()
+    operator.start()
+    time.sleep(2)
+    assert [j["metadata"]["uid"] for j in jobs(kube)] == [job["metadata"]["uid"]]
+    release(kube, job["metadata"]["name"])
+    kube.wait_condition("r", "Ready", timeout=60)
+    assert [j["metadata"]["uid"] for j in jobs(kube)] == [job["metadata"]["uid"]]
