@@ -1,0 +1,175 @@
+"""``spyre-engine precompile|serve [flags] [-- vllm args]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from spyre_engine.settings import (
+    EngineSettings,
+    PrecompileSettings,
+    ServeSettings,
+    add_arguments,
+    env_name,
+    settings_from_sources,
+    split_passthrough,
+)
+from spyre_engine.summary import (
+    REASON_ARTIFACT_MISMATCH,
+    REASON_INVALID_SETTINGS,
+    REASON_MODEL_NOT_FOUND,
+    FailureSummary,
+    write_termination_log,
+)
+
+log = logging.getLogger("spyre_engine")
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per engine mode."""
+    parser = argparse.ArgumentParser(
+        prog="spyre-engine",
+        description="Precompile and serve LLMs on IBM Spyre with vLLM. Every flag can also be set "
+        "by SPYRE_ENGINE_<FLAG> (flag wins). vLLM arguments go after --.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_arguments(
+        sub.add_parser("precompile", help="Compile a shape into the artifact dir"),
+        PrecompileSettings,
+    )
+    add_arguments(
+        sub.add_parser("serve", help="Serve the OpenAI API from a precompiled artifact"),
+        ServeSettings,
+    )
+    return parser
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        flag = "--" + loc.replace("_", "-") if loc else ""
+        parts.append(f"{flag}: {msg}" if flag else msg)
+    return "; ".join(parts)
+
+
+def _fail(termination_log: object, reason: str, message: str) -> int:
+    summary = FailureSummary(reason=reason, message=message)
+    log.error("%s: %s", reason, message)
+    write_termination_log(termination_log, summary)  # type: ignore[arg-type]
+    return 2 if reason == REASON_INVALID_SETTINGS else 1
+
+
+def load_settings(
+    command: str, flags: dict[str, object], passthrough: list[str] | None
+) -> EngineSettings:
+    """Settings for ``command`` from flags, env and the vLLM args after ``--``."""
+    model = PrecompileSettings if command == "precompile" else ServeSettings
+    if passthrough is not None:
+        flags["vllm_args"] = passthrough
+    return settings_from_sources(model, flags)  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``spyre-engine`` console script."""
+    process_started = time.monotonic()
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    ours, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(ours)
+    flags = {k: v for k, v in vars(args).items() if k != "command"}
+    # The termination log must be known even when the rest of the settings are invalid.
+    import os
+
+    termination_log = flags.get("termination_log") or os.environ.get(
+        env_name("termination_log"), DEFAULT_TERMINATION_LOG
+    )
+    try:
+        settings = load_settings(args.command, flags, passthrough)
+    except ValidationError as exc:
+        return _fail(termination_log, REASON_INVALID_SETTINGS, _validation_message(exc))
+    if args.command == "precompile":
+        assert isinstance(settings, PrecompileSettings)
+        return run_precompile(settings)
+    assert isinstance(settings, ServeSettings)
+    return run_serve(settings, process_started)
+
+
+def run_precompile(settings: PrecompileSettings) -> int:
+    """``spyre-engine precompile``: exit 0 and a summary line, or non-zero and a reason."""
+    from spyre_engine.precompile import PrecompileError, precompile
+
+    try:
+        summary = precompile(settings)
+    except PrecompileError as exc:
+        return _fail(settings.termination_log, exc.reason, exc.message)
+    log.info("Precompiled: %s", summary.to_line())
+    write_termination_log(settings.termination_log, summary)
+    print(summary.to_line(), flush=True)
+    return 0
+
+
+def run_serve(settings: ServeSettings, process_started: float) -> int:
+    """``spyre-engine serve``: refuse fast without a matching catalog entry, else serve."""
+    from spyre_engine import catalog
+    from spyre_engine.launch import ModelNotFound, resolve_model
+    from spyre_engine.metrics import EngineMetrics
+
+    metrics = EngineMetrics()
+    t0 = time.monotonic()
+    try:
+        entries = catalog.read_catalog(settings.artifact_dir)
+    except catalog.CatalogError as exc:
+        return _fail(settings.termination_log, REASON_ARTIFACT_MISMATCH, str(exc))
+    path = catalog.catalog_path(settings.artifact_dir)
+    if not entries:
+        return _fail(
+            settings.termination_log,
+            REASON_ARTIFACT_MISMATCH,
+            f"no precompiled shapes in {path}: run spyre-engine precompile for this shape first",
+        )
+    # Check the shape before resolving the model: a hf:// model may need a download.
+    shape = catalog.entry_data(settings, "")
+    shape.pop("MODEL_NAME")
+    if catalog.find_entry(entries, shape) is None:
+        return _fail(
+            settings.termination_log,
+            REASON_ARTIFACT_MISMATCH,
+            f"{path} has no entry for {catalog.describe({'MODEL_NAME': settings.model, **shape})}; "
+            f"it has: {' | '.join(catalog.describe(e['data']) for e in entries)}",
+        )
+    t1 = time.monotonic()
+    try:
+        model_path = resolve_model(settings)
+    except ModelNotFound as exc:
+        return _fail(settings.termination_log, REASON_MODEL_NOT_FOUND, str(exc))
+    t2 = time.monotonic()
+    wanted = catalog.entry_data(settings, model_path)
+    if catalog.find_entry(entries, wanted) is None:
+        models = sorted({str(e["data"].get("MODEL_NAME")) for e in entries})
+        return _fail(
+            settings.termination_log,
+            REASON_ARTIFACT_MISMATCH,
+            f"{path} has this shape only for model(s) {', '.join(models)}, not {model_path}",
+        )
+    metrics.startup_phase_seconds.labels("validate").set(time.monotonic() - t2 + (t1 - t0))
+    metrics.startup_phase_seconds.labels("resolve_model").set(t2 - t1)
+
+    from spyre_engine.serve import serve
+
+    return serve(settings, model_path, metrics, process_started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""``spyre-engine precompile``: compile every graph of a shape into the artifact dir; record it.
+
+The plugin compiles during engine start-up (its warmup), so precompiling is starting vLLM with the
+shape and the cache env pointing into the artifact dir, waiting until it reports healthy, and
+stopping it. Then the catalog entry serve looks for is added.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from spyre_engine import catalog
+from spyre_engine.launch import (
+    Child,
+    ModelNotFound,
+    free_port,
+    package_versions,
+    plugin_env,
+    resolve_model,
+    vllm_command,
+)
+from spyre_engine.settings import PrecompileSettings
+from spyre_engine.summary import (
+    REASON_CATALOG_ERROR,
+    REASON_COMPILE_FAILED,
+    REASON_MODEL_NOT_FOUND,
+    FailureSummary,
+    PrecompileSummary,
+    Versions,
+)
+
+log = logging.getLogger(__name__)
+
+
+class PrecompileError(Exception):
+    """Precompile failed; carries the CamelCase reason for the termination log."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    def summary(self) -> FailureSummary:
+        """The failure line for the termination log."""
+        return FailureSummary(reason=self.reason, message=self.message)
+
+
+def directory_size(path: Path) -> int:
+    """Total bytes of the regular files under ``path`` (symlinks not followed)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            total += st.st_size
+    return total
+
+
+def wait_healthy(child: Child, port: int, timeout: float) -> None:
+    """Block until vLLM's /health answers 200; raise PrecompileError if it dies or times out."""
+    url = f"http://127.0.0.1:{port}/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not child.alive():
+            raise PrecompileError(
+                REASON_COMPILE_FAILED,
+                f"vLLM exited with code {child.proc.returncode} during warmup: "
+                f"{child.last_error()}",
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    raise PrecompileError(REASON_COMPILE_FAILED, f"warmup did not finish within {timeout:.0f}s")
+
+
+def run_warmup(settings: PrecompileSettings, model_path: str) -> None:
+    """Start vLLM with the shape so the plugin's warmup compiles every graph, then stop it."""
+    port = free_port()
+    env = plugin_env(settings, require_precompiled=False)
+    cmd = vllm_command(settings, model_path, host="127.0.0.1", port=port)
+    log.info("Starting vLLM to compile the shape: %s", " ".join(cmd))
+    child = Child(cmd, env)
+    try:
+        wait_healthy(child, port, settings.compile_timeout)
+    finally:
+        child.stop(grace=10)
+
+
+def precompile(settings: PrecompileSettings) -> PrecompileSummary:
+    """Compile the shape into ``artifact_dir`` and add its catalog entry; idempotent."""
+    try:
+        model_path = resolve_model(settings)
+    except ModelNotFound as exc:
+        raise PrecompileError(REASON_MODEL_NOT_FOUND, str(exc)) from exc
+    artifact = Path(settings.artifact_dir)
+    try:
+        artifact.mkdir(parents=True, exist_ok=True)
+        catalog.read_catalog(artifact)  # fail before compiling when the catalog is corrupt
+    except (OSError, catalog.CatalogError) as exc:
+        raise PrecompileError(REASON_CATALOG_ERROR, str(exc)) from exc
+
+    versions = package_versions()
+    started = time.monotonic()
+    if settings.backend == "eager":
+        log.info("Backend eager compiles nothing; recording the shape only")
+    else:
+        run_warmup(settings, model_path)
+    compile_seconds = time.monotonic() - started
+
+    entry = catalog.make_entry(settings, model_path, versions["sendnn_inference"] or "unknown")
+    try:
+        added = catalog.add_entry(artifact, entry)
+    except (OSError, catalog.CatalogError) as exc:
+        raise PrecompileError(REASON_CATALOG_ERROR, str(exc)) from exc
+    log.info(
+        "%s catalog entry %s",
+        "Added" if added else "Kept existing",
+        catalog.describe(entry["data"]),
+    )
+    return PrecompileSummary(
+        key=settings.artifact_key,
+        path=str(artifact.resolve()),
+        compileSeconds=round(compile_seconds, 3),
+        sizeBytes=directory_size(artifact),
+        versions=Versions(**versions),
+    )

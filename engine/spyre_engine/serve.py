@@ -1,0 +1,418 @@
+"""``spyre-engine serve``: a thin asyncio front on the public port in front of ``vllm serve``.
+
+vLLM runs in its own process group on a loopback port. The front answers the probes, proxies the
+OpenAI API, appends ``spyre_engine_*`` to vLLM's ``/metrics`` and owns shutdown, because vLLM's
+own SIGTERM handling either cuts in-flight streams (``--shutdown-timeout 0``) or waits for clients
+that may never disconnect (larger timeouts, and always with tensor parallel 2). On SIGTERM:
+readiness fails, new requests get 503, in-flight requests run until the drain deadline, the
+remaining streams then get an error event and ``[DONE]``, and the vLLM group is terminated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from spyre_engine.launch import Child, free_port, plugin_env, served_name, vllm_command
+from spyre_engine.metrics import EngineMetrics
+from spyre_engine.settings import ServeSettings
+from spyre_engine.summary import REASON_ENGINE_FAILED, FailureSummary, write_termination_log
+
+log = logging.getLogger(__name__)
+
+# Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones we recompute.
+_HOP_HEADERS = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+    )
+)
+
+DRAIN_ERROR_EVENT = (
+    b"data: "
+    + json.dumps(
+        {
+            "error": {
+                "message": "The server is shutting down and the drain deadline passed",
+                "type": "ServiceUnavailableError",
+                "code": 503,
+            }
+        }
+    ).encode()
+    + b"\n\ndata: [DONE]\n\n"
+)
+
+# After the drain deadline: time for aborted streams to get their error event out, for vLLM to
+# exit after SIGTERM, and for the HTTP server to close connections. Their sum bounds the exit.
+ABORT_GRACE = 2.0
+CHILD_STOP_GRACE = 5.0
+HTTP_STOP_GRACE = 1.0
+# Exit even if something above hangs: the operator allows drain timeout + 15 s.
+HARD_EXIT_AFTER_DEADLINE = 11.0
+
+
+def _json_error(status: int, message: str, kind: str, close: bool = False) -> web.Response:
+    headers = {"Connection": "close"} if close else None
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+@dataclass(eq=False)
+class Flight:
+    """One proxied request, so the drain can wait for it or abort it."""
+
+    pump: asyncio.Task[web.StreamResponse] | None = None
+    response: web.StreamResponse | None = None
+    streaming: bool = False
+    at_event_boundary: bool = True
+    aborted: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+class EngineServer:
+    """The front: probes, proxy, metrics and the drain state machine."""
+
+    def __init__(
+        self,
+        settings: ServeSettings,
+        model_path: str,
+        metrics: EngineMetrics,
+        process_started: float,
+    ) -> None:
+        self.settings = settings
+        self.model_path = model_path
+        self.metrics = metrics
+        self.process_started = process_started
+        self.internal_port = settings.internal_port or free_port()
+        self.upstream = f"http://127.0.0.1:{self.internal_port}"
+        self.child: Child | None = None
+        self.started = False
+        self.draining = False
+        self.engine_failed: str | None = None
+        self.flights: set[Flight] = set()
+        self._flights_changed = asyncio.Event()
+        self._shutdown = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT (exit 0) or until vLLM dies (exit 1)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
+            auto_decompress=False,
+        )
+        await self._start_http()
+        env = plugin_env(self.settings, require_precompiled=True)
+        cmd = vllm_command(
+            self.settings,
+            self.model_path,
+            host="127.0.0.1",
+            port=self.internal_port,
+            prefix_caching=self.settings.prefix_caching,
+        )
+        log.info("Starting vLLM on %s: %s", self.upstream, " ".join(cmd))
+        spawned = time.monotonic()
+        self.child = Child(cmd, env)
+        watcher = asyncio.create_task(self._watch_child(spawned))
+        await self._shutdown.wait()
+        watcher.cancel()
+        await self._drain()
+        await loop.run_in_executor(None, self.child.stop, CHILD_STOP_GRACE)
+        log.info("vLLM stopped (exit code %s)", self.child.proc.returncode)
+        await self._stop_http()
+        if self.engine_failed:
+            write_termination_log(
+                self.settings.termination_log,
+                FailureSummary(reason=REASON_ENGINE_FAILED, message=self.engine_failed),
+            )
+            return 1
+        return 0
+
+    def _on_signal(self, sig: int) -> None:
+        if self.draining:
+            log.info("Received %s again while draining", signal.Signals(sig).name)
+            return
+        log.info(
+            "Received %s: draining for up to %.1fs",
+            signal.Signals(sig).name,
+            self.settings.drain_timeout,
+        )
+        self.draining = True
+        self.metrics.draining.set(1)
+        self.metrics.ready.set(0)
+        self._arm_hard_exit()
+        self._shutdown.set()
+
+    def _arm_hard_exit(self) -> None:
+        """Last resort: kill the vLLM group and exit 0 if the orderly path hangs."""
+
+        def hard_exit() -> None:
+            log.error("Shutdown did not finish in time; exiting hard")
+            if self.child is not None:
+                self.child.signal_group(signal.SIGKILL)
+            os._exit(0)
+
+        timer = threading.Timer(self.settings.drain_timeout + HARD_EXIT_AFTER_DEADLINE, hard_exit)
+        timer.daemon = True
+        timer.start()
+
+    async def _watch_child(self, spawned: float) -> None:
+        """Mark started when vLLM is healthy; trigger shutdown (exit 1) if vLLM dies."""
+        assert self.child is not None and self._session is not None
+        while not self.started:
+            if not self.child.alive():
+                self._fail(
+                    f"vLLM exited with code {self.child.proc.returncode} during start-up: "
+                    f"{self.child.last_error()}"
+                )
+                return
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                async with self._session.get(
+                    self.upstream + "/health", timeout=aiohttp.ClientTimeout(total=2)
+                ) as resp:
+                    if resp.status == 200:
+                        now = time.monotonic()
+                        self.metrics.startup_phase_seconds.labels("engine_start").set(now - spawned)
+                        self.metrics.startup_phase_seconds.labels("total").set(
+                            now - self.process_started
+                        )
+                        self.started = True
+                        self.metrics.ready.set(1)
+                        log.info(
+                            "vLLM is serving after %.1fs (%.1fs since process start)",
+                            now - spawned,
+                            now - self.process_started,
+                        )
+                        break
+            await asyncio.sleep(0.25)
+        while True:
+            await asyncio.sleep(0.5)
+            if not self.child.alive():
+                self._fail(
+                    f"vLLM exited with code {self.child.proc.returncode}: {self.child.last_error()}"
+                )
+                return
+
+    def _fail(self, message: str) -> None:
+        if self.draining:
+            return
+        log.error("%s", message)
+        self.engine_failed = message
+        self.draining = True
+        self.metrics.ready.set(0)
+        self._shutdown.set()
+
+    async def _drain(self) -> None:
+        """Wait for in-flight requests until the deadline, then abort the rest."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (0.0 if self.engine_failed else self.settings.drain_timeout)
+        while self.flights and loop.time() < deadline:
+            self._flights_changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._flights_changed.wait(), deadline - loop.time())
+        if not self.flights:
+            log.info("Drained: no request in flight")
+            return
+        log.warning("Drain deadline passed; aborting %d request(s)", len(self.flights))
+        for flight in list(self.flights):
+            flight.aborted = True
+            self.metrics.aborted_at_deadline.inc()
+            if flight.pump is not None and not flight.pump.done():
+                flight.pump.cancel()
+        end = loop.time() + ABORT_GRACE
+        while self.flights and loop.time() < end:
+            self._flights_changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._flights_changed.wait(), end - loop.time())
+
+    # ------------------------------------------------------------------- HTTP
+
+    async def _start_http(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health/startup", self.startup_probe)
+        app.router.add_get("/health/ready", self.readiness_probe)
+        app.router.add_get("/health/live", self.liveness_probe)
+        app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_route("*", "/{tail:.*}", self.proxy)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_STOP_GRACE
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
+        await site.start()
+        log.info("Listening on %s:%d", self.settings.host, self.settings.port)
+
+    async def _stop_http(self) -> None:
+        if self._runner is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._runner.cleanup(), HTTP_STOP_GRACE + 2)
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._session.close(), 1)
+
+    async def startup_probe(self, request: web.Request) -> web.Response:
+        """200 once vLLM has loaded the model and serves; 503 before."""
+        if self.started:
+            return web.json_response({"status": "started"})
+        return web.json_response({"status": "starting"}, status=503)
+
+    async def readiness_probe(self, request: web.Request) -> web.Response:
+        """200 only when started and not draining."""
+        if self.started and not self.draining:
+            return web.json_response({"status": "ready"})
+        status = "draining" if self.draining else "starting"
+        return web.json_response({"status": status}, status=503)
+
+    async def liveness_probe(self, request: web.Request) -> web.Response:
+        """200 while healthy (also while loading and draining); 503 if vLLM died or hangs."""
+        child = self.child
+        if self.draining or child is None:
+            return web.json_response({"status": "alive"})
+        if not child.alive():
+            return web.json_response({"status": "engine exited"}, status=503)
+        if not self.started:
+            return web.json_response({"status": "alive"})
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                self.upstream + "/health", timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
+                if resp.status == 200:
+                    return web.json_response({"status": "alive"})
+                return web.json_response({"status": f"engine health {resp.status}"}, status=503)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            return web.json_response({"status": f"engine unreachable: {exc!r}"}, status=503)
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        """vLLM's series (when it is up) followed by ``spyre_engine_*``."""
+        parts: list[bytes] = []
+        if self.started and self.child is not None and self.child.alive():
+            assert self._session is not None
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                async with self._session.get(
+                    self.upstream + "/metrics", timeout=aiohttp.ClientTimeout(total=5)
+                ) as resp:
+                    if resp.status == 200:
+                        body = await resp.read()
+                        parts.append(body if body.endswith(b"\n") else body + b"\n")
+        parts.append(self.metrics.render())
+        return web.Response(
+            body=b"".join(parts),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        """Forward anything else to vLLM, tracking it as in flight."""
+        if self.draining:
+            self.metrics.rejected_draining.inc()
+            return _json_error(
+                503, "The server is shutting down", "ServiceUnavailableError", close=True
+            )
+        if not self.started:
+            return _json_error(503, "The model is still loading", "ServiceUnavailableError")
+        flight = Flight()
+        self.flights.add(flight)
+        self.metrics.inflight.inc()
+        try:
+            body = await request.read()
+            flight.pump = asyncio.create_task(self._forward(request, body, flight))
+            try:
+                return await flight.pump
+            except asyncio.CancelledError:
+                if not flight.aborted:
+                    flight.pump.cancel()
+                    raise
+                return await self._aborted(flight)
+        finally:
+            self.flights.discard(flight)
+            self.metrics.inflight.dec()
+            self._flights_changed.set()
+
+    async def _forward(
+        self, request: web.Request, body: bytes, flight: Flight
+    ) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        url = self.upstream + str(request.rel_url)
+        try:
+            upstream = await self._session.request(
+                request.method, url, headers=headers, data=body, allow_redirects=False
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            return _json_error(502, f"vLLM is unreachable: {exc}", "BadGateway")
+        async with upstream:
+            out_headers = {
+                k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS
+            }
+            if "text/event-stream" not in upstream.headers.get("Content-Type", ""):
+                data = await upstream.read()
+                return web.Response(status=upstream.status, body=data, headers=out_headers)
+            resp = web.StreamResponse(status=upstream.status, headers=out_headers)
+            flight.response = resp
+            flight.streaming = True
+            await resp.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                flight.at_event_boundary = False
+                await resp.write(chunk)
+                flight.at_event_boundary = chunk.endswith(b"\n\n")
+            await resp.write_eof()
+            return resp
+
+    async def _aborted(self, flight: Flight) -> web.StreamResponse:
+        """Finish a request cut by the drain deadline: an error event + [DONE], or a 503."""
+        resp = flight.response
+        if resp is None or not resp.prepared:
+            return _json_error(
+                503,
+                "The server is shutting down and the drain deadline passed",
+                "ServiceUnavailableError",
+                close=True,
+            )
+        with contextlib.suppress(Exception):
+            prefix = b"" if flight.at_event_boundary else b"\n\n"
+            await asyncio.wait_for(resp.write(prefix + DRAIN_ERROR_EVENT), ABORT_GRACE / 2)
+            await asyncio.wait_for(resp.write_eof(), ABORT_GRACE / 2)
+        return resp
+
+
+def artifact_labels(settings: ServeSettings, model_path: str) -> dict[str, str]:
+    """Labels of ``spyre_engine_artifact_info``."""
+    return {
+        "key": settings.artifact_key or "",
+        "backend": settings.backend,
+        "model": served_name(settings, model_path),
+        "artifact_dir": str(Path(settings.artifact_dir)),
+    }
+
+
+def serve(settings: ServeSettings, model_path: str, metrics: EngineMetrics, started: float) -> int:
+    """Run the front until shutdown; the exit code of ``spyre-engine serve``."""
+    metrics.artifact_info.labels(**artifact_labels(settings, model_path)).set(1)
+    server = EngineServer(settings, model_path, metrics, started)
+    return asyncio.run(server.run())

@@ -1,0 +1,230 @@
+"""Engine settings: pydantic models filled from flags and ``SPYRE_ENGINE_*`` environment variables.
+
+Every field ``foo_bar`` is the flag ``--foo-bar`` and the variable ``SPYRE_ENGINE_FOO_BAR``; a flag
+beats the variable. Pure (no vLLM/torch) so the operator can import it to render container args.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ENV_PREFIX = "SPYRE_ENGINE_"
+
+Task = Literal["generate", "embed", "score", "rerank"]
+Backend = Literal["sendnn", "sendnn_compile_only", "inductor", "eager"]
+POOLING_TASKS: frozenset[str] = frozenset({"embed", "score", "rerank"})
+
+# The plugin prefills in chunks and pads prompts to multiples of 64 tokens.
+SPYRE_BLOCK = 64
+
+_SHAPE_RE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
+
+
+class WarmupShape(BaseModel):
+    """One static shape a pooling model is compiled for: prompt length x batch size."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_len: int = Field(ge=SPYRE_BLOCK, description="Padded prompt length in tokens")
+    batch_size: int = Field(ge=1, description="Number of sequences in the batch")
+
+    def __str__(self) -> str:
+        return f"{self.prompt_len}x{self.batch_size}"
+
+
+def parse_warmup_shapes(value: str | Sequence[Any] | None) -> list[WarmupShape]:
+    """Parse ``"64x4,128x2"`` (promptLen x batchSize) into shapes; accepts lists as well."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        shapes = []
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            match = _SHAPE_RE.match(part)
+            if not match:
+                raise ValueError(f"warmup shape {part.strip()!r} is not PROMPTLENxBATCHSIZE")
+            shapes.append(WarmupShape(prompt_len=int(match[1]), batch_size=int(match[2])))
+        return shapes
+    return [s if isinstance(s, WarmupShape) else WarmupShape.model_validate(s) for s in value]
+
+
+def format_warmup_shapes(shapes: Sequence[WarmupShape]) -> str:
+    """Inverse of :func:`parse_warmup_shapes`."""
+    return ",".join(str(s) for s in shapes)
+
+
+class EngineSettings(BaseModel):
+    """Settings of ``precompile`` and ``serve``: what model, which shape, where the graphs are."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    model: str = Field(
+        description="Model: a local path, pvc://CLAIM/PATH (under --pvc-root) or "
+        "hf://ORG/NAME[@REVISION] (downloaded into --hf-cache-dir)"
+    )
+    served_name: str | None = Field(
+        None, description="Model name in the OpenAI API (default: the model's directory name)"
+    )
+    task: Task = Field("generate", description="generate, or a pooling task: embed, score, rerank")
+    artifact_dir: Path = Field(
+        description="Directory holding the compiled graphs and pre_compiled_cache_catalog.json"
+    )
+    artifact_key: str | None = Field(
+        None, description="Opaque key of the artifact (reported in summary and metrics)"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="Number of Spyre cards (AIUs)")
+    max_model_len: int = Field(2048, ge=SPYRE_BLOCK, description="Maximum context length")
+    max_num_seqs: int = Field(4, ge=1, description="Maximum batch size (decoders)")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=SPYRE_BLOCK, description="Prefill chunk size; a multiple of 64"
+    )
+    warmup_shapes: list[WarmupShape] = Field(
+        default_factory=list, description="Pooling only: static shapes, e.g. 64x4,128x2"
+    )
+    backend: Backend = Field(
+        "sendnn", description="Dynamo backend: sendnn, sendnn_compile_only, inductor, eager"
+    )
+    termination_log: Path | None = Field(
+        Path("/dev/termination-log"), description="Where the one-line JSON summary is written"
+    )
+    hf_cache_dir: Path | None = Field(None, description="Download directory for hf:// models")
+    pvc_root: Path = Field(
+        Path("/mnt/pvc"), description="Mount root that pvc://CLAIM/PATH is under"
+    )
+    vllm_args: list[str] = Field(
+        default_factory=list, description="Extra vLLM arguments (after --; env: shell words)"
+    )
+
+    @field_validator("warmup_shapes", mode="before")
+    @classmethod
+    def _shapes(cls, value: Any) -> list[WarmupShape]:
+        return parse_warmup_shapes(value)
+
+    @field_validator("vllm_args", mode="before")
+    @classmethod
+    def _words(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("model must not be empty")
+        if value.startswith("hf://") and not value[5:].split("@")[0].strip("/"):
+            raise ValueError("hf:// model needs ORG/NAME")
+        return value
+
+    @model_validator(mode="after")
+    def _shape_rules(self) -> EngineSettings:
+        if self.is_pooling:
+            if not self.warmup_shapes:
+                raise ValueError(f"task {self.task} needs --warmup-shapes (e.g. 64x4)")
+            for shape in self.warmup_shapes:
+                if shape.prompt_len % SPYRE_BLOCK:
+                    raise ValueError(
+                        f"warmup prompt length {shape.prompt_len} not a multiple of 64"
+                    )
+                if shape.prompt_len > self.max_model_len:
+                    raise ValueError(
+                        f"warmup prompt length {shape.prompt_len} exceeds max model len "
+                        f"{self.max_model_len}"
+                    )
+        elif self.warmup_shapes:
+            raise ValueError("--warmup-shapes is for pooling tasks only (embed, score, rerank)")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens % SPYRE_BLOCK:
+            raise ValueError(
+                f"max num batched tokens {self.max_num_batched_tokens} is not a multiple of 64"
+            )
+        return self
+
+    @property
+    def is_pooling(self) -> bool:
+        """True for embed/score/rerank, which use static warmup shapes instead of a decoder."""
+        return self.task in POOLING_TASKS
+
+
+class PrecompileSettings(EngineSettings):
+    """Settings of ``spyre-engine precompile``."""
+
+    compile_timeout: float = Field(3600.0, gt=0, description="Give up compiling after SECONDS")
+
+
+class ServeSettings(EngineSettings):
+    """Settings of ``spyre-engine serve``."""
+
+    host: str = Field("0.0.0.0", description="Address the public port binds to")
+    port: int = Field(8000, ge=1, le=65535, description="Public port (API, metrics, probes)")
+    drain_timeout: float = Field(
+        30.0, ge=0, description="On SIGTERM, let in-flight requests run this many SECONDS"
+    )
+    prefix_caching: bool = Field(True, description="Enable vLLM prefix caching")
+    internal_port: int | None = Field(
+        None, ge=1, le=65535, description="Loopback port of the vLLM server (default: a free one)"
+    )
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets ``field``."""
+    return ENV_PREFIX + field.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """Add one flag per settings field; defaults are suppressed so env and model defaults apply."""
+    for name, info in model.model_fields.items():
+        help_text = f"{info.description or ''} [env {env_name(name)}]"
+        if name == "vllm_args":
+            continue  # taken from after "--"
+        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else None
+        if info.annotation is bool:
+            parser.add_argument(
+                _flag(name),
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                _flag(name), dest=name, default=argparse.SUPPRESS, choices=choices, help=help_text
+            )
+
+
+def settings_from_sources(
+    model: type[EngineSettings],
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> Any:
+    """Build settings: flag value if given, else ``SPYRE_ENGINE_<FIELD>`` if set, else default."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for name in model.model_fields:
+        if name in flags and flags[name] is not None:
+            values[name] = flags[name]
+        elif env_name(name) in env:
+            raw = env[env_name(name)]
+            if raw == "" and model.model_fields[name].annotation is not str:
+                continue
+            values[name] = raw
+    return model.model_validate(values)
+
+
+def split_passthrough(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Split ``argv`` at the first ``--``: (our args, vLLM args or None when absent)."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, None

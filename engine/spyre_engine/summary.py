@@ -1,0 +1,106 @@
+"""The one-line JSON the engine writes to its termination log, and a parser for it.
+
+Pure (pydantic only) so the operator, whose image has no torch or vLLM, can import it to read
+``containerStatuses[].state.terminated.message`` of a precompile Job or a crashed server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger(__name__)
+
+# Reasons a failure summary can carry. CamelCase, like Kubernetes condition reasons.
+REASON_INVALID_SETTINGS = "InvalidSettings"
+REASON_MODEL_NOT_FOUND = "ModelNotFound"
+REASON_ARTIFACT_MISMATCH = "ArtifactMismatch"
+REASON_COMPILE_FAILED = "CompileFailed"
+REASON_ENGINE_FAILED = "EngineFailed"
+REASON_CATALOG_ERROR = "CatalogError"
+
+
+class Versions(BaseModel):
+    """Versions of the packages that produced an artifact (compiled graphs depend on them)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+    sendnn_inference: str | None = Field(None, description="sendnn-inference (Spyre plugin)")
+    vllm: str | None = Field(None, description="vLLM")
+    torch: str | None = Field(None, description="PyTorch")
+
+
+class PrecompileSummary(BaseModel):
+    """What a successful ``spyre-engine precompile`` wrote to its termination log."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+    key: str | None = Field(None, description="Artifact key (from --artifact-key), if any")
+    path: str = Field(description="Artifact directory the graphs and catalog were written to")
+    compile_seconds: float = Field(alias="compileSeconds", description="Wall time of the warmup")
+    size_bytes: int = Field(alias="sizeBytes", description="Total size of the artifact dir")
+    versions: Versions = Field(
+        default_factory=lambda: Versions.model_validate({}), description="Package versions"
+    )
+
+    def to_line(self) -> str:
+        """One line of JSON with the camelCase keys the operator reads."""
+        return json.dumps(self.model_dump(by_alias=True, mode="json"), separators=(",", ":"))
+
+
+class FailureSummary(BaseModel):
+    """What any failing ``spyre-engine`` command wrote to its termination log."""
+
+    model_config = ConfigDict(extra="allow")
+
+    reason: str = Field(description="CamelCase reason, e.g. ArtifactMismatch")
+    message: str = Field(description="One human-readable line")
+
+    def to_line(self) -> str:
+        """One line of JSON; the message is flattened to a single line."""
+        flat = " ".join(self.message.split())
+        return json.dumps({"reason": self.reason, "message": flat}, separators=(",", ":"))
+
+
+def parse_termination_message(text: str | None) -> PrecompileSummary | FailureSummary | None:
+    """Parse a termination message; ``None`` when it is empty or not one of ours.
+
+    Kubernetes may truncate the message or prepend log tail (FallbackToLogsOnError), so the
+    last line that parses as JSON wins.
+    """
+    if not text:
+        return None
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        try:
+            if "reason" in data:
+                return FailureSummary.model_validate(data)
+            if "path" in data:
+                return PrecompileSummary.model_validate(data)
+        except ValidationError:
+            continue
+    return None
+
+
+def write_termination_log(
+    path: Path | str | None, summary: PrecompileSummary | FailureSummary
+) -> None:
+    """Write the summary line; never raises (a missing /dev/termination-log is not fatal)."""
+    line = summary.to_line()
+    if path is None:
+        return
+    try:
+        Path(path).write_text(line + "\n")
+    except OSError as exc:
+        log.warning("Could not write termination log %s: %s", path, exc)
