@@ -209,6 +209,8 @@ def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProc
         ({"model": {"uri": "s3://bucket/model"}}, "hf://org/name"),
         ({"serving": {"extraArgs": ["--max-model-len=99"]}}, "must not set flags"),
         ({"cache": {"claimName": "x", "volume": {"name": "y"}}}, "not both"),
+        ({"serving": {"env": [{"name": "TORCH_SENDNN_CACHE_DIR", "value": "/x"}]}},
+         "must not set variables the operator manages"),
     ],
 )
 def test_api_server_rejects_bad_specs(kube: Kube, crd: Any, bad: dict[str, Any],

@@ -237,6 +237,15 @@ MANAGED_ARGS = (
 )
 
 
+#: Environment the operator sets on engine containers; users may not override it.
+OPERATOR_ENV = (
+    "TORCH_SENDNN_CACHE_ENABLE",
+    "TORCH_SENDNN_CACHE_DIR",
+    "SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS",
+    "SENDNN_INFERENCE_DYNAMO_BACKEND",
+)
+
+
 class ServingSpec(ApiModel):
     """How the inference pods run. Nothing here changes the artifact key."""
 
@@ -270,7 +279,21 @@ class ServingSpec(ApiModel):
             "compile time (see the operator docs) are also passed to the precompile Job and "
             "are part of the artifact key."
         ),
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        max_length=128,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(e, !(e.name in ["
+                    + ", ".join(f"'{n}'" for n in OPERATOR_ENV)
+                    + "]))",
+                    "serving.env must not set variables the operator manages ("
+                    + ", ".join(OPERATOR_ENV)
+                    + "); use compile.backend to choose the backend",
+                )
+            ],
+        },
     )
     port: int = Field(default=8000, ge=1024, le=65535, description="HTTP port of the server.")
     resources: ResourceRequirements | None = Field(
