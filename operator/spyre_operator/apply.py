@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import Counter
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -22,7 +23,6 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import CascadeType, PatchType
 
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
-from .conditions import now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def parse_quantity(value: Any) -> Decimal | None:
     for suffix in sorted(_SUFFIX, key=len, reverse=True):
         if s.endswith(suffix) and s[: -len(suffix)]:
             try:
-                return Decimal(s[: -len(suffix)]) * Decimal(_SUFFIX[suffix])
+                return Decimal(s[: -len(suffix)]) * Decimal(str(_SUFFIX[suffix]))
             except InvalidOperation:
                 return None
     try:
@@ -119,7 +119,9 @@ class Applier:
         """
         if live is None:
             return await self.apply(job, None)
-        desired_refs = [r.to_dict() for r in job.metadata.ownerReferences or []]
+        meta = job.metadata
+        assert meta is not None and meta.name is not None
+        desired_refs = [r.to_dict() for r in meta.ownerReferences or []]
         live_refs = live.get("metadata", {}).get("ownerReferences") or []
         if {r["uid"] for r in desired_refs} == {r.get("uid") for r in live_refs}:
             self.skipped += 1
@@ -132,14 +134,14 @@ class Applier:
         }
         await self.client.patch(
             Job,
-            job.metadata.name,
+            meta.name,
             patch,
-            namespace=job.metadata.namespace,
+            namespace=meta.namespace,
             patch_type=PatchType.MERGE,
             field_manager=FIELD_MANAGER,
         )
         self._count("patch", "Job")
-        log.info("Updated owners of Job %s/%s", job.metadata.namespace, job.metadata.name)
+        log.info("Updated owners of Job %s/%s", meta.namespace, meta.name)
         return True
 
     async def delete(self, resource: type, name: str, namespace: str) -> bool:
@@ -173,12 +175,10 @@ class Applier:
         self._count("apply", "SpyreModel/status")
         return True
 
-    async def event(
-        self, model: dict[str, Any], type_: str, reason: str, message: str
-    ) -> None:
+    async def event(self, model: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Record a Kubernetes Event on a SpyreModel (best effort)."""
         meta = model["metadata"]
-        now = now_rfc3339()
+        now = datetime.now(UTC).replace(microsecond=0)
         ev = Event(
             metadata=ObjectMeta(
                 name=f"{meta['name']}.{secrets.token_hex(8)}", namespace=meta["namespace"]

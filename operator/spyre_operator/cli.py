@@ -17,8 +17,10 @@ def _run(args: argparse.Namespace) -> int:
     from .handlers import OperatorConfig
 
     if not args.all_namespaces and not args.namespace:
-        print("spyre-operator run: pass --namespace NS (repeatable) or --all-namespaces",
-              file=sys.stderr)
+        print(
+            "spyre-operator run: pass --namespace NS (repeatable) or --all-namespaces",
+            file=sys.stderr,
+        )
         return 2
     OperatorConfig.workers = args.workers
     OperatorConfig.metrics_port = args.metrics_port
@@ -36,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     asyncio.run(
         kopf.operator(
             clusterwide=args.all_namespaces,
-            namespaces=args.namespace or None,
+            namespaces=list(args.namespace),
             standalone=True,
             liveness_endpoint=args.liveness,
         )
@@ -51,17 +53,25 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
     run = sub.add_parser("run", help="run the operator")
     scope = run.add_mutually_exclusive_group()
-    scope.add_argument("--namespace", "-n", action="append", default=[],
-                       help="watch this namespace (repeatable)")
-    scope.add_argument("--all-namespaces", "-A", action="store_true",
-                       help="watch every namespace")
-    run.add_argument("--workers", type=int, default=int(os.environ.get("SPYRE_WORKERS", "8")),
-                     help="concurrent reconciles")
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("SPYRE_WORKERS", "8")),
+        help="concurrent reconciles",
+    )
     run.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
-    run.add_argument("--liveness", default=None,
-                     help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz")
-    run.add_argument("--leader-elect", action="store_true",
-                     help="only the holder of a Lease writes (for more than one replica)")
+    run.add_argument(
+        "--liveness", default=None, help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    run.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="only the holder of a Lease writes (for more than one replica)",
+    )
     run.add_argument("--leader-election-namespace", default=None)
     run.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)

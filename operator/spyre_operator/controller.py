@@ -201,8 +201,14 @@ class Controller:
 
     # ------------------------------------------------------------------ reconcile
 
-    def observe(self, model: Mapping[str, Any], plan_claim: str, key: str, job_name: str,
-                model_claim: str | None) -> Observed:
+    def observe(
+        self,
+        model: Mapping[str, Any],
+        plan_claim: str,
+        key: str,
+        job_name: str,
+        model_claim: str | None,
+    ) -> Observed:
         """Gather the observed state of one model from the caches."""
         ns, name = model["metadata"]["namespace"], model["metadata"]["name"]
         job = self.caches.one("jobs", (ns, job_name))
@@ -229,14 +235,15 @@ class Controller:
 
     async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         pods = []
-        async for p in self.client.list(Pod, namespace=namespace, labels=selector):
+        labels: dict[str, Any] = dict(selector)
+        async for p in self.client.list(Pod, namespace=namespace, labels=labels):
             pods.append(compact_pod(p.to_dict()))
         return pods
 
     async def reconcile_key(self, key: ModelKey) -> Decision | None:
         """Reconcile one SpyreModel from the caches."""
-        from .desired.plan import plan_model  # local: keeps import graph acyclic
         from .api.v1alpha1 import SpyreModelSpec
+        from .desired.plan import plan_model  # local: keeps import graph acyclic
 
         t0 = time.perf_counter()
         ns, name = key

@@ -95,14 +95,14 @@ class LeaderElector:
         spec = LeaseSpec(
             holderIdentity=self.identity,
             leaseDurationSeconds=self.lease_seconds,
-            renewTime=_fmt(now),  # type: ignore[arg-type]
+            renewTime=now,
         )
         try:
             lease = await self.client.get(Lease, LEASE_NAME, namespace=self.namespace)
         except ApiError as e:
             if e.status.code != 404:
                 raise
-            spec.acquireTime = _fmt(now)  # type: ignore[assignment]
+            spec.acquireTime = now
             lease_obj = Lease(
                 metadata=ObjectMeta(name=LEASE_NAME, namespace=self.namespace), spec=spec
             )
@@ -120,10 +120,10 @@ class LeaderElector:
         if holder != self.identity and holder and not expired:
             return False
         if holder != self.identity:
-            spec.acquireTime = _fmt(now)  # type: ignore[assignment]
+            spec.acquireTime = now
             spec.leaseTransitions = ((lease.spec.leaseTransitions or 0) + 1) if lease.spec else 1
         else:
-            spec.acquireTime = lease.spec.acquireTime if lease.spec else _fmt(now)
+            spec.acquireTime = _parse(lease.spec.acquireTime if lease.spec else None) or now
             spec.leaseTransitions = lease.spec.leaseTransitions if lease.spec else None
         lease.spec = spec
         try:

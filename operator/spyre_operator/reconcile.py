@@ -133,7 +133,9 @@ def artifact_from_job(
             **base,
             "phase": READY,
             "completedAt": status.get("completionTime"),
-            "compileSeconds": _seconds_between(status.get("startTime"), status.get("completionTime")),
+            "compileSeconds": _seconds_between(
+                status.get("startTime"), status.get("completionTime")
+            ),
         }
         if isinstance(parsed, ArtifactSummary):
             if parsed.compile_seconds is not None:
@@ -176,9 +178,7 @@ def _served_spec(deployment: dict[str, Any]) -> SpyreModelSpec | None:
         return None
 
 
-def _rollout(
-    deployment: dict[str, Any] | None, replicas: int
-) -> tuple[bool, int, int, str | None]:
+def _rollout(deployment: dict[str, Any] | None, replicas: int) -> tuple[bool, int, int, str | None]:
     """(fully rolled out and available, replicas, available, stall message) of a Deployment."""
     if not deployment:
         return False, 0, 0, None
@@ -255,7 +255,7 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
         msg = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
         )[:1024]
-        conds = [
+        invalid = [
             C.Cond(C.READY, C.FALSE, C.INVALID_SPEC, msg),
             C.Cond(C.DEGRADED, C.TRUE, C.INVALID_SPEC, msg),
             C.Cond(C.PROGRESSING, C.FALSE, C.INVALID_SPEC, "fix the spec"),
@@ -263,7 +263,7 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
         d.status = {
             **old_status,
             "observedGeneration": generation,
-            "conditions": C.merge_conditions(old_conds, conds, generation, now),
+            "conditions": C.merge_conditions(old_conds, invalid, generation, now),
         }
         d.events = _events(old_conds, d.status["conditions"])
         return d
@@ -273,9 +273,11 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
     # 1. Cache volume
     pvc = obs.cache_pvc
     if plan.claim_managed and plan.volume is not None:
-        ours = pvc is None or (pvc.get("metadata", {}).get("labels") or {}).get(
-            names.MANAGED_BY
-        ) == names.MANAGED_BY_VALUE
+        ours = (
+            pvc is None
+            or (pvc.get("metadata", {}).get("labels") or {}).get(names.MANAGED_BY)
+            == names.MANAGED_BY_VALUE
+        )
         if ours:  # a same-named PVC someone else made is used as-is, never modified
             users = obs.cache_users or [(plan.owner, plan.volume)]
             d.apply.append(build_cache_pvc(ns, plan.volume, cache_owners(users)))
@@ -360,9 +362,7 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
         elif claim_missing:
             ready = C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache_cond.message)
         else:
-            ready = C.Cond(
-                C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}"
-            )
+            ready = C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
     elif desired_replicas == 0 and done:
         ready = C.Cond(C.READY, C.TRUE, C.SCALED_TO_ZERO, "scaled to zero replicas")
     elif not current and available > 0:
@@ -437,14 +437,17 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
     return d
 
 
-def _events(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+def _events(
+    old: list[dict[str, Any]] | None, new: list[dict[str, Any]]
+) -> list[tuple[str, str, str]]:
     """One Event per transition of the conditions users watch most."""
     out = []
     for c in C.transitions(old, new):
         if c["type"] in (C.READY, C.ARTIFACT_READY, C.DEGRADED, C.CACHE_VOLUME_READY):
             if c["type"] == C.DEGRADED and c["status"] == C.FALSE and not old:
                 continue  # "not degraded" on creation is not news
-            out.append((C.event_type(c["reason"]), c["reason"], f"{c['type']}={c['status']}: {c['message']}"))
+            message = f"{c['type']}={c['status']}: {c['message']}"
+            out.append((C.event_type(c["reason"]), c["reason"], message))
     return out
 
 

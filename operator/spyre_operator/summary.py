@@ -71,5 +71,5 @@ def parse_termination_message(text: str | None) -> ArtifactSummary | EngineFailu
         path=doc.get("path"),
         compile_seconds=num(doc.get("compileSeconds"), float),
         size_bytes=num(doc.get("sizeBytes"), int),
-        versions=doc.get("versions") if isinstance(doc.get("versions"), dict) else {},
+        versions=dict(doc["versions"]) if isinstance(doc.get("versions"), dict) else {},
     )

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.job import build_precompile_job
@@ -40,7 +39,8 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v.to_dict() for k, v in objs.items()}
 
 
-CASES = [(sample, kind) for sample in ALL for kind in ("job", "deployment", "service", "pdb", "pvc")]
+KINDS = ("job", "deployment", "service", "pdb", "pvc")
+CASES = [(sample, kind) for sample in ALL for kind in KINDS]
 
 
 @pytest.mark.parametrize("sample,kind", CASES)

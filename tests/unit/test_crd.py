@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from spyre_operator.crd import build_crd, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,6 @@ import copy
 from typing import Any
 
 import pytest
-
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.key import artifact_key, is_compile_env
 

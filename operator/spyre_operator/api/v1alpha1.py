@@ -285,9 +285,7 @@ class ServingSpec(ApiModel):
             "x-kubernetes-list-map-keys": ["name"],
             "x-kubernetes-validations": [
                 cel(
-                    "self.all(e, !(e.name in ["
-                    + ", ".join(f"'{n}'" for n in OPERATOR_ENV)
-                    + "]))",
+                    "self.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in OPERATOR_ENV) + "]))",
                     "serving.env must not set variables the operator manages ("
                     + ", ".join(OPERATOR_ENV)
                     + "); use compile.backend to choose the backend",
@@ -453,7 +451,8 @@ class CacheSpec(ApiModel):
         max_length=253,
     )
     volume: CacheVolumeSpec | None = Field(
-        default=None, description="A PVC the operator creates (the default when claimName is unset)."
+        default=None,
+        description="A PVC the operator creates (the default when claimName is unset).",
     )
 
 
@@ -490,9 +489,7 @@ class SpyreModelSpec(ApiModel):
     compile: CompileSpec = Field(
         default_factory=CompileSpec, description="The compile shape (part of the artifact key)."
     )
-    serving: ServingSpec = Field(
-        default_factory=ServingSpec, description="How inference pods run."
-    )
+    serving: ServingSpec = Field(default_factory=ServingSpec, description="How inference pods run.")
     precompile: PrecompileSpec = Field(
         default_factory=PrecompileSpec, description="The precompile Job's limits."
     )
@@ -501,9 +498,7 @@ class SpyreModelSpec(ApiModel):
     accelerator: AcceleratorSpec = Field(
         default_factory=AcceleratorSpec, description="Spyre cards and placement."
     )
-    cache: CacheSpec = Field(
-        default_factory=CacheSpec, description="The compile-cache volume."
-    )
+    cache: CacheSpec = Field(default_factory=CacheSpec, description="The compile-cache volume.")
 
 
 # --------------------------------------------------------------------------------------

@@ -57,9 +57,12 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
         args=[
             "precompile",
             *shape_args(plan),
-            "--artifact-dir", plan.artifact_dir(),
-            "--artifact-key", plan.key,
-            "--termination-log", TERMINATION_LOG,
+            "--artifact-dir",
+            plan.artifact_dir(),
+            "--artifact-key",
+            plan.key,
+            "--termination-log",
+            TERMINATION_LOG,
         ],  # fmt: skip
         env=env,
         resources=resources(spec.precompile.resources, cards),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from lightkube.models.core_v1 import (
     Capabilities,
     EmptyDirVolumeSource,
@@ -92,7 +94,8 @@ def plugin_env(plan: ModelPlan, key: str) -> list[EnvVar]:
 def user_env(entries: list) -> list[EnvVar]:  # type: ignore[type-arg]
     """Convert API env entries to typed EnvVars."""
     return [
-        EnvVar.from_dict(e.model_dump(by_alias=True, exclude_none=True)) for e in entries
+        cast(EnvVar, EnvVar.from_dict(e.model_dump(by_alias=True, exclude_none=True)))
+        for e in entries
     ]
 
 
