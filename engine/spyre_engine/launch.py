@@ -193,6 +193,15 @@ def vllm_command(
     return cmd
 
 
+def _die_with_parent() -> None:
+    """In the forked child: get SIGKILL if the engine process dies (Linux), so no orphan serves."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 class Child:
     """A vLLM process in its own process group, its output copied to ours with a kept tail."""
 
@@ -205,6 +214,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # one group: TP workers and the engine core die with it
+            preexec_fn=_die_with_parent,
         )
         self._pump = threading.Thread(target=self._copy_output, daemon=True)
         self._pump.start()

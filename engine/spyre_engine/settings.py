@@ -131,7 +131,7 @@ class EngineSettings(BaseModel):
             for shape in self.warmup_shapes:
                 if shape.prompt_len % SPYRE_BLOCK:
                     raise ValueError(
-                        f"warmup prompt length {shape.prompt_len} not a multiple of 64"
+                        f"--warmup-shapes prompt length {shape.prompt_len} is not a multiple of 64"
                     )
                 if shape.prompt_len > self.max_model_len:
                     raise ValueError(
@@ -142,7 +142,7 @@ class EngineSettings(BaseModel):
             raise ValueError("--warmup-shapes is for pooling tasks only (embed, score, rerank)")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens % SPYRE_BLOCK:
             raise ValueError(
-                f"max num batched tokens {self.max_num_batched_tokens} is not a multiple of 64"
+                f"--max-num-batched-tokens {self.max_num_batched_tokens} is not a multiple of 64"
             )
         return self
 
