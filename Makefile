@@ -37,7 +37,7 @@ cluster-down: ## Stop the local control plane; leaves no process behind
 
 crds: install ## Regenerate the CRD YAML from the pydantic API models
 	$(PY) -m spyre_operator.cli crd > crds/serving.spyre.dev_spyremodels.yaml
-	cp crds/serving.spyre.dev_spyremodels.yaml charts/spyre-model-operator/templates/crd-spyremodels.yaml 2>/dev/null || true
+	cp crds/serving.spyre.dev_spyremodels.yaml charts/spyre-model-operator/files/crd-spyremodels.yaml
 
 lint: install ## ruff + mypy
 	$(VENV)/bin/ruff check operator engine tests

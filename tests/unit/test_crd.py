@@ -11,7 +11,7 @@ from spyre_operator.crd import build_crd, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
-CHART_CRD = ROOT / "charts" / "spyre-model-operator" / "templates" / "crd-spyremodels.yaml"
+CHART_CRD = ROOT / "charts" / "spyre-model-operator" / "files" / "crd-spyremodels.yaml"
 
 
 def test_committed_crd_matches_models() -> None:
