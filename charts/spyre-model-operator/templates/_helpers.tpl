@@ -1,0 +1,117 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "spyre.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release full name: the release name when it already contains the chart name. */}}
+{{- define "spyre.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped names carry the release namespace: two releases may share a name. */}}
+{{- define "spyre.clusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "spyre.fullname" .) }}
+{{- end }}
+
+{{- define "spyre.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "spyre.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "spyre.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "spyre.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: spyre-model-operator
+{{- end }}
+
+{{- define "spyre.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "spyre.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "spyre.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Leader election: on when asked, or whenever more than one replica runs. */}}
+{{- define "spyre.leaderElect" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- end }}
+
+{{/* The namespaces the operator watches (validated: non-empty unless allNamespaces). */}}
+{{- define "spyre.watchNamespaces" -}}
+{{- if not .Values.watch.allNamespaces }}
+{{- if not .Values.watch.namespaces }}
+{{- fail "watch.namespaces must list at least one namespace when watch.allNamespaces is false" }}
+{{- end }}
+{{- join "," (uniq .Values.watch.namespaces) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The API access the operator needs on its workloads, shared by the ClusterRole (all
+namespaces) and the per-namespace Roles. Every rule names the code that needs it; see
+README.md#rbac. Server-side apply is the `patch` verb, and it needs `create` too when the
+object does not exist yet.
+*/}}
+{{- define "spyre.workloadRules" -}}
+# handlers.py: kopf indices and event watches on SpyreModels (list + watch).
+- apiGroups: ["serving.spyre.dev"]
+  resources: ["spyremodels"]
+  verbs: ["list", "watch"]
+# apply.py Applier.apply_status: server-side apply of the status subresource.
+- apiGroups: ["serving.spyre.dev"]
+  resources: ["spyremodels/status"]
+  verbs: ["patch"]
+# Children carry ownerReferences with blockOwnerDeletion: true; with the
+# OwnerReferencesPermissionEnforcement admission plugin that needs update on the owner's
+# finalizers subresource. Nothing else is written there.
+- apiGroups: ["serving.spyre.dev"]
+  resources: ["spyremodels/finalizers"]
+  verbs: ["update"]
+# Precompile Jobs: watched (index), created by server-side apply, owners merged with a
+# merge patch (Applier.ensure_job), deleted when superseded or when the last owner is gone.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# Serving Deployments: watched, server-side applied. Deleted only by the garbage collector.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list", "watch", "create", "patch"]
+# Serving Services and the cache PersistentVolumeClaims: watched, server-side applied.
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["list", "watch", "create", "patch"]
+# PodDisruptionBudgets: watched, server-side applied, deleted when replicas drop below 2.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# controller.py: precompile pods' termination messages and serving pods' crash loops
+# (a plain list, no watch).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+# Applier.event (and kopf's own warnings): Events on SpyreModels.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

@@ -1,0 +1,229 @@
+"""The Helm chart, rendered offline: lint, RBAC shape, pod security, CRD bytes, scopes.
+
+Needs the pinned `helm` binary from tests/cluster/build.sh (`make binaries`); without it these
+tests skip with that hint (the server-side dry runs are in tests/integration/test_chart.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import ControlPlane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "spyre-model-operator"
+CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
+HELM = ControlPlane().bin_dir / "helm"
+MONITORING = "monitoring.coreos.com/v1"
+
+#: Combinations the integration test also dry-runs against the API server.
+VALUE_SETS: dict[str, list[str]] = {
+    "default": [],
+    "namespaced": ["--set", "watch.allNamespaces=false",
+                   "--set", "watch.namespaces={team-a,team-b}"],
+    "replicas-2": ["--set", "replicaCount=2"],
+    "monitoring": ["--set", "monitoring.enabled=true", "--api-versions", MONITORING],
+    "network-policy": ["--set", "networkPolicy.enabled=true",
+                       "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}"],
+}
+
+needs_helm = pytest.mark.skipif(
+    not HELM.exists(), reason=f"helm not built at {HELM}: run `make binaries`"
+)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
+    if check and res.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{res.stderr}")
+    return res
+
+
+def render(*values: str, namespace: str = "spyre-system") -> list[dict[str, Any]]:
+    out = helm("template", "spyre", str(CHART), "--namespace", namespace, *values).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = by_kind(docs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return c  # type: ignore[no-any-return]
+
+
+@needs_helm
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_helm_lint(name: str) -> None:
+    values = [v for v in VALUE_SETS[name] if v != "--api-versions" and v != MONITORING]
+    res = helm("lint", "--strict", str(CHART), *values)
+    assert "0 chart(s) failed" in res.stdout, res.stdout
+
+
+@needs_helm
+def test_crd_is_the_committed_file_plus_keep() -> None:
+    (crd,) = by_kind(render(), "CustomResourceDefinition")
+    want = yaml.safe_load(CRD_FILE.read_text())
+    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert crd == want
+
+
+@needs_helm
+def test_crd_toggles() -> None:
+    assert not by_kind(render("--set", "crds.install=false"), "CustomResourceDefinition")
+    (crd,) = by_kind(render("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+def _rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for d in docs if d["kind"] in ("Role", "ClusterRole")
+            and "aggregate-to-view" not in str(d["metadata"].get("labels"))
+            for r in d["rules"]]
+
+
+@needs_helm
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_rbac_is_least_privilege(name: str) -> None:
+    rules = _rules(render(*VALUE_SETS[name]))
+    assert rules
+    for r in rules:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in r[field], r
+        assert "secrets" not in r["resources"]
+        assert not {"escalate", "bind", "impersonate"} & set(r["verbs"])
+    # The operator never reads single objects: it lists and watches (kopf) and lists pods.
+    verbs = {(g, res, v) for r in rules for g in r["apiGroups"] for res in r["resources"]
+             for v in r["verbs"]}
+    assert ("", "secrets", "get") not in verbs
+    assert ("serving.spyre.dev", "spyremodels", "patch") not in verbs, "only status is written"
+
+
+@needs_helm
+def test_cluster_scope() -> None:
+    docs = render()
+    assert [d["metadata"]["name"] for d in by_kind(docs, "ClusterRoleBinding")] == [
+        "spyre-system-spyre-model-operator"]
+    assert not by_kind(docs, "RoleBinding")  # no Lease Role with one replica
+    args = operator_container(docs)["args"]
+    assert "--all-namespaces" in args and "--leader-elect" not in args
+    assert not any(a.startswith("--namespace") for a in args)
+
+
+@needs_helm
+def test_namespaced_scope() -> None:
+    docs = render(*VALUE_SETS["namespaced"])
+    assert not by_kind(docs, "ClusterRoleBinding")
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for rb in by_kind(docs, "RoleBinding"):
+        assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "spyre-spyre-model-operator",
+                                   "namespace": "spyre-system"}]
+    args = operator_container(docs)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert "--all-namespaces" not in args
+
+
+@needs_helm
+def test_namespaced_scope_needs_namespaces() -> None:
+    res = helm("template", "spyre", str(CHART), "--set", "watch.allNamespaces=false",
+               check=False)
+    assert res.returncode != 0
+
+
+@needs_helm
+def test_replicas_turn_on_leader_election() -> None:
+    docs = render(*VALUE_SETS["replicas-2"])
+    args = operator_container(docs)["args"]
+    assert "--leader-elect" in args
+    assert "--leader-election-namespace=spyre-system" in args
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("leader-election")]
+    assert role["metadata"]["namespace"] == "spyre-system"
+    assert {"coordination.k8s.io"} == {g for r in role["rules"] for g in r["apiGroups"]}
+    get_update = [r for r in role["rules"] if "get" in r["verbs"]]
+    assert get_update[0]["resourceNames"] == ["spyre-model-operator"]  # leader.LEASE_NAME
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert by_kind(docs, "PodDisruptionBudget")
+
+
+@needs_helm
+def test_lease_name_matches_the_operator() -> None:
+    from spyre_operator.leader import LEASE_NAME
+
+    docs = render(*VALUE_SETS["replicas-2"])
+    names = {n for r in _rules(docs) for n in r.get("resourceNames", [])}
+    assert names == {LEASE_NAME}
+
+
+@needs_helm
+def test_pod_is_restricted() -> None:
+    docs = render()
+    (dep,) = by_kind(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = operator_container(docs)
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "--liveness=http://0.0.0.0:8080/healthz" in c["args"]
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "Recreate"
+
+
+@needs_helm
+def test_monitoring_needs_the_prometheus_operator_api() -> None:
+    kinds = {d["kind"] for d in render("--set", "monitoring.enabled=true")}
+    assert not kinds & {"ServiceMonitor", "PodMonitor"}
+    docs = render(*VALUE_SETS["monitoring"])
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    (pm,) = by_kind(docs, "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": "spyre-model-operator",
+        "app.kubernetes.io/component": "server",
+    }
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert by_kind(docs, "Service")
+
+
+@needs_helm
+def test_model_monitor_follows_the_watched_namespaces() -> None:
+    docs = render(*VALUE_SETS["monitoring"], *VALUE_SETS["namespaced"],
+                  "--set", "monitoring.models.kind=ServiceMonitor",
+                  "--set", "monitoring.operator.kind=PodMonitor")
+    models = [d for d in by_kind(docs, "ServiceMonitor")]
+    assert models[0]["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert len(by_kind(docs, "PodMonitor")) == 1
+
+
+@needs_helm
+def test_network_policy() -> None:
+    (np,) = by_kind(render(*VALUE_SETS["network-policy"]), "NetworkPolicy")
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    api = np["spec"]["egress"][0]
+    assert {p["port"] for p in api["ports"]} == {443, 6443}
+    assert api["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+
+
+@needs_helm
+@pytest.mark.parametrize("values", [
+    ["--set", "replicaCount=-1"],
+    ["--set", "operator.logLevel=verbose"],
+    ["--set", "unknownKey=1"],
+    ["--set", "monitoring.models.kind=Probe"],
+])
+def test_schema_rejects(values: list[str]) -> None:
+    assert helm("template", "spyre", str(CHART), *values, check=False).returncode != 0
