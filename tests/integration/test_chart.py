@@ -1,0 +1,311 @@
+"""The Helm chart on the local control plane (issue 5).
+
+* Every rendered combination passes a server-side dry run (schemas, admission, and Pod
+  Security: the release namespaces enforce the `restricted` level, so a warning that the
+  operator pod "would violate PodSecurity" fails the test).
+* End to end with the real `helm`: install, then run the operator locally with a token of
+  the chart's ServiceAccount (TokenRequest API), so only the chart's RBAC is in play; a
+  SpyreModel reaches Ready; `helm upgrade` with a changed CRD updates it; `helm uninstall`
+  removes the operator's objects and keeps the CRD (helm.sh/resource-policy: keep).
+
+The chart's own Deployment is installed too: kwok plays its pods (they become Ready without
+running anything, which exercises scheduling, Pod Security admission and `helm --wait`), and
+the operator process that does the work is the local one, started with exactly the arguments
+the chart gives the container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import ControlPlane, wait_until
+
+from .conftest import Kube, OperatorProcess
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "spyre-model-operator"
+CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
+CRD_NAME = "spyremodels.serving.spyre.dev"
+RELEASE = "spyre-model-operator"  # the ServiceAccount and Deployment get this name
+MONITORING_CRDS = ("servicemonitors", "podmonitors")
+
+#: kopf probes for cluster-wide access it can live without (it falls back to the namespaces it
+#: was given and to its startup discovery); everything else forbidden is an RBAC bug.
+KOPF_OPTIONAL = re.compile(
+    r"Not enough permissions to (list namespaces|watch for namespaces|watch for resources)"
+)
+
+
+class Helm:
+    """The pinned helm binary, with its caches in a temp dir and the admin kubeconfig."""
+
+    def __init__(self, cp: ControlPlane, home: Path) -> None:
+        self.bin = cp.bin_dir / "helm"
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(cp.kubeconfig),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run([str(self.bin), *args], capture_output=True, text=True,
+                             env=self.env, timeout=180)
+        if check and res.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}")
+        return res
+
+
+@pytest.fixture
+def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
+    return Helm(control_plane, tmp_path / "helm")
+
+
+def _ns_manifest(name: str) -> dict[str, Any]:
+    labels = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "warn")}
+    labels["spyre.dev/test-namespace"] = "true"
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+@pytest.fixture
+def models_namespace(control_plane: ControlPlane, namespace: str) -> Iterator[str]:
+    """A second namespace, for the SpyreModels (the release lives in ``namespace``)."""
+    name = f"{namespace[:50]}-models"
+    control_plane.apply(_ns_manifest(name))
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
+                          check=False)
+
+
+def _restore_crd(cp: ControlPlane) -> None:
+    """Put the shared CRD back as the session's `crd` fixture applies it, minus Helm's marks."""
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cp.kubectl("annotate", "crd", CRD_NAME, "meta.helm.sh/release-name-",
+               "meta.helm.sh/release-namespace-", "helm.sh/resource-policy-", check=False)
+    cp.kubectl("label", "crd", CRD_NAME, "app.kubernetes.io/managed-by-", check=False)
+
+
+def _adopt_crd(cp: ControlPlane, namespace: str) -> None:
+    """Let this release take over a CRD that other tests applied with kubectl (the documented
+    way to move an existing install under Helm)."""
+    if cp.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0:
+        return
+    cp.kubectl("annotate", "--overwrite", "crd", CRD_NAME,
+               f"meta.helm.sh/release-name={RELEASE}", f"meta.helm.sh/release-namespace={namespace}")
+    cp.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
+
+
+# ---------------------------------------------------------------------------- dry runs
+
+
+def _value_sets(namespace: str, second: str) -> dict[str, list[str]]:
+    return {
+        "default": [],
+        "namespaced": ["--set", "watch.allNamespaces=false",
+                       "--set", f"watch.namespaces={{{namespace},{second}}}"],
+        "replicas-2": ["--set", "replicaCount=2"],
+        "monitoring": ["--set", "monitoring.enabled=true",
+                       "--api-versions", "monitoring.coreos.com/v1"],
+        "network-policy": ["--set", "networkPolicy.enabled=true"],
+    }
+
+
+@pytest.fixture
+def monitoring_crds(control_plane: ControlPlane) -> Iterator[None]:
+    """Stand-ins for the Prometheus Operator's ServiceMonitor/PodMonitor CRDs (open schema:
+    this checks the kinds and the chart's gating, not the Prometheus Operator's schema)."""
+    created = []
+    for plural in MONITORING_CRDS:
+        name = f"{plural}.monitoring.coreos.com"
+        if control_plane.kubectl("get", "crd", name, check=False).returncode == 0:
+            continue
+        kind = {"servicemonitors": "ServiceMonitor", "podmonitors": "PodMonitor"}[plural]
+        control_plane.apply({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"plural": plural, "kind": kind},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                         "openAPIV3Schema": {"type": "object",
+                                             "x-kubernetes-preserve-unknown-fields": True}}}]},
+        })
+        created.append(name)
+    for name in created:
+        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                              f"crd/{name}")
+    yield
+    for name in created:
+        control_plane.kubectl("delete", "crd", name, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize("name", ["default", "namespaced", "replicas-2", "monitoring",
+                                  "network-policy"])
+def test_rendered_chart_passes_server_side_dry_run(
+    control_plane: ControlPlane, helm: Helm, namespace: str, name: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    if name == "monitoring":
+        request.getfixturevalue("monitoring_crds")
+    values = _value_sets(namespace, "default")[name]
+    manifest = helm("template", RELEASE, str(CHART), "--namespace", namespace, *values).stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(manifest) if d}
+    if name == "monitoring":
+        assert {"ServiceMonitor", "PodMonitor"} <= kinds
+    res = control_plane.kubectl(
+        "apply", "--dry-run=server", "--server-side", "--force-conflicts",
+        "--field-manager=chart-dry-run", "-f", "-", input=manifest, check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "PodSecurity" not in res.stderr, res.stderr
+    assert "deployment.apps/spyre-model-operator serverside-applied (server dry run)" in res.stdout
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+def _chart_args(helm: Helm, namespace: str) -> list[str]:
+    """The operator arguments of the installed release's Deployment, minus the ports the
+    local process chooses itself."""
+    manifest = helm("get", "manifest", RELEASE, "--namespace", namespace).stdout
+    (dep,) = [d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "Deployment"]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "run"
+    return [a for a in args[1:] if not a.startswith(("--liveness=", "--metrics-port="))]
+
+
+def _changed_chart(tmp: Path) -> Path:
+    """A copy of the chart whose CRD has one more printer column."""
+    chart = tmp / "chart"
+    shutil.copytree(CHART, chart)
+    crd = chart / "files" / "crd-spyremodels.yaml"
+    text = crd.read_text()
+    extra = ("    additionalPrinterColumns:\n"
+             "    - name: Served\n      type: string\n"
+             "      jsonPath: .status.servingArtifactKey\n      priority: 1\n"
+             "      description: Artifact key being served (added by the upgrade test)\n")
+    assert text.count("    additionalPrinterColumns:\n") == 1
+    crd.write_text(text.replace("    additionalPrinterColumns:\n", extra))
+    return chart
+
+
+def _forbidden_lines(log: str) -> list[str]:
+    bad = re.compile(r"403|[Ff]orbidden|Not enough permissions|could not record event")
+    return [ln for ln in log.splitlines() if bad.search(ln) and not KOPF_OPTIONAL.search(ln)]
+
+
+def test_install_serve_upgrade_uninstall(
+    control_plane: ControlPlane, helm: Helm, namespace: str, models_namespace: str,
+    tmp_path: Path,
+) -> None:
+    cp = control_plane
+    values = ["--set", "watch.allNamespaces=false",
+              "--set", f"watch.namespaces={{{models_namespace}}}",
+              "--set", "replicaCount=2",  # also turns on leader election: the Lease RBAC
+              "--set", "image.repository=example.invalid/spyre-model-operator"]
+    _adopt_crd(cp, namespace)
+    op: OperatorProcess | None = None
+    try:
+        helm("install", RELEASE, str(CHART), "--namespace", namespace, *values,
+             "--wait", "--timeout=90s")
+        crd = cp.kubectl_json("get", "crd", CRD_NAME)
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+        # The operator with the chart's ServiceAccount and the chart's arguments.
+        kc = cp.token_kubeconfig(namespace, RELEASE, tmp_path / "operator.kubeconfig")
+        args = _chart_args(helm, namespace)
+        assert f"--namespace={models_namespace}" in args and "--leader-elect" in args
+        op = OperatorProcess(kc, cp.root / ".cluster" / "logs", args=args,
+                             env={"POD_NAMESPACE": namespace, "POD_NAME": "local-operator"})
+        op.start()
+
+        kube = Kube(cp, models_namespace)
+        kube.apply_model("granite", {
+            "model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@main"},
+            "compile": {"maxModelLen": 2048},
+            "replicas": 2,  # a PodDisruptionBudget too
+        })
+        kube.wait_condition("granite", "Ready", timeout=90)
+        assert kube.get("poddisruptionbudget", "granite") is not None
+        lease = cp.kubectl_json("get", "lease", "spyre-model-operator", "-n", namespace)
+        assert lease["spec"]["holderIdentity"] == "local-operator"
+        events = kube.items("events")
+        assert any(e["involvedObject"]["name"] == "granite"
+                   and e.get("reportingComponent") == "serving.spyre.dev/spyre-model-operator"
+                   for e in events)
+        assert not _forbidden_lines(op.log_path.read_text() if op.log_path else ""), op.log_tail()
+
+        # The operator's ServiceAccount can do nothing outside the watched namespace.
+        sa = f"system:serviceaccount:{namespace}:{RELEASE}"
+        for verb, res, ns in [("list", "spyremodels", "default"), ("get", "secrets", namespace),
+                              ("list", "secrets", models_namespace),
+                              ("patch", "spyremodels", models_namespace)]:
+            r = cp.kubectl("auth", "can-i", verb, res, "-n", ns, f"--as={sa}", check=False)
+            assert r.stdout.strip() == "no", (verb, res, ns)
+
+        # helm upgrade with a changed CRD updates the CRD in the cluster.
+        helm("upgrade", RELEASE, str(_changed_chart(tmp_path)), "--namespace", namespace,
+             *values, "--wait", "--timeout=90s")
+        cols = cp.kubectl_json("get", "crd", CRD_NAME)["spec"]["versions"][0][
+            "additionalPrinterColumns"]
+        assert "Served" in [c["name"] for c in cols]
+        kube.wait_condition("granite", "Ready", timeout=30)  # models untouched
+        op.stop()
+
+        # helm uninstall removes the operator's objects; the CRD and the models stay.
+        helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout=90s")
+        for kind, ns in [("deployment", namespace), ("serviceaccount", namespace),
+                         ("role", namespace), ("rolebinding", namespace),
+                         ("role", models_namespace), ("rolebinding", models_namespace)]:
+            left = [o["metadata"]["name"] for o in Kube(cp, ns).items(kind)
+                    if o["metadata"]["name"].startswith(RELEASE)]
+            assert not left, f"{kind} left in {ns}: {left}"
+        crs = cp.kubectl("get", "clusterroles", "-o", "name").stdout
+        assert f"{namespace}-{RELEASE}" not in crs
+        assert cp.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+        assert kube.get("spyremodel", "granite") is not None
+    finally:
+        if op is not None:
+            op.stop()
+        helm("uninstall", RELEASE, "--namespace", namespace, check=False)
+        _restore_crd(cp)
+
+
+def test_cluster_scope_rbac(control_plane: ControlPlane, helm: Helm, namespace: str) -> None:
+    """The ClusterRole grants the same rights in any namespace, and nothing on Secrets."""
+    cp = control_plane
+    name = f"scope-{uuid.uuid4().hex[:6]}"
+    helm("install", name, str(CHART), "--namespace", namespace, "--set", "crds.install=false")
+    try:
+        sa = f"system:serviceaccount:{namespace}:{name}-{RELEASE}"
+        for verb, res in [("list", "spyremodels.serving.spyre.dev"),
+                          ("patch", "spyremodels.serving.spyre.dev/status"),
+                          ("create", "deployments.apps"), ("delete", "jobs.batch"),
+                          ("list", "pods"), ("create", "events")]:
+            r = cp.kubectl("auth", "can-i", verb, res, "-n", "default", f"--as={sa}",
+                           check=False)
+            assert r.stdout.strip() == "yes", (verb, res)
+        for verb, res in [("get", "secrets"), ("delete", "deployments.apps"),
+                          ("create", "leases.coordination.k8s.io"), ("get", "pods")]:
+            r = cp.kubectl("auth", "can-i", verb, res, "-n", "default", f"--as={sa}",
+                           check=False)
+            assert r.stdout.strip() == "no", (verb, res)
+        info = json.loads(helm("status", name, "--namespace", namespace, "-o", "json").stdout)
+        assert info["info"]["status"] == "deployed"
+    finally:
+        helm("uninstall", name, "--namespace", namespace, check=False)
+    wait_until(lambda: cp.kubectl("get", "clusterrole", f"{namespace}-{name}-{RELEASE}",
+                                  check=False).returncode != 0, 30, "ClusterRole removed")
