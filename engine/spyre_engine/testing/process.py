@@ -120,6 +120,18 @@ class EngineProcess:
             return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
         return []
 
+    @staticmethod
+    def still_running(pids: list[int]) -> list[int]:
+        """The PIDs of ``pids`` that still run (zombies count as gone)."""
+        import psutil
+
+        running = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    running.append(pid)
+        return running
+
     def kill(self) -> None:
         """Kill the engine and every descendant's process group; safe to call twice."""
         import psutil

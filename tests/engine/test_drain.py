@@ -1,0 +1,134 @@
+"""Graceful shutdown: SIGTERM with streams in flight, past the deadline, and with TP=2."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from spyre_engine.testing.process import EngineProcess
+
+from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
+from .sse import TIMEOUT, stream_completion
+
+pytestmark = pytest.mark.engine
+
+MODEL = "tiny"
+# Exit must come before drain timeout + this (the operator's grace period is drain + 15 s).
+EXIT_SLACK = 12.0
+
+
+def _serve(start_engine, tiny_model: Path, art: Path, drain: float, *extra: str) -> EngineProcess:  # type: ignore[no-untyped-def]
+    proc: EngineProcess = start_engine(
+        "--model",
+        str(tiny_model),
+        "--artifact-dir",
+        str(art),
+        "--backend",
+        "eager",
+        "--served-name",
+        MODEL,
+        "--drain-timeout",
+        str(drain),
+        "--termination-log",
+        str(art.parent / f"{art.name}.termlog"),
+        *SHAPE,
+        *extra,
+    )
+    proc.wait_started(STARTUP_TIMEOUT)
+    return proc
+
+
+def test_sigterm_drains_in_flight_and_cuts_streams_past_the_deadline(
+    start_engine,
+    tiny_model: Path,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    art = tmp_path / "art"
+    precompile_eager(tiny_model, art)
+    drain = 5.0
+    engine = _serve(start_engine, tiny_model, art, drain)
+
+    short = stream_completion(engine.url, MODEL, "hello world", max_tokens=15)
+    long = stream_completion(engine.url, MODEL, "the quick brown fox", max_tokens=480)
+    assert short.first_chunk.wait(60) and long.first_chunk.wait(60)
+    assert not short.done.is_set(), "short stream finished before SIGTERM; test needs it in flight"
+    children = engine.descendants_alive()
+    assert children, "no vLLM process under the engine"
+    signalled = engine.sigterm()
+
+    # Readiness fails at once; liveness holds; new requests get 503.
+    time.sleep(0.3)
+    assert engine.probe("/health/ready") == 503
+    assert engine.probe("/health/live") == 200
+    assert engine.probe("/health/startup") == 200
+    resp = httpx.post(
+        engine.url + "/v1/completions",
+        json={"model": MODEL, "prompt": "late", "max_tokens": 2},
+        timeout=TIMEOUT,
+    )
+    assert resp.status_code == 503
+    text = httpx.get(engine.url + "/metrics", timeout=TIMEOUT).text
+    assert "spyre_engine_draining 1.0" in text
+    assert "spyre_engine_requests_rejected_while_draining_total 1.0" in text
+
+    # The in-flight stream that fits completes normally.
+    assert short.done.wait(drain + 5)
+    assert short.error is None and short.got_done and not short.error_events
+    assert short.text_chunks >= 15
+
+    # The one that does not fit ends with an error event and [DONE] after the deadline.
+    assert long.done.wait(drain + EXIT_SLACK)
+    assert long.error is None, long.error
+    assert long.got_done and long.error_events, long.events[-3:]
+    assert long.text_chunks < 480
+    assert long.ended_at is not None and long.ended_at - signalled >= drain - 0.5
+
+    code = engine.wait_exit(drain + EXIT_SLACK - (time.monotonic() - signalled))
+    assert code == 0, engine.log_tail()
+    assert time.monotonic() - signalled < drain + EXIT_SLACK
+    time.sleep(0.5)
+    assert not engine.still_running(children)
+
+
+def test_tensor_parallel_2_exits_in_time_with_a_client_that_never_disconnects(
+    start_engine,
+    tiny_model: Path,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    art = tmp_path / "art"
+    precompile_eager(tiny_model, art, "--tensor-parallel-size", "2")
+    drain = 3.0
+    engine = _serve(start_engine, tiny_model, art, drain, "--tensor-parallel-size", "2")
+    assert engine.port is not None
+
+    # A client that sends a streaming request and then never reads nor disconnects.
+    stubborn = socket.create_connection(("127.0.0.1", engine.port), timeout=10)
+    body = (
+        b'{"model": "tiny", "prompt": "hello", "max_tokens": 480, "ignore_eos": true, '
+        b'"stream": true}'
+    )
+    stubborn.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    stubborn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader = stream_completion(engine.url, MODEL, "the quick brown fox", max_tokens=480)
+    try:
+        assert reader.first_chunk.wait(120)
+        children = engine.descendants_alive()
+        assert len(children) >= 3, children  # API server, engine core, 2 TP workers
+        signalled = engine.sigterm()
+        code = engine.wait_exit(drain + EXIT_SLACK)
+        elapsed = time.monotonic() - signalled
+        assert code == 0, engine.log_tail()
+        assert elapsed < drain + EXIT_SLACK
+        assert reader.done.wait(5)
+        assert reader.got_done and reader.error_events
+        time.sleep(0.5)
+        assert not engine.still_running(children)
+    finally:
+        stubborn.close()
