@@ -97,8 +97,10 @@ def plugin_env(
     require_precompiled: bool,
     base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment vLLM runs in: ``base`` plus the plugin's settings that are not already set.
+    """The environment vLLM runs in: ``base`` plus the plugin's settings.
 
+    General settings (backend, MASTER_ADDR/PORT, require-precompiled for serve) are only set when
+    not already set; the paths derived from ``--artifact-dir`` and the pooling shape always win.
     ``require_precompiled`` is False for precompile (it must compile) and True for serve.
     """
     env = dict(os.environ if base is None else base)
@@ -107,37 +109,38 @@ def plugin_env(
         "VLLM_PLUGINS": "sendnn_inference",
         "SENDNN_INFERENCE_DYNAMO_BACKEND": settings.backend,
         "TORCH_SENDNN_CACHE_ENABLE": "1",
-        "TORCH_SENDNN_CACHE_DIR": str(artifact),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
     }
+    # Paths derived from --artifact-dir always win: an inherited value (torch sets
+    # TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user> in any process that imported it, CI sets
+    # TMPDIR) would silently put the graphs outside the artifact.
+    forced: dict[str, str] = {"TORCH_SENDNN_CACHE_DIR": str(artifact)}
     if require_precompiled:
         defaults["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "1"
     else:
         # Precompile must be allowed to compile, whatever the image's default says.
-        env["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "0"
+        forced["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "0"
         env.pop("DISABLE_COMPILATION", None)
     if settings.backend == "inductor":
         # Inductor keeps its graphs and ~150 MB of generated headers in these; both must live in
         # the artifact for a warm start.
-        defaults["TORCHINDUCTOR_CACHE_DIR"] = str(artifact / "inductor")
-        defaults["TMPDIR"] = str(artifact / "tmp")
+        forced["TORCHINDUCTOR_CACHE_DIR"] = str(artifact / "inductor")
+        forced["TMPDIR"] = str(artifact / "tmp")
     if settings.is_pooling:
+        # The plugin compares these with the catalog entry; they are the shape, so they win too.
         shapes = settings.warmup_shapes
-        defaults["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] = ",".join(
-            str(s.prompt_len) for s in shapes
-        )
-        defaults["SENDNN_INFERENCE_WARMUP_BATCH_SIZES"] = ",".join(
-            str(s.batch_size) for s in shapes
-        )
+        forced["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] = ",".join(str(s.prompt_len) for s in shapes)
+        forced["SENDNN_INFERENCE_WARMUP_BATCH_SIZES"] = ",".join(str(s.batch_size) for s in shapes)
     for key, value in defaults.items():
         env.setdefault(key, value)
+    env.update(forced)
     for key in ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
-        if key in defaults and env.get(key) == defaults[key]:
-            Path(env[key]).mkdir(parents=True, exist_ok=True)
+        if key in forced:
+            Path(forced[key]).mkdir(parents=True, exist_ok=True)
     return env
 
 

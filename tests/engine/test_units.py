@@ -173,7 +173,8 @@ def test_catalog_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
 
 def test_plugin_env_sets_defaults_but_keeps_existing(tmp_path: Path) -> None:
     s = serve_settings(artifact_dir=tmp_path, backend="inductor")
-    env = plugin_env(s, require_precompiled=True, base={"MASTER_PORT": "1234"})
+    base = {"MASTER_PORT": "1234", "TORCHINDUCTOR_CACHE_DIR": "/tmp/elsewhere", "TMPDIR": "/x"}
+    env = plugin_env(s, require_precompiled=True, base=base)
     assert env["MASTER_PORT"] == "1234"
     assert env["MASTER_ADDR"] == "127.0.0.1"
     assert env["VLLM_PLUGINS"] == "sendnn_inference"
