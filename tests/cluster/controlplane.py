@@ -462,6 +462,10 @@ class ControlPlane:
         log.flush()
         env = dict(os.environ)
         env.pop("KUBECONFIG", None)
+        if component == "kwok":
+            # kwok also loads ~/.kwok/kwok.yaml when it exists; keep it hermetic.
+            env["HOME"] = str(self.state_dir / "kwok-home")
+            Path(env["HOME"]).mkdir(exist_ok=True)
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -695,6 +699,13 @@ profiles:
                 f"--tls-private-key-file={p / 'apiserver.key'}",
                 f"--client-ca-file={p / 'ca.crt'}",
                 f"--token-auth-file={p / 'tokens.csv'}",
+                # front-proxy (aggregated API servers); also fills the
+                # extension-apiserver-authentication ConfigMap the other components read.
+                f"--requestheader-client-ca-file={p / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 "--authorization-mode=Node,RBAC",
                 f"--service-account-issuer={SA_ISSUER}",
                 f"--service-account-key-file={p / 'sa.pub'}",
