@@ -368,6 +368,8 @@ class ControlPlane:
         t0 = time.monotonic()
         for d in (self.state_dir, self.pki, self.logs, self.pids, self.link_dir):
             d.mkdir(parents=True, exist_ok=True)
+        for f in self.logs.glob("*.log"):  # keep the previous run's logs as *.log.prev
+            f.replace(f.with_suffix(".log.prev"))
         (self.state_dir / ".gitignore").write_text("*\n")
         self._link_tools()
         self._ensure_pki()
@@ -507,7 +509,9 @@ class ControlPlane:
         pid_file = self.pids / f"{component}.pid"
         pid = self.pid(component)
         if pid:
-            self._kill_pid(pid)
+            # kube-apiserver stops listening at once on SIGTERM but can then sit for a
+            # minute waiting for open watch connections; do not wait that long.
+            self._kill_pid(pid, grace=3.0 if component == "kube-apiserver" else 10.0)
         else:
             # The process is gone; its group might not be (it never forks, but be thorough).
             with contextlib.suppress(OSError, ValueError):

@@ -184,15 +184,17 @@ def test_spyre_deployment_becomes_available(control_plane: ControlPlane, namespa
     assert pod["status"]["phase"] == "Running"
     assert pod["status"].get("podIP")
     assert pod["status"]["containerStatuses"][0]["ready"] is True
-    scheduled = [
-        e
-        for e in get(cp, ns, "events", "--field-selector", "reason=Scheduled")["items"]
-        if e["involvedObject"]["name"] == pod["metadata"]["name"]
-    ]
-    assert not scheduled or scheduled[0].get("reportingComponent", "spyre-scheduler") in (
-        "spyre-scheduler",
-        "",
-    )
+    # The pod was placed by the spyre-scheduler profile, not the default one.
+    pod_name = pod["metadata"]["name"]
+
+    def scheduled_by() -> str | None:
+        events = get(cp, ns, "events", "--field-selector", "reason=Scheduled")["items"]
+        for e in events:
+            if e["involvedObject"]["name"] == pod_name:
+                return str(e.get("reportingComponent"))
+        return None
+
+    assert wait_until(scheduled_by, TIMEOUT, "the Scheduled event") == "spyre-scheduler"
 
 
 def test_restricted_pod_security_is_enforced(control_plane: ControlPlane, namespace: str) -> None:
