@@ -156,12 +156,22 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
         return _fail(settings.termination_log, REASON_MODEL_NOT_FOUND, str(exc))
     t2 = time.monotonic()
     wanted = catalog.entry_data(settings, model_path)
-    if catalog.find_entry(entries, wanted) is None:
+    entry = catalog.find_entry(entries, wanted)
+    if entry is None:
         models = sorted({str(e["data"].get("MODEL_NAME")) for e in entries})
         return _fail(
             settings.termination_log,
             REASON_ARTIFACT_MISMATCH,
             f"{path} has this shape only for model(s) {', '.join(models)}, not {model_path}",
+        )
+    from spyre_engine.launch import package_versions
+
+    installed = package_versions()["sendnn_inference"]
+    if entry.get("sendnn_inference_version") not in (None, installed):
+        log.warning(
+            "Artifact was compiled with sendnn-inference %s, running %s",
+            entry.get("sendnn_inference_version"),
+            installed,
         )
     metrics.startup_phase_seconds.labels("validate").set(time.monotonic() - t2 + (t1 - t0))
     metrics.startup_phase_seconds.labels("resolve_model").set(t2 - t1)

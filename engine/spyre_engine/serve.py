@@ -62,6 +62,20 @@ DRAIN_ERROR_EVENT = (
     + b"\n\ndata: [DONE]\n\n"
 )
 
+ENGINE_ERROR_EVENT = (
+    b"data: "
+    + json.dumps(
+        {
+            "error": {
+                "message": "The engine ended the stream",
+                "type": "InternalServerError",
+                "code": 500,
+            }
+        }
+    ).encode()
+    + b"\n\ndata: [DONE]\n\n"
+)
+
 # After the drain deadline: time for aborted streams to get their error event out, for vLLM to
 # exit after SIGTERM, and for the HTTP server to close connections. Their sum bounds the exit.
 ABORT_GRACE = 2.0
@@ -377,11 +391,22 @@ class EngineServer:
             flight.response = resp
             flight.streaming = True
             await resp.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                flight.at_event_boundary = False
-                await resp.write(chunk)
-                flight.at_event_boundary = chunk.endswith(b"\n\n")
-            await resp.write_eof()
+            try:
+                async for chunk in upstream.content.iter_any():
+                    flight.at_event_boundary = False
+                    await resp.write(chunk)
+                    flight.at_event_boundary = chunk.endswith(b"\n\n")
+                await resp.write_eof()
+            except ConnectionResetError:
+                # The client went away; closing the upstream response aborts it in vLLM.
+                log.info("Client disconnected from a stream")
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+                # vLLM went away mid-stream: end the stream properly rather than truncate it.
+                log.warning("vLLM ended a stream abruptly: %r", exc)
+                with contextlib.suppress(Exception):
+                    prefix = b"" if flight.at_event_boundary else b"\n\n"
+                    await asyncio.wait_for(resp.write(prefix + ENGINE_ERROR_EVENT), 1.0)
+                    await asyncio.wait_for(resp.write_eof(), 1.0)
             return resp
 
     async def _aborted(self, flight: Flight) -> web.StreamResponse:
