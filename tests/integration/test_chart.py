@@ -105,7 +105,8 @@ def _adopt_crd(cp: ControlPlane, namespace: str) -> None:
     if cp.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0:
         return
     cp.kubectl("annotate", "--overwrite", "crd", CRD_NAME,
-               f"meta.helm.sh/release-name={RELEASE}", f"meta.helm.sh/release-namespace={namespace}")
+               f"meta.helm.sh/release-name={RELEASE}",
+               f"meta.helm.sh/release-namespace={namespace}")
     cp.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-
 from spyre_operator import conditions as C
 from spyre_operator.reconcile import Observed, decide
+
 from tests.unit.samples import GENERATE, model
 
 lupa = pytest.importorskip("lupa.lua51")
