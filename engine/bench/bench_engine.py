@@ -112,6 +112,14 @@ class PlainVllm:
         self._log.close()
 
 
+def warmup_seconds(log_path: Path) -> float | None:
+    """The plugin's own warmup time ("[WARMUP] Finished in X s") from an engine log."""
+    import re
+
+    found = re.findall(r"\[WARMUP\] Finished in ([0-9.]+)s", log_path.read_text(errors="replace"))
+    return float(found[-1]) if found else None
+
+
 def latency(url: str, n: int) -> dict[str, float]:
     """Mean/p50 latency of ``n`` short completions, and one 64-token stream's duration."""
     body = {"model": MODEL, "prompt": "hello world", "max_tokens": 8, "ignore_eos": True}
@@ -216,6 +224,7 @@ def main() -> int:
             warm = eng.wait_started(STARTUP_TIMEOUT)
         finally:
             eng.kill()
+        warm_warmup = warmup_seconds(eng.log_path)
         cold_art = work / "art-inductor-cold"
         precompile(model, cold_art, "eager", work)  # catalog entry only, no graphs
         log("serve inductor on an empty artifact (cold)")
@@ -224,10 +233,13 @@ def main() -> int:
             cold = eng.wait_started(STARTUP_TIMEOUT)
         finally:
             eng.kill()
+        cold_warmup = warmup_seconds(eng.log_path)
         out["inductor"] = {
             "warm_ready_s": warm,
             "cold_ready_s": cold,
             "cold_over_warm": cold / warm,
+            "warm_plugin_warmup_s": warm_warmup,
+            "cold_plugin_warmup_s": cold_warmup,
         }
 
     eager_art = work / "art-eager"
@@ -288,7 +300,8 @@ def print_table(out: dict) -> None:  # type: ignore[type-arg]
             f"inductor time-to-ready: warm {f(i['warm_ready_s'])} s, cold {f(i['cold_ready_s'])} s,"
             f" cold/warm {f(i['cold_over_warm'])}x (precompile "
             f"{f(out['precompile_inductor']['compileSeconds'])} s, "
-            f"{out['precompile_inductor']['sizeBytes'] / 1e6:.0f} MB)"
+            f"{out['precompile_inductor']['sizeBytes'] / 1e6:.0f} MB); plugin warmup alone: "
+            f"warm {f(i['warm_plugin_warmup_s'])} s, cold {f(i['cold_plugin_warmup_s'])} s"
         )
     e = out["eager"]
     print(
