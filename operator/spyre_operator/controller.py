@@ -197,7 +197,8 @@ class Controller:
 
     def models_for_claim(self, namespace: str, claim: str) -> list[ModelKey]:
         """SpyreModels using ``claim`` as their cache."""
-        return [(namespace, o.name) for o in self.caches.all("claim_users", (namespace, claim))]
+        users = self.caches.all("claim_users", (namespace, claim))
+        return [(namespace, u.owner.name) for u in users]
 
     # ------------------------------------------------------------------ reconcile
 

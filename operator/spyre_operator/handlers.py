@@ -1,5 +1,8 @@
 """The kopf layer: watches, indices and routing. Thin by design.
 
+Event handlers are ``async`` on purpose: kopf runs sync handlers in a thread pool, and the
+work queue is an asyncio structure owned by the event loop.
+
 Index handlers keep slim copies of SpyreModels and their children in memory; event handlers
 only route each event to the SpyreModels it concerns; all decisions happen in
 ``controller.Controller`` / ``reconcile.decide``. No change-detection handlers are used, so
@@ -188,7 +191,7 @@ def _controller(memo: kopf.Memo) -> Controller:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def on_model(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_model(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A SpyreModel changed: reconcile it and every model sharing its cache claim."""
     c = _controller(memo)
     keys = [(namespace, name)]
@@ -202,14 +205,14 @@ def on_model(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: A
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
-def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child changed: reconcile the SpyreModels that own it."""
     c = _controller(memo)
     c.enqueue(c.models_for_owner_refs(namespace, body))
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")
-def on_pvc(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def on_pvc(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A PVC changed: reconcile the SpyreModels caching on it."""
     c = _controller(memo)
     c.enqueue(c.models_for_claim(namespace, name))
