@@ -458,7 +458,7 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ process handling
     def _start(self, component: str) -> int:
-        argv = self.state["commands"][component]
+        argv = self._commands(self.state["ports"])[component]
         log = open(self.logs / f"{component}.log", "ab")  # noqa: SIM115 - handed to the child
         log.write(f"\n==== {time.strftime('%H:%M:%S')} starting {component}\n".encode())
         log.flush()
@@ -468,6 +468,7 @@ class ControlPlane:
             # kwok also loads ~/.kwok/kwok.yaml when it exists; keep it hermetic.
             env["HOME"] = str(self.state_dir / "kwok-home")
             Path(env["HOME"]).mkdir(exist_ok=True)
+            self._write_kwok_stages()
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -637,6 +638,15 @@ current-context: {user}@spyre-local
             path.write_text(self._kubeconfig_text("admin", self.admin_token))
             path.chmod(0o600)
 
+    @property
+    def kwok_stages(self) -> Path:
+        return self.state_dir / "kwok-stages.yaml"
+
+    def _write_kwok_stages(self) -> None:
+        """All of tests/cluster/kwok/*.yaml in one file (re-read on every kwok start)."""
+        docs = [f.read_text().strip() for f in sorted((HERE / "kwok").glob("*.yaml"))]
+        self.kwok_stages.write_text("\n---\n".join(docs) + "\n")
+
     def _write_configs(self) -> None:
         kc = self.component_kubeconfig
         (self.state_dir / "scheduler.yaml").write_text(
@@ -674,7 +684,6 @@ profiles:
         kc = str(self.component_kubeconfig)
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
         peer_url = f"http://127.0.0.1:{ports['etcd_peer']}"
-        stages = sorted(str(f) for f in (HERE / "kwok").glob("*.yaml"))
         return {
             "etcd": [
                 str(b / "etcd"),
@@ -758,7 +767,7 @@ profiles:
                 f"--kubeconfig={kc}",
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
                 f"--cidr={POD_CIDR}",
-                *[f"--config={f}" for f in stages],
+                f"--config={self.kwok_stages}",
             ],
         }
 

@@ -454,6 +454,24 @@ def test_stage_not_ready_then_ready(control_plane: ControlPlane, namespace: str)
     wait_until(lambda: not is_true(get(cp, ns, "pod", name), "Ready"), TIMEOUT, "pod not Ready")
 
 
+def test_stage_crashloop(control_plane: ControlPlane, namespace: str) -> None:
+    cp, ns = control_plane, namespace
+    msg = "RuntimeError: Spyre device not found"
+    ann = {"kwok.spyre.dev/crashloop": "true", "kwok.spyre.dev/termination-message": msg}
+    cp.apply(deployment("crashy", ann), "-n", ns)
+
+    def crashing(p: dict[str, Any]) -> bool:
+        st = (p["status"].get("containerStatuses") or [{}])[0]
+        return st.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+
+    pod = wait_until(one_pod(cp, ns, "crashy", crashing), TIMEOUT, "pod in CrashLoopBackOff")
+    assert pod["status"]["phase"] == "Running"
+    assert not is_true(pod, "Ready")
+    last = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert last["exitCode"] == 1 and last["reason"] == "Error" and last["message"] == msg
+    assert not is_true(get(cp, ns, "deployment", "crashy"), "Available")
+
+
 # --------------------------------------------------------------------------- contract extras
 def test_token_kubeconfig_for_serviceaccount(
     control_plane: ControlPlane, namespace: str, tmp_path: Any
