@@ -208,7 +208,7 @@ def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProc
         ({"task": "embed"}, "set compile.warmupShapes"),
         ({"model": {"uri": "s3://bucket/model"}}, "hf://org/name"),
         ({"serving": {"extraArgs": ["--max-model-len=99"]}}, "must not set flags"),
-        ({"cache": {"claimName": "x", "volume": {"name": "y"}}}, "not both"),
+        ({"cache": {"claimName": "mine", "volume": {"name": "other"}}}, "not both"),
         ({"serving": {"env": [{"name": "TORCH_SENDNN_CACHE_DIR", "value": "/x"}]}},
          "must not set variables the operator manages"),
     ],
