@@ -220,7 +220,7 @@ class ControlPlane:
         if missing:
             raise BinariesMissing(
                 f"control-plane binaries missing in {self.bin_dir}: {', '.join(missing)}. "
-                "Build them with `make binaries` (tests/cluster/build.sh; 10-20 min cold)."
+                "Build them with `make binaries` (tests/cluster/build.sh; about 25 min cold on 2 cores)."
             )
 
     def _load_state(self) -> dict[str, Any] | None:
