@@ -32,7 +32,8 @@ binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside t
 cluster-up: install binaries ## Start the local control plane (.cluster/kubeconfig, .cluster/bin)
 	$(CLUSTER) up
 
-cluster-down: ## Stop the local control plane; leaves no process behind
+cluster-down: ## Stop the local control plane (and the demo's operator); leaves no process behind
+	@if [ -f .cluster/operator-demo.pid ]; then kill $$(cat .cluster/operator-demo.pid) 2>/dev/null || true; rm -f .cluster/operator-demo.pid; fi
 	@if [ -x $(PY) ]; then $(CLUSTER) down; else echo "no venv, nothing to stop"; fi
 
 crds: install ## Regenerate the CRD YAML from the pydantic API models

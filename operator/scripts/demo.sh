@@ -74,5 +74,5 @@ Look around:
                                              # compiles while the old pods keep serving
   tail -f .cluster/logs/operator-demo.log
 Stop:
-  kill \$(cat .cluster/operator-demo.pid); make cluster-down
+  make cluster-down        # also stops the operator started here
 EOT
