@@ -45,7 +45,8 @@ lint: install ## ruff + mypy
 	$(VENV)/bin/mypy operator/spyre_operator
 
 test: install binaries ## Everything: unit, golden, engine, integration (real control plane)
-	$(CLUSTER) up
+	# The session fixture starts the control plane (or reuses one from `make cluster-up`)
+	# and stops it at the end if it started it.
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install ## Only the tests that need neither the cluster nor vLLM
