@@ -25,7 +25,7 @@ from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .controller import Caches, Controller
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
-from .metrics import start_metrics_server
+from .metrics import count_requests, start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
     controller = Controller(client, caches, workers=OperatorConfig.workers)
     memo["controller"] = controller
+    count_requests(client, controller.requests)
     controller.start()
     if OperatorConfig.leader_election:
         from .leader import LeaderElector
@@ -159,27 +160,12 @@ def index_claim_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")
-def index_jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): slim(body)}
-
-
 @kopf.index("apps", "v1", "deployments", labels=MANAGED, id="deployments")
-def index_deployments(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): slim(body)}
-
-
 @kopf.index("", "v1", "services", labels=MANAGED, id="services")
-def index_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): slim(body)}
-
-
 @kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED, id="pdbs")
-def index_pdbs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): slim(body)}
-
-
 @kopf.index("", "v1", "persistentvolumeclaims", id="pvcs")
-def index_pvcs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+def index_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Children (and every PVC, for existing cache claims) by (namespace, name)."""
     return {(namespace, name): slim(body)}
 
 
@@ -191,14 +177,14 @@ def _controller(memo: kopf.Memo) -> Controller:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def on_model(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A SpyreModel changed: reconcile it and every model sharing its cache claim."""
+async def on_model(
+    type: str | None, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """A SpyreModel changed: reconcile it, and its cache-claim peers if it left or changed."""
     c = _controller(memo)
-    keys = [(namespace, name)]
-    plan = _plan(body)
-    if plan is not None:
-        keys += c.models_for_claim(namespace, plan.claim)
-    c.enqueue(keys)
+    key = (namespace, name)
+    plan = None if type == "DELETED" else _plan(body)
+    c.enqueue([key, *c.claim_peers_if_changed(key, plan)])
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
@@ -212,7 +198,10 @@ async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")
-async def on_pvc(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """A PVC changed: reconcile the SpyreModels caching on it."""
+async def on_pvc(
+    type: str | None, namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """A PVC changed: reconcile the SpyreModels caching on it (one of them if only drift)."""
     c = _controller(memo)
-    c.enqueue(c.models_for_claim(namespace, name))
+    phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
+    c.enqueue(c.models_for_pvc_event(namespace, name, phase))

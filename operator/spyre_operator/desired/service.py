@@ -14,15 +14,20 @@ from .owners import controller_ref
 from .plan import ModelPlan
 
 
+def _server_meta(plan: ModelPlan) -> ObjectMeta:
+    """Metadata shared by the Service and the PDB: named after, and owned by, the model."""
+    return ObjectMeta(
+        name=names.server_name(plan.name),
+        namespace=plan.namespace,
+        labels={**names.common_labels(names.COMPONENT_SERVER), names.MODEL_LABEL: plan.name},
+        ownerReferences=[controller_ref(plan.owner)],
+    )
+
+
 def build_service(plan: ModelPlan) -> Service:
     """ClusterIP Service, port `http`, selecting the model's serving pods of any artifact."""
     return Service(
-        metadata=ObjectMeta(
-            name=names.server_name(plan.name),
-            namespace=plan.namespace,
-            labels={**names.common_labels(names.COMPONENT_SERVER), names.MODEL_LABEL: plan.name},
-            ownerReferences=[controller_ref(plan.owner)],
-        ),
+        metadata=_server_meta(plan),
         spec=ServiceSpec(
             type="ClusterIP",
             selector=names.server_selector(plan.name),
@@ -47,12 +52,7 @@ def wants_pdb(plan: ModelPlan) -> bool:
 def build_pdb(plan: ModelPlan) -> PodDisruptionBudget:
     """At most one serving pod disrupted voluntarily at a time."""
     return PodDisruptionBudget(
-        metadata=ObjectMeta(
-            name=names.server_name(plan.name),
-            namespace=plan.namespace,
-            labels={**names.common_labels(names.COMPONENT_SERVER), names.MODEL_LABEL: plan.name},
-            ownerReferences=[controller_ref(plan.owner)],
-        ),
+        metadata=_server_meta(plan),
         spec=PodDisruptionBudgetSpec(
             maxUnavailable=1,
             selector=LabelSelector(matchLabels=names.server_selector(plan.name)),
