@@ -17,7 +17,11 @@ CACHE_VOLUME_READY = "CacheVolumeReady"
 ARTIFACT_READY = "ArtifactReady"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
-TYPES = (READY, CACHE_VOLUME_READY, ARTIFACT_READY, PROGRESSING, DEGRADED)
+# kstatus (Flux, kpt, cli-utils) reads these two "abnormal-true" conditions; they mirror
+# Progressing and Degraded so GitOps tools need no custom health check.
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+TYPES = (READY, CACHE_VOLUME_READY, ARTIFACT_READY, PROGRESSING, DEGRADED, RECONCILING, STALLED)
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 

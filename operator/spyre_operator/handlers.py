@@ -92,6 +92,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     )
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # our own Events mark transitions
+    # The resources are known; don't scan namespaces or CRDs (that would need cluster-wide
+    # list/watch rights the namespaced RBAC does not grant, and retries slow startup).
+    settings.scanning.disabled = True
     # Survive API server restarts: short watch timeouts, quick reconnects.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

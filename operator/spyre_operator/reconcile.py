@@ -259,6 +259,8 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
             C.Cond(C.READY, C.FALSE, C.INVALID_SPEC, msg),
             C.Cond(C.DEGRADED, C.TRUE, C.INVALID_SPEC, msg),
             C.Cond(C.PROGRESSING, C.FALSE, C.INVALID_SPEC, "fix the spec"),
+            C.Cond(C.RECONCILING, C.FALSE, C.INVALID_SPEC, "fix the spec"),
+            C.Cond(C.STALLED, C.TRUE, C.INVALID_SPEC, msg),
         ]
         d.status = {
             **old_status,
@@ -417,8 +419,12 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
     else:
         degraded = C.Cond(C.DEGRADED, C.FALSE, C.AS_EXPECTED, "")
 
+    kstatus = [
+        C.Cond(C.RECONCILING, progressing.status, progressing.reason, progressing.message),
+        C.Cond(C.STALLED, degraded.status, degraded.reason, degraded.message),
+    ]
     conds = C.merge_conditions(
-        old_conds, [ready, cache_cond, art, progressing, degraded], generation, now
+        old_conds, [ready, cache_cond, art, progressing, degraded, *kstatus], generation, now
     )
     dep_status = (obs.deployment or {}).get("status") or {}
     status: dict[str, Any] = {

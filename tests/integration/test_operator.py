@@ -68,7 +68,9 @@ def test_happy_path_to_ready(kube: Kube, operator: OperatorProcess) -> None:
     assert st["servingArtifactKey"] == key
     assert st["endpoint"] == f"http://granite.{kube.ns}.svc:8000/v1"
     types = {c["type"]: c for c in st["conditions"]}
-    assert set(types) == {"Ready", "CacheVolumeReady", "ArtifactReady", "Progressing", "Degraded"}
+    assert set(types) == {"Ready", "CacheVolumeReady", "ArtifactReady", "Progressing", "Degraded",
+                          "Reconciling", "Stalled"}
+    assert types["Reconciling"]["status"] == "False" and types["Stalled"]["status"] == "False"
     assert types["CacheVolumeReady"]["status"] == "True"
     assert types["Degraded"]["status"] == "False"
     for c in types.values():

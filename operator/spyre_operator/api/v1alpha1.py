@@ -564,7 +564,10 @@ class SpyreModelStatus(ApiModel):
     )
     conditions: list[Condition] | None = Field(
         default=None,
-        description="Ready, CacheVolumeReady, ArtifactReady, Progressing and Degraded.",
+        description=(
+            "Ready, CacheVolumeReady, ArtifactReady, Progressing and Degraded; plus Reconciling "
+            "and Stalled (mirrors of Progressing and Degraded, for kstatus/Flux)."
+        ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
 
