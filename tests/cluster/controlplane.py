@@ -220,7 +220,8 @@ class ControlPlane:
         if missing:
             raise BinariesMissing(
                 f"control-plane binaries missing in {self.bin_dir}: {', '.join(missing)}. "
-                "Build them with `make binaries` (tests/cluster/build.sh; about 25 min cold on 2 cores)."
+                "Build them with `make binaries` "
+                "(tests/cluster/build.sh; about 25 min cold on 2 cores)."
             )
 
     def _load_state(self) -> dict[str, Any] | None:
@@ -357,6 +358,13 @@ class ControlPlane:
             return self._up(timeout)
 
     def _up(self, timeout: float) -> Path:
+        if self._load_state() and self.pid("etcd") and self.pid("kube-apiserver"):
+            if self.apiserver_ready():
+                # Keep the data; bring back only what died (e.g. after a fault-injection test).
+                for c in COMPONENTS:
+                    if not self.pid(c):
+                        _log(f"{c} is not running; starting it again")
+                        self._start(c)
         if self.healthy():
             _log("reusing the running cluster")
             self._link_tools()
