@@ -38,7 +38,8 @@ def control_plane() -> Iterator[ControlPlane]:
         cp.check_binaries()
     except BinariesMissing as e:
         pytest.fail(str(e), pytrace=False)
-    was_running = cp.healthy()
+    # Somebody else's cluster (make cluster-up, another session): reuse it, never stop it.
+    was_running = cp.pid("kube-apiserver") is not None
     try:
         cp.up()
     except (ClusterError, TimeoutError) as e:
