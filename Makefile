@@ -9,7 +9,7 @@ UV      := $(VENV)/bin/uv
 CLUSTER := $(PY) tests/cluster/controlplane.py
 PYTEST_ARGS ?=
 
-.PHONY: help install binaries cluster-up cluster-down test test-unit test-integration \
+.PHONY: help deps install binaries cluster-up cluster-down test test-unit test-integration \
         demo bench bench-engine crds lint clean
 
 help: ## Show the targets
@@ -44,7 +44,10 @@ lint: install ## ruff + mypy
 	$(VENV)/bin/ruff check operator engine tests
 	$(VENV)/bin/mypy operator/spyre_operator
 
-test: install binaries ## Everything: unit, golden, engine, integration (real control plane)
+deps: ## install + binaries, in parallel (pip downloads overlap the Go build)
+	$(MAKE) --no-print-directory -j2 install binaries
+
+test: deps ## Everything: unit, golden, engine, integration (real control plane)
 	# The session fixture starts the control plane (or reuses one from `make cluster-up`)
 	# and stops it at the end if it started it.
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -52,7 +55,7 @@ test: install binaries ## Everything: unit, golden, engine, integration (real co
 test-unit: install ## Only the tests that need neither the cluster nor vLLM
 	$(PY) -m pytest -m 'not integration and not engine and not contract' $(PYTEST_ARGS)
 
-demo: install binaries ## Local control plane + operator + a sample SpyreModel reaching Ready
+demo: deps ## Local control plane + operator + a sample SpyreModel reaching Ready
 	operator/scripts/demo.sh
 
 bench: install binaries ## Operator benchmark on the local control plane
