@@ -120,28 +120,36 @@ def warmup_seconds(log_path: Path) -> float | None:
     return float(found[-1]) if found else None
 
 
-def latency(url: str, n: int) -> dict[str, float]:
-    """Mean/p50 latency of ``n`` short completions, and one 64-token stream's duration."""
+def latency(urls: dict[str, str], n: int) -> dict[str, dict[str, float]]:
+    """Per server: mean/p50 of ``n`` short completions and the mean 64-token stream duration.
+
+    Requests alternate between the servers so background load hits both alike.
+    """
     body = {"model": MODEL, "prompt": "hello world", "max_tokens": 8, "ignore_eos": True}
-    times = []
+    stream_body = {**body, "max_tokens": 64, "stream": True}
+    times: dict[str, list[float]] = {name: [] for name in urls}
+    streams: dict[str, list[float]] = {name: [] for name in urls}
     with httpx.Client(timeout=60) as client:
-        client.post(url + "/v1/completions", json=body)  # warm
-        for _ in range(n):
-            t0 = time.perf_counter()
-            r = client.post(url + "/v1/completions", json=body)
-            r.raise_for_status()
-            times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        with client.stream(
-            "POST", url + "/v1/completions", json={**body, "max_tokens": 64, "stream": True}
-        ) as r:
-            for _ in r.iter_lines():
-                pass
-        stream_s = time.perf_counter() - t0
+        for url in urls.values():
+            client.post(url + "/v1/completions", json=body).raise_for_status()  # warm
+        for i in range(n):
+            for name, url in urls.items():
+                t0 = time.perf_counter()
+                client.post(url + "/v1/completions", json=body).raise_for_status()
+                times[name].append(time.perf_counter() - t0)
+                if i % 5 == 0:
+                    t0 = time.perf_counter()
+                    with client.stream("POST", url + "/v1/completions", json=stream_body) as r:
+                        for _ in r.iter_lines():
+                            pass
+                    streams[name].append(time.perf_counter() - t0)
     return {
-        "mean_ms": statistics.mean(times) * 1000,
-        "p50_ms": statistics.median(times) * 1000,
-        "stream64_s": stream_s,
+        name: {
+            "mean_ms": statistics.mean(times[name]) * 1000,
+            "p50_ms": statistics.median(times[name]) * 1000,
+            "stream64_s": statistics.mean(streams[name]),
+        }
+        for name in urls
     }
 
 
@@ -246,22 +254,25 @@ def main() -> int:
     precompile(model, eager_art, "eager", work)
     log("plain vllm serve (eager)")
     plain = PlainVllm(model, work)
+    eng: EngineProcess | None = None
     try:
+        # Sequential starts (concurrent ones would share the 2 cores); the proxy's idle cost
+        # during the other's start is negligible.
         plain_ready = plain.wait_ready()
-        plain_lat = latency(plain.url, args.requests)
+        log("spyre-engine serve (eager)")
+        eng = start_spyre(model, eager_art, "eager", work, args.drain)
+        spyre_ready = eng.wait_started(STARTUP_TIMEOUT)
+        log("latency, alternating between the two")
+        lat = latency({"spyre": eng.url, "vllm": plain.url}, args.requests)
+        spyre_lat, plain_lat = lat["spyre"], lat["vllm"]
+        log(f"SIGTERM spyre-engine serve (drain {args.drain}s)")
+        spyre_term = sigterm_run(eng.url, eng.proc, [40, 40, 40, 480], cap=40)
         log("SIGTERM plain vllm serve (default --shutdown-timeout 0)")
         plain_term = sigterm_run(plain.url, plain.proc, [40, 40, 40, 480], cap=40)
     finally:
+        if eng is not None:
+            eng.kill()
         plain.kill()
-    log("spyre-engine serve (eager)")
-    eng = start_spyre(model, eager_art, "eager", work, args.drain)
-    try:
-        spyre_ready = eng.wait_started(STARTUP_TIMEOUT)
-        spyre_lat = latency(eng.url, args.requests)
-        log(f"SIGTERM spyre-engine serve (drain {args.drain}s)")
-        spyre_term = sigterm_run(eng.url, eng.proc, [40, 40, 40, 480], cap=40)
-    finally:
-        eng.kill()
     log("plain vllm serve --shutdown-timeout 10")
     plain10 = PlainVllm(model, work, "--shutdown-timeout", "10")
     try:
