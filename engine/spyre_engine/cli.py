@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ from spyre_engine.settings import (
 )
 from spyre_engine.summary import (
     REASON_ARTIFACT_MISMATCH,
+    REASON_COMPILE_FAILED,
+    REASON_ENGINE_FAILED,
     REASON_INVALID_SETTINGS,
     REASON_MODEL_NOT_FOUND,
     FailureSummary,
@@ -32,9 +35,19 @@ log = logging.getLogger("spyre_engine")
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 
+class UsageError(Exception):
+    """Bad command line (unknown flag, bad choice); reported as InvalidSettings."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        raise UsageError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per engine mode."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spyre-engine",
         description="Precompile and serve LLMs on IBM Spyre with vLLM. Every flag can also be set "
         "by SPYRE_ENGINE_<FLAG> (flag wins). vLLM arguments go after --.",
@@ -87,11 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     ours, passthrough = split_passthrough(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(ours)
+    try:
+        args = build_parser().parse_args(ours)
+    except UsageError as exc:
+        return _fail(_termination_log_early(ours), REASON_INVALID_SETTINGS, str(exc))
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     # The termination log must be known even when the rest of the settings are invalid.
-    import os
-
     termination_log = flags.get("termination_log") or os.environ.get(
         env_name("termination_log"), DEFAULT_TERMINATION_LOG
     )
@@ -106,6 +120,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_serve(settings, process_started)
 
 
+def _termination_log_early(argv: Sequence[str]) -> str:
+    """``--termination-log`` from raw argv (when argparse itself failed), else env or default."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--termination-log="):
+            return arg.split("=", 1)[1]
+        if arg == "--termination-log" and i + 1 < len(argv):
+            return argv[i + 1]
+    return os.environ.get(env_name("termination_log"), DEFAULT_TERMINATION_LOG)
+
+
 def run_precompile(settings: PrecompileSettings) -> int:
     """``spyre-engine precompile``: exit 0 and a summary line, or non-zero and a reason."""
     from spyre_engine.precompile import PrecompileError, precompile
@@ -114,6 +138,11 @@ def run_precompile(settings: PrecompileSettings) -> int:
         summary = precompile(settings)
     except PrecompileError as exc:
         return _fail(settings.termination_log, exc.reason, exc.message)
+    except Exception as exc:  # anything else still gets a reason in the termination log
+        log.exception("Precompile failed")
+        return _fail(
+            settings.termination_log, REASON_COMPILE_FAILED, f"{type(exc).__name__}: {exc}"
+        )
     log.info("Precompiled: %s", summary.to_line())
     write_termination_log(settings.termination_log, summary)
     print(summary.to_line(), flush=True)
@@ -178,7 +207,11 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
 
     from spyre_engine.serve import serve
 
-    return serve(settings, model_path, metrics, process_started)
+    try:
+        return serve(settings, model_path, metrics, process_started)
+    except Exception as exc:  # e.g. the port is taken: still leave a reason
+        log.exception("Serve failed")
+        return _fail(settings.termination_log, REASON_ENGINE_FAILED, f"{type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

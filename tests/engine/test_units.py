@@ -284,6 +284,15 @@ def test_invalid_settings_and_missing_model_have_reasons(tmp_path: Path) -> None
     assert isinstance(failure, FailureSummary) and failure.reason == "ModelNotFound"
 
 
+def test_bad_command_line_is_invalid_settings(tmp_path: Path) -> None:
+    term = tmp_path / "term"
+    proc = _cli("serve", "--termination-log", str(term), "--backend", "cuda")
+    assert proc.returncode == 2
+    failure = parse_termination_message(term.read_text())
+    assert isinstance(failure, FailureSummary) and failure.reason == "InvalidSettings"
+    assert "cuda" in failure.message
+
+
 def test_pure_modules_import_without_vllm_or_torch() -> None:
     code = (
         "import sys\n"

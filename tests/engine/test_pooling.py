@@ -1,0 +1,48 @@
+"""A pooling (embed) model: precompile records warmup shapes, serve answers /v1/embeddings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from spyre_engine import catalog
+from spyre_engine.testing.process import EngineProcess
+
+from .conftest import STARTUP_TIMEOUT, run_engine
+from .sse import TIMEOUT
+
+pytestmark = pytest.mark.engine
+
+POOLING = ["--task", "embed", "--warmup-shapes", "64x4", "--max-model-len", "512"]
+
+
+def test_embed_precompile_and_serve(start_engine, tiny_model: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    art = tmp_path / "art"
+    common = ["--model", str(tiny_model), "--artifact-dir", str(art), "--backend", "eager"]
+    proc = run_engine(
+        "precompile", *common, *POOLING, "--termination-log", str(tmp_path / "t1"), timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (entry,) = catalog.read_catalog(art)
+    assert entry["data"]["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] == "64"
+    assert entry["data"]["SENDNN_INFERENCE_WARMUP_BATCH_SIZES"] == "4"
+
+    # Another warmup shape is refused before vLLM starts.
+    other = [a if a != "64x4" else "128x2" for a in POOLING]
+    term = tmp_path / "t2"
+    proc = run_engine("serve", *common, *other, "--termination-log", str(term), timeout=120)
+    assert proc.returncode != 0 and '"reason":"ArtifactMismatch"' in term.read_text()
+
+    engine: EngineProcess = start_engine(
+        *common, *POOLING, "--served-name", "emb", "--termination-log", str(tmp_path / "t3")
+    )
+    engine.wait_started(STARTUP_TIMEOUT)
+    resp = httpx.post(
+        engine.url + "/v1/embeddings",
+        json={"model": "emb", "input": ["hello world", "the quick brown fox"]},
+        timeout=TIMEOUT,
+    )
+    assert resp.status_code == 200, resp.text
+    data = resp.json()["data"]
+    assert len(data) == 2 and len(data[0]["embedding"]) == 128
