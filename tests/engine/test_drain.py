@@ -10,7 +10,7 @@ import httpx
 import pytest
 from spyre_engine.testing.process import EngineProcess
 
-from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
+from .conftest import STARTUP_TIMEOUT, run_engine
 from .sse import TIMEOUT, stream_completion
 
 pytestmark = pytest.mark.engine
@@ -18,6 +18,27 @@ pytestmark = pytest.mark.engine
 MODEL = "tiny"
 # Exit must come before drain timeout + this (the operator's grace period is drain + 15 s).
 EXIT_SLACK = 12.0
+# A long context so the "long" stream outlasts the drain even on a fast machine (~100 tok/s),
+# while the short one fits it on a loaded one (~5 tok/s).
+SHAPE = ["--max-model-len", "2048", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
+SHORT, LONG = 25, 1900
+
+
+def precompile_eager(model: Path, art: Path, *extra: str) -> None:
+    proc = run_engine(
+        "precompile",
+        "--model",
+        str(model),
+        "--artifact-dir",
+        str(art),
+        "--backend",
+        "eager",
+        "--termination-log",
+        str(art.parent / "precompile.termlog"),
+        *SHAPE,
+        *extra,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def _serve(start_engine, tiny_model: Path, art: Path, drain: float, *extra: str) -> EngineProcess:  # type: ignore[no-untyped-def]
@@ -48,12 +69,13 @@ def test_sigterm_drains_in_flight_and_cuts_streams_past_the_deadline(
 ) -> None:
     art = tmp_path / "art"
     precompile_eager(tiny_model, art)
-    drain = 5.0
+    drain = 8.0
     engine = _serve(start_engine, tiny_model, art, drain)
 
-    short = stream_completion(engine.url, MODEL, "hello world", max_tokens=15)
-    long = stream_completion(engine.url, MODEL, "the quick brown fox", max_tokens=480)
-    assert short.first_chunk.wait(60) and long.first_chunk.wait(60)
+    long = stream_completion(engine.url, MODEL, "the quick brown fox", max_tokens=LONG)
+    assert long.first_chunk.wait(60)
+    short = stream_completion(engine.url, MODEL, "hello world", max_tokens=SHORT)
+    assert short.first_chunk.wait(60)
     assert not short.done.is_set(), "short stream finished before SIGTERM; test needs it in flight"
     children = engine.descendants_alive()
     assert children, "no vLLM process under the engine"
@@ -77,13 +99,13 @@ def test_sigterm_drains_in_flight_and_cuts_streams_past_the_deadline(
     # The in-flight stream that fits completes normally.
     assert short.done.wait(drain + 5)
     assert short.error is None and short.got_done and not short.error_events
-    assert short.text_chunks >= 15
+    assert short.text_chunks >= SHORT
 
     # The one that does not fit ends with an error event and [DONE] after the deadline.
     assert long.done.wait(drain + EXIT_SLACK)
     assert long.error is None, long.error
     assert long.got_done and long.error_events, long.events[-3:]
-    assert long.text_chunks < 480
+    assert long.text_chunks < LONG
     assert long.ended_at is not None and long.ended_at - signalled >= drain - 0.5
 
     code = engine.wait_exit(drain + EXIT_SLACK - (time.monotonic() - signalled))
@@ -107,7 +129,7 @@ def test_tensor_parallel_2_exits_in_time_with_a_client_that_never_disconnects(
     # A client that sends a streaming request and then never reads nor disconnects.
     stubborn = socket.create_connection(("127.0.0.1", engine.port), timeout=10)
     body = (
-        b'{"model": "tiny", "prompt": "hello", "max_tokens": 480, "ignore_eos": true, '
+        b'{"model": "tiny", "prompt": "hello", "max_tokens": 1900, "ignore_eos": true, '
         b'"stream": true}'
     )
     stubborn.sendall(
@@ -116,7 +138,7 @@ def test_tensor_parallel_2_exits_in_time_with_a_client_that_never_disconnects(
         + body
     )
     stubborn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    reader = stream_completion(engine.url, MODEL, "the quick brown fox", max_tokens=480)
+    reader = stream_completion(engine.url, MODEL, "the quick brown fox", max_tokens=LONG)
     try:
         assert reader.first_chunk.wait(120)
         children = engine.descendants_alive()
