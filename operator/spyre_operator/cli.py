@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--workers",
         type=int,
-        default=int(os.environ.get("SPYRE_WORKERS", "8")),
-        help="concurrent reconciles",
+        default=int(os.environ.get("SPYRE_WORKERS", "32")),
+        help="concurrent reconciles (they mostly wait on the API server; default 32)",
     )
     run.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
     run.add_argument(

@@ -14,7 +14,8 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,13 @@ ModelKey = tuple[str, str]  # (namespace, name)
 NOT_READY_RECHECK_SECONDS = 15.0
 ERROR_BACKOFF_BASE = 1.0
 ERROR_BACKOFF_MAX = 300.0
+#: Serving pods are listed at most this often per model (see _recent_server_pods).
+SERVER_PODS_TTL = 5.0
+#: Events posted concurrently in the background.
+EVENT_CONCURRENCY = 8
+#: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
+#: coroutines keep throughput up (the benchmark at 500 models; see tests/bench/RESULTS.md).
+DEFAULT_WORKERS = 32
 
 
 class WorkQueue:
@@ -123,7 +131,7 @@ class Controller:
         self,
         client: AsyncClient,
         caches: Caches,
-        workers: int = 8,
+        workers: int = DEFAULT_WORKERS,
         clock: Callable[[], str] = C.now_rfc3339,
     ) -> None:
         self.client = client
@@ -133,10 +141,19 @@ class Controller:
         self.workers = workers
         self.clock = clock
         self.stats = Stats()
+        #: API requests by (verb, resource), counted on the client (see metrics.count_requests).
+        self.requests: Counter[tuple[str, str]] = Counter()
         self._failures: dict[ModelKey, int] = {}
         self._deleted_jobs: dict[str, float] = {}  # uid -> when we deleted it
         self._job_messages: dict[str, list[dict[str, Any]]] = {}  # terminal Job uid -> pods
         self._tasks: list[asyncio.Task[None]] = []
+        self._pending: set[asyncio.Task[None]] = set()
+        #: Events are informational: a few at a time, never ahead of the reconcile's writes.
+        self._event_slots = asyncio.Semaphore(EVENT_CONCURRENCY)
+        self._written_status: dict[ModelKey, tuple[str | None, dict[str, Any]]] = {}
+        self._server_pods: dict[ModelKey, tuple[float, list[dict[str, Any]]]] = {}
+        self._claim_sigs: dict[ModelKey, tuple[str, str, str | None]] = {}
+        self._pvc_phases: dict[tuple[str, str], str] = {}
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
@@ -149,9 +166,9 @@ class Controller:
             self._tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        for t in [*self._tasks, *self._pending]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._pending, return_exceptions=True)
         self._tasks.clear()
 
     async def _worker(self) -> None:
@@ -168,7 +185,10 @@ class Controller:
                 self._failures[key] = n
                 delay = min(ERROR_BACKOFF_MAX, ERROR_BACKOFF_BASE * 2 ** (n - 1))
                 delay *= 0.8 + 0.4 * random.random()
-                log.warning("reconcile %s/%s failed (retry in %.1fs): %s", *key, delay, e)
+                log.warning(
+                    "reconcile %s/%s failed (retry in %.1fs): %s: %s",
+                    *key, delay, type(e).__name__, e,
+                )
                 self.queue.add_after(key, delay)
             else:
                 self._failures.pop(key, None)
@@ -199,6 +219,49 @@ class Controller:
         """SpyreModels using ``claim`` as their cache."""
         users = self.caches.all("claim_users", (namespace, claim))
         return [(namespace, u.owner.name) for u in users]
+
+    def claim_peers_if_changed(self, key: ModelKey, plan: Any | None) -> list[ModelKey]:
+        """Models sharing a cache claim with ``key``, if ``key``'s use of the claim changed.
+
+        Every reconcile writes the shared objects (the cache PVC's and the precompile Job's
+        ownerReferences) from the indices, so a new model's own reconcile brings them up to
+        date. Only a model that leaves a claim or an artifact key (an edit, a deletion, an
+        invalid spec) or changes its volume settings leaves state that just its peers can
+        fix. Enqueueing every peer on every event (status writes included) would cost N²
+        reconciles for N models on one claim.
+        """
+        sig = None
+        if plan is not None:
+            sig = (plan.claim, plan.key, repr(plan.volume) if plan.claim_managed else None)
+        old = self._claim_sigs.pop(key, None)
+        if sig is not None:
+            self._claim_sigs[key] = sig
+        if old is None or old == sig:
+            return []
+        peers = set(self.models_for_claim(key[0], old[0]))
+        if sig is not None and sig[0] != old[0]:
+            peers |= set(self.models_for_claim(key[0], sig[0]))
+        peers.discard(key)
+        return sorted(peers)
+
+    def models_for_pvc_event(self, namespace: str, claim: str, phase: str | None) -> list[ModelKey]:
+        """Models to reconcile for an event on PVC ``claim`` (``phase`` None: deleted).
+
+        All users when the PVC appeared, vanished or changed phase (their CacheVolumeReady
+        condition changes); otherwise one user, which re-applies the PVC if it drifted (any
+        user builds the same PVC). The PVC's owner list changes with every new user, and
+        reconciling every user on each of those events would cost N² reconciles.
+        """
+        users = self.models_for_claim(namespace, claim)
+        k = (namespace, claim)
+        old = self._pvc_phases.get(k, "absent")
+        if phase is None:
+            self._pvc_phases.pop(k, None)
+        else:
+            self._pvc_phases[k] = phase
+        if old != (phase or "absent"):
+            return users
+        return sorted(users)[:1]
 
     # ------------------------------------------------------------------ reconcile
 
@@ -250,7 +313,10 @@ class Controller:
         ns, name = key
         model = self.caches.one("models", key)
         if model is None or model["metadata"].get("deletionTimestamp"):
+            self._written_status.pop(key, None)
+            self._server_pods.pop(key, None)
             return None  # deleted: ownerReferences let the garbage collector clean up
+        model = self._with_written_status(key, model)
         try:
             spec = SpyreModelSpec.model_validate(model.get("spec") or {})
             plan = plan_model(name, ns, model["metadata"].get("uid", ""), 1, spec)
@@ -262,8 +328,8 @@ class Controller:
             obs.job_pods = await self._job_pods(ns, obs.job)
         if plan is not None and obs.deployment is not None:
             st = obs.deployment.get("status") or {}
-            if (st.get("availableReplicas") or 0) < spec.replicas:
-                obs.server_pods = await self._pods(ns, names.server_selector(name))
+            if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < spec.replicas:
+                obs.server_pods = await self._recent_server_pods(key)
         decision = decide(model, obs, self.clock())
         await self.execute(model, obs, decision)
         self.stats.reconciles += 1
@@ -272,6 +338,38 @@ class Controller:
         if ready and ready.get("status") != C.TRUE and obs.server_pods:
             self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
         return decision
+
+    async def _recent_server_pods(self, key: ModelKey) -> list[dict[str, Any]]:
+        """The model's serving pods, listed at most every SERVER_PODS_TTL seconds.
+
+        Only needed to explain a rollout that does not become available (crash loops, engine
+        exits); while hundreds of Deployments roll out, listing on every Deployment event
+        made a LIST per reconcile.
+        """
+        now = time.monotonic()
+        cached = self._server_pods.get(key)
+        if cached is not None and now - cached[0] < SERVER_PODS_TTL:
+            return cached[1]
+        pods = await self._pods(key[0], names.server_selector(key[1]))
+        self._server_pods[key] = (now, pods)
+        return pods
+
+    def _with_written_status(self, key: ModelKey, model: dict[str, Any]) -> dict[str, Any]:
+        """``model`` with the status this operator last wrote, if the cache has not caught up.
+
+        Only this operator writes the status, so until the watch delivers our last write
+        that write is the newest status. Deciding from the older cached status would
+        rewrite the same status and post its transition Events a second time (it did
+        under load, with concurrent reconciles).
+        """
+        uid = model["metadata"].get("uid")
+        written = self._written_status.get(key)
+        if written is None:
+            return model
+        if written[0] != uid or model.get("status") == written[1]:
+            del self._written_status[key]
+            return model
+        return {**model, "status": written[1]}
 
     async def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Pods of a finished Job (read once per Job: their termination messages)."""
@@ -301,22 +399,48 @@ class Controller:
             if live is not None:
                 self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
             await self.applier.delete(resource, obj_name, ns)
-        for obj in d.apply:
-            await self.applier.apply(obj, live_by_kind.get(obj.kind))
-        if d.job is not None:
-            try:
-                await self.applier.ensure_job(d.job, obs.job)
-            except ApiError as e:
-                if e.status.code != 409:  # conflict: the watch will bring the new version
-                    raise
-                self.queue.add_after((ns, model["metadata"]["name"]), 1.0)
+        # The children do not depend on each other: write them concurrently, so a reconcile
+        # costs one API round trip rather than one per child (the benchmark is bound by
+        # round trips, not CPU). The Job goes first: it is the slow path (the compile).
+        writes: list[Coroutine[Any, Any, Any]] = [
+            self._ensure_job(ns, model["metadata"]["name"], d.job, obs.job)
+        ]
+        writes += [self.applier.apply(obj, live_by_kind.get(obj.kind)) for obj in d.apply]
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
         wrote = await self.applier.apply_status(
             model["metadata"]["name"], ns, d.status, model.get("status")
         )
         if wrote:
+            key = (ns, model["metadata"]["name"])
+            self._written_status[key] = (model["metadata"].get("uid"), d.status)
             for type_, reason, message in d.events:
-                await self.applier.event(dict(model), type_, reason, message)
+                self._background(self.applier.event(dict(model), type_, reason, message))
         self._expire_deleted_jobs()
+
+    async def _ensure_job(
+        self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None
+    ) -> None:
+        if job is None:
+            return
+        try:
+            await self.applier.ensure_job(job, live)
+        except ApiError as e:
+            if e.status.code != 409:  # conflict: the watch will bring the new version
+                raise
+            self.queue.add_after((ns, name), 1.0)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a best-effort write (an Event) without holding up the worker."""
+        task = asyncio.create_task(self._bounded(coro))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _bounded(self, coro: Coroutine[Any, Any, None]) -> None:
+        async with self._event_slots:
+            await coro
 
     def _expire_deleted_jobs(self) -> None:
         cutoff = time.monotonic() - 600

@@ -53,7 +53,7 @@ class ClaimUser:
 class OperatorConfig:
     """Process-wide settings from the CLI (set before kopf starts)."""
 
-    workers: int = 8
+    workers: int = 32
     metrics_port: int | None = None
     leader_election: bool = False
     leader_election_namespace: str | None = None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import resource
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -31,6 +32,13 @@ def render(controller: Controller) -> str:
         verb, kind = key.split(" ", 1)
         lines.append(f'spyre_operator_writes_total{{verb="{verb}",kind="{kind}"}} {n}')
     lines += [
+        "# HELP spyre_operator_api_requests_total API requests the reconcile made (not kopf's"
+        " watches), by verb and resource.",
+        "# TYPE spyre_operator_api_requests_total counter",
+    ]
+    for (verb, res), n in sorted(controller.requests.items()):
+        lines.append(f'spyre_operator_api_requests_total{{verb="{verb}",resource="{res}"}} {n}')
+    lines += [
         "# HELP spyre_operator_skipped_writes_total Writes skipped because nothing changed.",
         "# TYPE spyre_operator_skipped_writes_total counter",
         f"spyre_operator_skipped_writes_total {controller.applier.skipped}",
@@ -45,6 +53,37 @@ def render(controller: Controller) -> str:
         f"spyre_operator_max_rss_bytes {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def request_resource(path: str) -> str:
+    """The resource (and subresource) of an API path: /api/v1/namespaces/ns/pods -> pods."""
+    parts = [p for p in path.split("/") if p]
+    parts = parts[2:] if parts[:1] == ["api"] else parts[3:]  # drop api/v1 or apis/group/v1
+    if parts[:1] == ["namespaces"] and len(parts) > 2:
+        parts = parts[2:]
+    if len(parts) >= 3:
+        return f"{parts[0]}/{parts[2]}"
+    return parts[0] if parts else "namespaces"
+
+
+def count_requests(client: Any, counter: Counter[tuple[str, str]]) -> bool:
+    """Count every request a lightkube client sends, by (verb, resource).
+
+    The API server's ``apiserver_request_total`` carries no user agent, so the operator counts
+    its own requests (the benchmark and the fault tests read them). Uses an httpx event hook on
+    the client's transport; returns False if lightkube's internals have moved.
+    """
+    inner = getattr(getattr(client, "_client", None), "_client", None)
+    hooks = getattr(inner, "event_hooks", None)
+    if inner is None or hooks is None:
+        return False
+
+    async def hook(request: Any) -> None:
+        counter[(request.method, request_resource(request.url.path))] += 1
+
+    hooks.setdefault("request", []).append(hook)
+    inner.event_hooks = hooks
+    return True
 
 
 async def start_metrics_server(controller: Controller, port: int) -> web.AppRunner:

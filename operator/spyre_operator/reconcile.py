@@ -446,12 +446,21 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
 def _events(
     old: list[dict[str, Any]] | None, new: list[dict[str, Any]]
 ) -> list[tuple[str, str, str]]:
-    """One Event per transition of the conditions users watch most."""
+    """One Event per transition of the conditions users watch most.
+
+    Transitions with the same reason in one reconcile (Ready and ArtifactReady both
+    ``Compiling``, both ``PrecompileFailed``) make one Event: Events are the bulk of the
+    operator's API requests at scale (see tests/bench/RESULTS.md).
+    """
     out = []
+    seen: set[str] = set()
     for c in C.transitions(old, new):
         if c["type"] in (C.READY, C.ARTIFACT_READY, C.DEGRADED, C.CACHE_VOLUME_READY):
             if c["type"] == C.DEGRADED and c["status"] == C.FALSE and not old:
                 continue  # "not degraded" on creation is not news
+            if c["reason"] in seen:
+                continue
+            seen.add(c["reason"])
             message = f"{c['type']}={c['status']}: {c['message']}"
             out.append((C.event_type(c["reason"]), c["reason"], message))
     return out

@@ -1,0 +1,422 @@
+"""Operator benchmark on the local control plane (`make bench`, issue 6).
+
+For each N in ``--models`` (default 10,100,500) a fresh operator watches a fresh namespace,
+N SpyreModels with distinct artifact keys (different ``maxModelLen``; one shared cache claim)
+are created with one ``kubectl create``, and ``kubectl --watch`` subprocesses timestamp every
+event on receipt (object timestamps have 1 s resolution). Per model:
+
+  apply -> Job        the SpyreModel's ADDED event to its precompile Job's ADDED event
+  Job done -> Deploy  the Job's Complete condition to the Deployment's ADDED event
+  apply -> Ready      the SpyreModel's ADDED event to its Ready=True condition
+
+plus the operator's API requests per model (its own ``spyre_operator_api_requests_total``; the
+API server's ``apiserver_request_total`` carries no user agent), its writes during an idle
+period, peak RSS (VmHWM) and CPU seconds (/proc/<pid>/stat). The table is printed, written as
+JSON to ``bench-results/operator-<timestamp>.json`` and, with ``--markdown``, as a table to
+``tests/bench/RESULTS.md``.
+
+The bench adds fake Spyre nodes (kwok) with enough cards for N serving pods plus N
+precompile pods, and removes them afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.cluster.controlplane import ControlPlane, wait_until  # noqa: E402
+from tests.integration.conftest import CRD_FILE, OperatorProcess  # noqa: E402
+
+GROUP = "serving.spyre.dev"
+BENCH_NODE_LABEL = "spyre.dev/bench-node"
+CARDS_PER_NODE = 256
+MARKDOWN = ROOT / "tests" / "bench" / "RESULTS.md"
+
+# One line per watch event; kubectl (Go) does the JSON decoding, Python only splits.
+JSONPATH = {
+    "spyremodels": '{.type}|{.object.metadata.name}|'
+    '{.object.status.conditions[?(@.type=="Ready")].status}{"\\n"}',
+    "jobs": '{.type}|{.object.metadata.name}|{.object.metadata.ownerReferences[*].name}|'
+    '{.object.status.conditions[?(@.type=="Complete")].status}{"\\n"}',
+    "deployments": '{.type}|{.object.metadata.name}{"\\n"}',
+}
+
+
+@dataclass
+class Timeline:
+    """First-seen times (monotonic, on receipt) per model and per Job."""
+
+    model_added: dict[str, float] = field(default_factory=dict)
+    model_ready: dict[str, float] = field(default_factory=dict)
+    job_added: dict[str, float] = field(default_factory=dict)
+    job_done: dict[str, float] = field(default_factory=dict)
+    job_owners: dict[str, list[str]] = field(default_factory=dict)
+    deployment_added: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_line(self, kind: str, line: str, t: float) -> None:
+        parts = line.rstrip("\n").split("|")
+        if len(parts) < 2 or parts[0] == "DELETED":
+            return
+        with self.lock:
+            if kind == "spyremodels":
+                _, name, ready = (parts + [""])[:3]
+                self.model_added.setdefault(name, t)
+                if ready == "True":
+                    self.model_ready.setdefault(name, t)
+            elif kind == "jobs":
+                _, name, owners, complete = (parts + ["", ""])[:4]
+                self.job_added.setdefault(name, t)
+                if owners:
+                    self.job_owners[name] = owners.split()
+                if complete == "True":
+                    self.job_done.setdefault(name, t)
+            elif kind == "deployments":
+                self.deployment_added.setdefault(parts[1], t)
+
+
+class Watcher:
+    """`kubectl get --watch` for one kind, feeding a Timeline from a reader thread."""
+
+    def __init__(self, cp: ControlPlane, kind: str, namespace: str, tl: Timeline) -> None:
+        self.proc = subprocess.Popen(
+            [str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "get", kind,
+             "-n", namespace, "--watch", "--output-watch-events",
+             "-o", f"jsonpath={JSONPATH[kind]}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+        )  # fmt: skip
+        self.thread = threading.Thread(target=self._read, args=(kind, tl), daemon=True)
+        self.thread.start()
+
+    def _read(self, kind: str, tl: Timeline) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            tl.on_line(kind, line, time.monotonic())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p95 and max (None when empty)."""
+    if not values:
+        return {"n": 0, "p50": None, "p95": None, "max": None}
+    v = sorted(values)
+    p95 = v[min(len(v) - 1, math.ceil(0.95 * len(v)) - 1)]
+    return {"n": len(v), "p50": statistics.median(v), "p95": p95, "max": v[-1]}
+
+
+def proc_stats(pid: int) -> dict[str, float]:
+    """CPU seconds (user+system) and peak/current RSS of a live process."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"cpu_seconds": (int(stat[11]) + int(stat[12])) / tick}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmHWM:", "VmRSS:")):
+            k, v = line.split(":", 1)
+            out["peak_rss_mib" if k == "VmHWM" else "rss_mib"] = int(v.split()[0]) / 1024
+    return out
+
+
+def model_doc(name: str, i: int) -> dict[str, Any]:
+    """A SpyreModel with its own artifact key (maxModelLen) on the namespace's default cache."""
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "SpyreModel",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@main"},
+            "compile": {"maxModelLen": 2048 + 64 * i},
+            "precompile": {"backoffLimit": 0},
+        },
+    }
+
+
+def bench_nodes(cp: ControlPlane, cards: int) -> list[str]:
+    """Add fake Spyre nodes (kwok) with at least ``cards`` cards in total."""
+    template = next(
+        d for d in yaml.safe_load_all((ROOT / "tests/cluster/manifests/nodes.yaml").read_text())
+        if d and d["metadata"]["name"] == "spyre-node-0"
+    )
+    count = max(1, math.ceil(cards / CARDS_PER_NODE))
+    docs, names = [], []
+    for i in range(count):
+        node = json.loads(json.dumps(template))
+        name = f"bench-spyre-node-{i}"
+        node["metadata"]["name"] = name
+        node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        node["metadata"]["labels"][BENCH_NODE_LABEL] = "true"
+        for section in ("allocatable", "capacity"):
+            node["status"][section].update({
+                "ibm.com/spyre_vf": str(CARDS_PER_NODE), "ibm.com/spyre_pf": str(CARDS_PER_NODE),
+                "pods": str(2 * CARDS_PER_NODE + 10), "cpu": "1000", "memory": "4Ti",
+            })  # fmt: skip
+        node["status"]["addresses"][0]["address"] = f"10.241.0.{10 + i}"
+        docs.append(node)
+        names.append(name)
+    cp.apply(docs, "--validate=false")
+
+    def ready() -> bool:
+        items = cp.kubectl_json("get", "nodes", "-l", f"{BENCH_NODE_LABEL}=true")["items"]
+        return len(items) == count and all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+            and not any(t["key"] == "node.kubernetes.io/not-ready" for t in n["spec"].get(
+                "taints") or [])
+            for n in items
+        )
+
+    wait_until(ready, 60, "the bench nodes to be Ready", interval=0.5)
+    return names
+
+
+def scrape(op: OperatorProcess) -> dict[str, float]:
+    try:
+        return op.metrics()
+    except OSError:
+        return {}
+
+
+def sum_prefix(m: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in m.items() if k.startswith(prefix))
+
+
+def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Benchmark N models in a fresh namespace with a fresh operator."""
+    ns = f"bench-{n}-{uuid.uuid4().hex[:5]}"
+    cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    wait_until(lambda: cp.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
+               30, "the default ServiceAccount")
+    op = OperatorProcess(cp.kubeconfig, cp.root / ".cluster" / "logs",
+                         args=["--namespace", ns, "--workers", str(args.workers),
+                               "--log-level", "warning"])
+    op.start()
+    assert op.proc is not None
+    pid = op.proc.pid
+    base = proc_stats(pid)
+    m0 = scrape(op)
+    spy = None
+    if args.py_spy:  # sampling profile of the busy period (collapsed stacks)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        spy = subprocess.Popen([args.py_spy, "record", "-p", str(pid), "-r", "50", "-f", "raw",
+                                "-o", f"{args.out}/profile-{n}.txt"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tl = Timeline()
+    watchers = [Watcher(cp, kind, ns, tl) for kind in JSONPATH]
+    time.sleep(1.0)  # the watches are established (their initial lists are empty)
+    names = [f"m{i:04d}" for i in range(n)]
+    docs = "\n---\n".join(yaml.safe_dump(model_doc(nm, i)) for i, nm in enumerate(names))
+    t_start = time.monotonic()
+    cp.kubectl("create", "-n", ns, "-f", "-", input=docs, timeout=600)
+    t_created = time.monotonic()
+    peak = dict(base)
+    sampler_stop = threading.Event()
+
+    def sample() -> None:  # VmHWM is already a peak; sampling keeps CPU/RSS of a live pid
+        while not sampler_stop.wait(1.0):
+            try:
+                peak.update(proc_stats(pid))
+            except OSError:
+                return
+
+    threading.Thread(target=sample, daemon=True).start()
+    deadline = t_start + args.timeout
+    while time.monotonic() < deadline:
+        with tl.lock:
+            if len(tl.model_ready) >= n:
+                break
+        time.sleep(0.2)
+    t_all_ready = time.monotonic()
+    with tl.lock:
+        ready_count = len(tl.model_ready)
+    time.sleep(args.settle)
+    m_busy = scrape(op)
+    busy = proc_stats(pid)
+    if spy is not None:
+        spy.send_signal(2)
+        spy.wait(30)
+    # idle period: nothing changes; a correct operator writes nothing
+    time.sleep(args.idle)
+    m_idle = scrape(op)
+    idle = proc_stats(pid)
+    sampler_stop.set()
+    for w in watchers:
+        w.stop()
+    op.stop()
+
+    owner_job = {o: j for j, owners in tl.job_owners.items() for o in owners}
+    apply_to_job, done_to_dep, apply_to_ready = [], [], []
+    for nm in names:
+        t0 = tl.model_added.get(nm)
+        job = owner_job.get(nm)
+        if t0 is not None and job in tl.job_added:
+            apply_to_job.append(tl.job_added[job] - t0)
+        if job in tl.job_done and nm in tl.deployment_added:
+            done_to_dep.append(tl.deployment_added[nm] - tl.job_done[job])
+        if t0 is not None and nm in tl.model_ready:
+            apply_to_ready.append(tl.model_ready[nm] - t0)
+    first = min(tl.model_added.values(), default=t_start)
+    last_ready = max(tl.model_ready.values(), default=t_all_ready)
+    requests = sum_prefix(m_busy, "spyre_operator_api_requests_total") - sum_prefix(
+        m0, "spyre_operator_api_requests_total")
+    writes = sum_prefix(m_busy, "spyre_operator_writes_total") - sum_prefix(
+        m0, "spyre_operator_writes_total")
+    by_kind = {
+        k[len("spyre_operator_api_requests_total"):]: v - m0.get(k, 0)
+        for k, v in m_busy.items() if k.startswith("spyre_operator_api_requests_total")
+    }
+    result = {
+        "models": n,
+        "namespace": ns,
+        "workers": args.workers,
+        "ready": ready_count,
+        "create_seconds": round(t_created - t_start, 2),
+        "all_ready_seconds": round(last_ready - first, 2) if ready_count else None,
+        "apply_to_job": percentiles(apply_to_job),
+        "job_done_to_deployment": percentiles(done_to_dep),
+        "apply_to_ready": percentiles(apply_to_ready),
+        "api_requests": requests,
+        "api_requests_per_model": round(requests / n, 2),
+        "api_requests_by_kind": by_kind,
+        "writes": writes,
+        "writes_per_model": round(writes / n, 2),
+        "reconciles": m_busy.get("spyre_operator_reconciles_total", 0)
+        - m0.get("spyre_operator_reconciles_total", 0),
+        "reconcile_errors": m_busy.get("spyre_operator_reconcile_errors_total", 0),
+        "idle_seconds": args.idle,
+        "idle_writes": sum_prefix(m_idle, "spyre_operator_writes_total")
+        - sum_prefix(m_busy, "spyre_operator_writes_total"),
+        "idle_requests": sum_prefix(m_idle, "spyre_operator_api_requests_total")
+        - sum_prefix(m_busy, "spyre_operator_api_requests_total"),
+        "idle_cpu_seconds": round(idle["cpu_seconds"] - busy["cpu_seconds"], 2),
+        "cpu_seconds": round(busy["cpu_seconds"] - base["cpu_seconds"], 2),
+        "startup_rss_mib": round(base.get("rss_mib", 0), 1),
+        "peak_rss_mib": round(max(peak.get("peak_rss_mib", 0), idle.get("peak_rss_mib", 0)), 1),
+    }
+    cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    return result
+
+
+def fmt(v: float | None, unit: str = "s") -> str:
+    return "–" if v is None else f"{v:.2f}{unit}" if unit == "s" else f"{v:.0f}{unit}"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """A markdown table of the results (one column per N)."""
+    cols = [f"N={r['models']}" for r in results]
+    rows: list[tuple[str, list[str]]] = []
+
+    def pct(key: str, label: str) -> None:
+        for p in ("p50", "p95", "max"):
+            rows.append((f"{label} {p}", [fmt(r[key][p]) for r in results]))
+
+    pct("apply_to_job", "apply → Job")
+    pct("job_done_to_deployment", "Job complete → Deployment")
+    pct("apply_to_ready", "apply → Ready")
+    rows += [
+        ("all Ready (first apply → last Ready)",
+         [f"{fmt(r['all_ready_seconds'])} ({r['ready']}/{r['models']})" for r in results]),
+        ("kubectl create of N models", [fmt(r["create_seconds"]) for r in results]),
+        ("operator API requests / model", [f"{r['api_requests_per_model']:.2f}" for r in results]),
+        ("operator writes / model", [f"{r['writes_per_model']:.2f}" for r in results]),
+        ("reconciles", [f"{r['reconciles']:.0f}" for r in results]),
+        (f"idle writes ({results[0]['idle_seconds']:.0f} s)",
+         [f"{r['idle_writes']:.0f}" for r in results]),
+        ("idle requests", [f"{r['idle_requests']:.0f}" for r in results]),
+        ("operator CPU seconds (to all Ready)", [f"{r['cpu_seconds']:.1f}" for r in results]),
+        ("operator peak RSS", [f"{r['peak_rss_mib']:.0f} MiB" for r in results]),
+    ]  # fmt: skip
+    lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    lines += [f"| {label} | " + " | ".join(vals) + " |" for label, vals in rows]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = Path("/proc/meminfo").read_text().split()[1]
+    return (f"{os.cpu_count()} cores ({cpu}), {int(mem) / 2**20:.0f} GiB RAM, "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="10,100,500", help="comma-separated N")
+    parser.add_argument("--workers", type=int, default=32, help="operator --workers")
+    parser.add_argument("--timeout", type=float, default=300, help="per N, apply → all Ready")
+    parser.add_argument("--settle", type=float, default=5, help="before the idle period")
+    parser.add_argument("--idle", type=float, default=30, help="idle period (seconds)")
+    parser.add_argument("--py-spy", default=None, help="py-spy binary: profile the operator")
+    parser.add_argument("--out", default=str(ROOT / "bench-results"))
+    parser.add_argument("--markdown", action="store_true",
+                        help=f"write the table to {MARKDOWN.relative_to(ROOT)}")
+    parser.add_argument("--note", default="", help="a line for the markdown (what changed)")
+    args = parser.parse_args(argv)
+    ns_list = [int(x) for x in args.models.split(",") if x.strip()]
+
+    cp = ControlPlane()
+    if not cp.healthy():
+        print("the local control plane is not running: make cluster-up", file=sys.stderr)
+        return 2
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               "crd/spyremodels.serving.spyre.dev")
+    cp.recycle_pvs()
+    nodes = bench_nodes(cp, 2 * max(ns_list) + 16)
+    results = []
+    try:
+        for n in ns_list:
+            print(f"--- {n} models", flush=True)
+            r = run_one(cp, n, args)
+            results.append(r)
+            print(json.dumps(r, indent=1), flush=True)
+            cp.recycle_pvs()
+    finally:
+        cp.kubectl("delete", "node", *nodes, "--wait=false", check=False)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    doc = {"machine": machine(), "when": stamp, "note": args.note, "results": results}
+    path = out / f"operator-{stamp}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    text = table(results)
+    print(text)
+    print(f"\nwritten to {path}")
+    if args.markdown:
+        MARKDOWN.write_text(
+            "# Operator benchmark results\n\n"
+            "`make bench` (tests/bench/bench_operator.py) on the local control plane: real etcd, "
+            "kube-apiserver, controller-manager and scheduler, kwok fake Spyre nodes (Job pods "
+            "complete and serving pods become Ready at once). Times are from the SpyreModel's "
+            "ADDED event as received by a `kubectl --watch`.\n\n"
+            f"Machine: {machine()}; everything (control plane, kwok, operator, bench) shares "
+            f"these cores. Run {stamp}, operator `--workers {args.workers}`.\n"
+            + (f"\n{args.note}\n" if args.note else "")
+            + "\n" + text + "\n"
+        )
+        print(f"and {MARKDOWN}")
+    return 0 if all(r["ready"] == r["models"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
