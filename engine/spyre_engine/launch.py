@@ -10,10 +10,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -128,8 +130,9 @@ def plugin_env(
     if settings.backend == "inductor":
         # Inductor keeps its graphs and ~150 MB of generated headers in these; both must live in
         # the artifact for a warm start.
-        forced["TORCHINDUCTOR_CACHE_DIR"] = str(artifact / "inductor")
-        forced["TMPDIR"] = str(artifact / "tmp")
+        inductor_cache, inductor_tmp = inductor_dirs(artifact, serving=require_precompiled)
+        forced["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache)
+        forced["TMPDIR"] = str(inductor_tmp)
     if settings.is_pooling:
         # The plugin compares these with the catalog entry; they are the shape, so they win too.
         shapes = settings.warmup_shapes
@@ -142,6 +145,22 @@ def plugin_env(
         if key in forced:
             Path(forced[key]).mkdir(parents=True, exist_ok=True)
     return env
+
+
+def inductor_dirs(artifact: Path, *, serving: bool) -> tuple[Path, Path]:
+    """Inductor's cache dir and TMPDIR: the artifact's, or a private copy if serve cannot write it.
+
+    Serving pods mount the cache claim read-only, but inductor takes file locks under its cache
+    dir (``<cache>/locks``) even when every graph is a cache hit, so a read-only artifact fails
+    with EROFS. Serve then works on a copy in the (writable) temp dir; the artifact is unchanged.
+    """
+    cache, tmp = artifact / "inductor", artifact / "tmp"
+    if not serving or os.access(artifact, os.W_OK):
+        return cache, tmp
+    scratch = Path(tempfile.mkdtemp(prefix="spyre-engine-inductor-"))
+    if cache.is_dir():
+        shutil.copytree(cache, scratch / "inductor", symlinks=True)
+    return scratch / "inductor", scratch / "tmp"
 
 
 def served_name(settings: EngineSettings, model_path: str) -> str:
