@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +24,8 @@ from importlib import metadata
 from pathlib import Path
 
 from spyre_engine.settings import EngineSettings, ServeSettings
+
+_EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception): \S")
 
 
 class ModelNotFound(Exception):
@@ -262,6 +265,11 @@ class Child:
     def last_error(self) -> str:
         """The most telling line of the output tail, for a termination message."""
         lines = [ln for ln in self.tail if ln.strip()]
+        # An exception line ("FooError: why") says most, but not vLLM's wrapper, which only
+        # points at the engine core's exception above it.
+        for ln in reversed(lines):
+            if _EXCEPTION_LINE.search(ln) and "See root cause above" not in ln:
+                return ln.strip()[-400:]
         for ln in reversed(lines):
             if "Error" in ln or "error" in ln or "Exception" in ln:
                 return ln.strip()[-400:]

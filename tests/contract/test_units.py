@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
-from spyre_engine.launch import inductor_dirs, plugin_env
+from spyre_engine.launch import Child, inductor_dirs, plugin_env
 from spyre_engine.settings import ServeSettings
 
 
@@ -36,3 +37,19 @@ def test_serve_uses_a_private_inductor_cache_when_the_artifact_is_read_only(
     assert Path(env["TMPDIR"]).is_dir() and Path(env["TMPDIR"]).is_relative_to(tmp_path / "podtmp")
     # Precompile always writes into the artifact.
     assert inductor_dirs(art, serving=False) == (art / "inductor", art / "tmp")
+
+
+def test_engine_failure_names_the_engine_cores_exception_not_vllms_wrapper() -> None:
+    # What `vllm serve` printed when the serving pod could not write its read-only cache.
+    child = Child.__new__(Child)
+    child.tail = collections.deque(
+        [
+            "(EngineCore pid=9)     raise InductorError(e, currentframe()).with_traceback(",
+            "(EngineCore pid=9) torch._inductor.exc.InductorError: OSError: [Errno 30] "
+            "Read-only file system: '/cache/artifacts/k/inductor/locks/x.lock'",
+            "(APIServer pid=8)     raise RuntimeError(",
+            "(APIServer pid=8) RuntimeError: Engine core initialization failed. "
+            "See root cause above. Failed core proc(s): {}",
+        ]
+    )
+    assert "Read-only file system" in child.last_error()
