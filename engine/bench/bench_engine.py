@@ -29,6 +29,9 @@ from spyre_engine.testing.process import EngineProcess, free_port
 from spyre_engine.testing.tiny_model import build_tiny_model
 
 SHAPE = ["--max-model-len", "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
+# The eager servers get a long context so one SIGTERM stream (LONG tokens) outlasts the drain.
+EAGER_SHAPE = ["--max-model-len", "2048", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
+SHORT, LONG = 40, 1900
 MODEL = "tiny"
 STARTUP_TIMEOUT = 600.0
 
@@ -58,21 +61,25 @@ def wait_url(url: str, proc: subprocess.Popen[bytes], timeout: float = STARTUP_T
     raise TimeoutError(url)
 
 
-def precompile(model: Path, art: Path, backend: str, workdir: Path) -> dict[str, object]:
+def precompile(
+    model: Path, art: Path, backend: str, workdir: Path, shape: list[str] = SHAPE
+) -> dict[str, object]:
     term = workdir / f"{art.name}.{backend}.term"
     args = [sys.executable, "-m", "spyre_engine.cli", "precompile", "--model", str(model)]
     args += ["--artifact-dir", str(art), "--backend", backend, "--termination-log", str(term)]
     with open(workdir / f"precompile-{art.name}.log", "wb") as out:
-        subprocess.run(args + SHAPE, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=1800)
+        subprocess.run(args + shape, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=1800)
     return json.loads(term.read_text())  # type: ignore[no-any-return]
 
 
-def start_spyre(model: Path, art: Path, backend: str, workdir: Path, drain: float) -> EngineProcess:
+def start_spyre(
+    model: Path, art: Path, backend: str, workdir: Path, drain: float, shape: list[str] = SHAPE
+) -> EngineProcess:
     port = free_port()
     args = ["serve", "--model", str(model), "--artifact-dir", str(art), "--backend", backend]
     args += ["--served-name", MODEL, "--port", str(port), "--host", "127.0.0.1"]
     args += ["--drain-timeout", str(drain), "--termination-log", str(workdir / "serve.term")]
-    return EngineProcess(args + SHAPE, log_path=workdir / f"spyre-{backend}-{port}.log", port=port)
+    return EngineProcess(args + shape, log_path=workdir / f"spyre-{backend}-{port}.log", port=port)
 
 
 class PlainVllm:
@@ -90,7 +97,7 @@ class PlainVllm:
         )
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model)]
         cmd += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--disable-uvicorn-access-log", *SHAPE, *extra]
+        cmd += ["--disable-uvicorn-access-log", *EAGER_SHAPE, *extra]
         self._log = open(workdir / f"vllm-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
@@ -137,7 +144,7 @@ def latency(urls: dict[str, str], n: int) -> dict[str, dict[str, float]]:
                 t0 = time.perf_counter()
                 client.post(url + "/v1/completions", json=body).raise_for_status()
                 times[name].append(time.perf_counter() - t0)
-                if i % 5 == 0:
+                if i % 2 == 0:
                     t0 = time.perf_counter()
                     with client.stream("POST", url + "/v1/completions", json=stream_body) as r:
                         for _ in r.iter_lines():
@@ -251,7 +258,7 @@ def main() -> int:
         }
 
     eager_art = work / "art-eager"
-    precompile(model, eager_art, "eager", work)
+    precompile(model, eager_art, "eager", work, EAGER_SHAPE)
     log("plain vllm serve (eager)")
     plain = PlainVllm(model, work)
     eng: EngineProcess | None = None
@@ -260,15 +267,15 @@ def main() -> int:
         # during the other's start is negligible.
         plain_ready = plain.wait_ready()
         log("spyre-engine serve (eager)")
-        eng = start_spyre(model, eager_art, "eager", work, args.drain)
+        eng = start_spyre(model, eager_art, "eager", work, args.drain, EAGER_SHAPE)
         spyre_ready = eng.wait_started(STARTUP_TIMEOUT)
         log("latency, alternating between the two")
         lat = latency({"spyre": eng.url, "vllm": plain.url}, args.requests)
         spyre_lat, plain_lat = lat["spyre"], lat["vllm"]
         log(f"SIGTERM spyre-engine serve (drain {args.drain}s)")
-        spyre_term = sigterm_run(eng.url, eng.proc, [40, 40, 40, 480], cap=40)
+        spyre_term = sigterm_run(eng.url, eng.proc, [SHORT, SHORT, SHORT, LONG], cap=40)
         log("SIGTERM plain vllm serve (default --shutdown-timeout 0)")
-        plain_term = sigterm_run(plain.url, plain.proc, [40, 40, 40, 480], cap=40)
+        plain_term = sigterm_run(plain.url, plain.proc, [SHORT, SHORT, SHORT, LONG], cap=40)
     finally:
         if eng is not None:
             eng.kill()
@@ -277,7 +284,7 @@ def main() -> int:
     plain10 = PlainVllm(model, work, "--shutdown-timeout", "10")
     try:
         plain10.wait_ready()
-        plain10_term = sigterm_run(plain10.url, plain10.proc, [40, 40, 40, 480], cap=40)
+        plain10_term = sigterm_run(plain10.url, plain10.proc, [SHORT, SHORT, SHORT, LONG], cap=40)
     finally:
         plain10.kill()
 
