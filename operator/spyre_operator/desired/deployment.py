@@ -24,6 +24,7 @@ from .owners import controller_ref
 from .plan import ModelPlan
 from .pod import (
     container_security_context,
+    merge_env,
     placement,
     plugin_env,
     pod_security_context,
@@ -100,13 +101,15 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
     spec = plan.spec
     tp = spec.compile.tensor_parallel_size
     vols, mounts = volumes(plan, read_only=True)
-    env: list[EnvVar] = [
-        *user_env(spec.serving.env or []),
-        *plugin_env(plan, key),
-        # Load from the artifact; never compile on the serving path.
-        EnvVar(name="SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS", value="1"),
-        EnvVar(name="HF_HUB_OFFLINE", value="1"),
-    ]
+    env = merge_env(
+        user_env(spec.serving.env or []),
+        [
+            *plugin_env(plan, key),
+            # Load from the artifact; never compile on the serving path.
+            EnvVar(name="SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS", value="1"),
+            EnvVar(name="HF_HUB_OFFLINE", value="1"),
+        ],
+    )
     labels = server_labels(plan, key)
     pod_annotations = {**(spec.serving.pod_annotations or {}), names.ARTIFACT_KEY_ANNOTATION: key}
     container = Container(

@@ -15,6 +15,7 @@ from .owners import shared_refs
 from .plan import ModelPlan, OwnerRef
 from .pod import (
     container_security_context,
+    merge_env,
     placement,
     plugin_env,
     pod_security_context,
@@ -49,7 +50,7 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
         if str(spec.compile.backend) in BACKENDS_THAT_RUN_ON_CARDS
         else {}
     )
-    env: list[EnvVar] = [*user_env(compile_env(spec)), *plugin_env(plan, plan.key)]
+    env: list[EnvVar] = merge_env(user_env(compile_env(spec)), plugin_env(plan, plan.key))
     container = Container(
         name="precompile",
         image=spec.engine.image,

@@ -91,6 +91,17 @@ def plugin_env(plan: ModelPlan, key: str) -> list[EnvVar]:
     ]
 
 
+def merge_env(user: list[EnvVar], operator: list[EnvVar]) -> list[EnvVar]:
+    """User entries, minus the names the operator sets, then the operator's entries.
+
+    A container's env is a map keyed by name: a user entry the CRD admits but the operator
+    also sets (HOME, HF_HUB_OFFLINE, ...) would make server-side apply reject the whole
+    object ("duplicate entries for key"), so the operator's value wins.
+    """
+    taken = {e.name for e in operator}
+    return [*(e for e in user if e.name not in taken), *operator]
+
+
 def user_env(entries: list) -> list[EnvVar]:  # type: ignore[type-arg]
     """Convert API env entries to typed EnvVars."""
     return [
