@@ -1,0 +1,64 @@
+"""Routing in the controller: which events reconcile which models (no N² fan-out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spyre_operator.api import SpyreModelSpec
+from spyre_operator.controller import Caches, Controller
+from spyre_operator.desired.plan import OwnerRef, plan_model
+from spyre_operator.handlers import ClaimUser
+
+from .samples import GENERATE
+
+
+def controller(users: dict[str, list[str]]) -> Controller:
+    """A controller whose claim_users index holds ``claim -> model names`` in namespace ns."""
+    index = {("ns", claim): [ClaimUser(OwnerRef(n, f"uid-{n}"), None) for n in names]
+             for claim, names in users.items()}
+    return Controller(client=None, caches=Caches({"claim_users": index}))  # type: ignore[arg-type]
+
+
+def plan(name: str, **spec: Any) -> Any:
+    return plan_model(name, "ns", f"uid-{name}", 1,
+                      SpyreModelSpec.model_validate({**GENERATE, **spec}))
+
+
+def test_new_model_and_status_updates_do_not_wake_peers() -> None:
+    c = controller({"spyre-compile-cache": ["a", "b", "c"]})
+    assert c.claim_peers_if_changed(("ns", "a"), plan("a")) == []  # first sight
+    assert c.claim_peers_if_changed(("ns", "a"), plan("a")) == []  # e.g. a status write
+
+
+def test_leaving_or_changing_key_wakes_peers() -> None:
+    c = controller({"spyre-compile-cache": ["a", "b"], "other": ["c"]})
+    c.claim_peers_if_changed(("ns", "a"), plan("a"))
+    edited = plan("a", compile={"maxModelLen": 8192})
+    assert c.claim_peers_if_changed(("ns", "a"), edited) == [("ns", "b")]
+    moved = plan("a", compile={"maxModelLen": 8192}, cache={"claimName": "other"})
+    assert c.claim_peers_if_changed(("ns", "a"), moved) == [("ns", "b"), ("ns", "c")]
+    assert c.claim_peers_if_changed(("ns", "a"), None) == [("ns", "c")]  # deleted
+
+
+def test_pvc_events_wake_all_users_only_on_phase_changes() -> None:
+    c = controller({"cache": ["a", "b", "c"]})
+    everyone = [("ns", "a"), ("ns", "b"), ("ns", "c")]
+    assert c.models_for_pvc_event("ns", "cache", "Pending") == everyone  # created
+    assert c.models_for_pvc_event("ns", "cache", "Bound") == everyone
+    assert c.models_for_pvc_event("ns", "cache", "Bound") == [("ns", "a")]  # owners changed
+    assert c.models_for_pvc_event("ns", "cache", None) == everyone  # deleted
+
+
+def test_decides_from_the_status_it_last_wrote_until_the_cache_catches_up() -> None:
+    c = controller({})
+    key = ("ns", "a")
+    stale = {"metadata": {"name": "a", "uid": "u1"}, "status": {"observedGeneration": 1}}
+    written = {"observedGeneration": 2}
+    c._written_status[key] = ("u1", written)
+    assert c._with_written_status(key, stale)["status"] == written
+    caught_up = {**stale, "status": written}
+    assert c._with_written_status(key, caught_up) is caught_up
+    assert key not in c._written_status
+    c._written_status[key] = ("u1", written)
+    recreated = {"metadata": {"name": "a", "uid": "u2"}}
+    assert c._with_written_status(key, recreated) is recreated
