@@ -7,8 +7,10 @@ stopping it. Then the catalog entry serve looks for is added.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import stat
 import time
 import urllib.error
 import urllib.request
@@ -63,6 +65,22 @@ def directory_size(path: Path) -> int:
     return total
 
 
+def remove_dead_sockets(path: Path) -> int:
+    """Remove the IPC socket files a stopped vLLM left in ``path``; how many were removed.
+
+    vLLM binds its ZMQ sockets under TMPDIR, which is ``<art>/tmp`` for inductor, and does not
+    unlink them when stopped; left there they make copying or archiving the artifact fail.
+    """
+    removed = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
+
+
 def wait_healthy(child: Child, port: int, timeout: float) -> None:
     """Block until vLLM's /health answers 200; raise PrecompileError if it dies or times out."""
     url = f"http://127.0.0.1:{port}/health"
@@ -95,6 +113,9 @@ def run_warmup(settings: PrecompileSettings, model_path: str) -> None:
         wait_healthy(child, port, settings.compile_timeout)
     finally:
         child.stop(grace=10)
+        tmp = Path(env.get("TMPDIR") or "/")
+        if tmp.is_relative_to(Path(settings.artifact_dir).resolve()):  # only ever our own dir
+            remove_dead_sockets(tmp)
 
 
 def precompile(settings: PrecompileSettings) -> PrecompileSummary:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from spyre_engine.launch import Child, inductor_dirs, plugin_env
+from spyre_engine.precompile import remove_dead_sockets
 from spyre_engine.settings import ServeSettings
 
 
@@ -53,3 +54,13 @@ def test_engine_failure_names_the_engine_cores_exception_not_vllms_wrapper() -> 
         ]
     )
     assert "Read-only file system" in child.last_error()
+
+
+def test_precompile_removes_the_dead_sockets_vllm_left_in_the_artifact(tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "graph.bin").write_bytes(b"x")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "ipc-1"))
+    assert remove_dead_sockets(tmp_path) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["graph.bin"]
