@@ -50,6 +50,7 @@ POD_LOOPBACK_PORT_ENV = ("MASTER_PORT",)
 #: The compile backend the Spyre cards use, and what stands in for it on a machine without them.
 SPYRE_BACKEND = "sendnn"
 CPU_BACKEND = "eager"
+CPU_BACKENDS = frozenset({"eager", "inductor"})
 
 
 # --------------------------------------------------------------------------- the image
@@ -139,15 +140,20 @@ def substitute_cpu_backend(
     """THE substitution: the CPU backend stands in for ``sendnn`` (no Spyre cards here).
 
     Replaces ``--backend sendnn`` and ``SENDNN_INFERENCE_DYNAMO_BACKEND=sendnn`` (image or pod
-    env); refuses to run a spec that does not select ``sendnn``, so this is never a silent no-op.
-    Everything else the container gets is exactly what the operator wrote.
+    env). A spec that already selects a CPU backend (``inductor``, ``eager``) runs as written;
+    anything else (``sendnn_compile_only``) cannot run here and fails. Everything else the
+    container gets is exactly what the operator wrote.
     """
     out = list(args)
     positions = [i for i, a in enumerate(out[:-1]) if a == "--backend"]
     assert len(positions) == 1, f"expected one --backend flag in {args}"
-    assert out[positions[0] + 1] == SPYRE_BACKEND, f"the spec selects {out[positions[0] + 1]}"
-    out[positions[0] + 1] = CPU_BACKEND
+    backend = out[positions[0] + 1]
     new_env = dict(env)
+    if backend in CPU_BACKENDS:
+        assert new_env.get("SENDNN_INFERENCE_DYNAMO_BACKEND") == backend, new_env
+        return out, new_env
+    assert backend == SPYRE_BACKEND, f"the spec selects {backend}, which needs Spyre cards"
+    out[positions[0] + 1] = CPU_BACKEND
     if new_env.get("SENDNN_INFERENCE_DYNAMO_BACKEND") == SPYRE_BACKEND:
         new_env["SENDNN_INFERENCE_DYNAMO_BACKEND"] = CPU_BACKEND
     return out, new_env
@@ -332,8 +338,10 @@ def mount_namespace_prefix(pod: LocalPod, read_only_root: bool) -> list[str]:
             steps.append(f"mount --bind {h} {h} && mount -o remount,bind,ro {h}")
     if read_only_root:
         steps.append("mount -o remount,bind,ro /")
+    hosts = [str(m.host) for m in pod.mounts] + [str(pod.termination_log)]
     for m in writable:
-        if m.mount_path == "/tmp":
+        # (Not when a volume's directory is itself under /tmp: the mount would hide it.)
+        if m.mount_path == "/tmp" and not any(h.startswith("/tmp/") for h in hosts):
             steps.append(f"mount --bind {shlex.quote(str(m.host))} /tmp")
     script = " && ".join(steps) + ' && exec "$@"'
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "pod"]
@@ -356,6 +364,7 @@ class ContainerProcess(EngineProcess):
         termination_log: Path | None,
     ) -> None:
         self.argv = argv
+        self.local: LocalPod | None = None
         self.ports = dict(ports)
         self.port = next(iter(self.ports.values()), None)
         self.termination_log = termination_log
@@ -502,10 +511,15 @@ def start_container(
     if use_mount_namespace:
         argv = [*mount_namespace_prefix(local, read_only_root), *argv]
     else:
+        # Permissions only: a claim another container mounted read-only is writable again here.
         for m in local.mounts:
-            if m.read_only and m.host != Path(sys.prefix):
+            if m.host in (Path(sys.prefix), Path("/dev/shm")) or not m.host.is_dir():
+                continue
+            if m.read_only:
                 make_readonly(m.host)
-    return ContainerProcess(
+            else:
+                make_writable(m.host)
+    proc = ContainerProcess(
         argv,
         env=env,
         cwd=local.workdir,
@@ -513,3 +527,5 @@ def start_container(
         ports=ports,
         termination_log=local.termination_log,
     )
+    proc.local = local
+    return proc

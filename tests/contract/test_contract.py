@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ from spyre_operator.reconcile import Observed, decide
 from spyre_operator.summary import ArtifactSummary, EngineFailure, parse_termination_message
 
 from .conftest import (
-    CASE_IDS,
     CASES,
+    SERVE_PARAMS,
     STARTUP_TIMEOUT,
     Host,
     JobRun,
@@ -105,11 +106,11 @@ def _snapshot(path: Path) -> dict[str, tuple[int, int]]:
 # --------------------------------------------------------------------------- precompile Job
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+@pytest.mark.parametrize("case", SERVE_PARAMS)
 def test_precompile_job_fills_the_artifact_and_the_operator_reads_its_summary(
-    case: str, host: Host, reconciled: dict[str, Reconciled], precompiled: dict[str, JobRun]
+    case: str, host: Host, reconciled: dict[str, Reconciled], precompiled: Callable[[str], JobRun]
 ) -> None:
-    rec, run = reconciled[case], precompiled[case]
+    rec, run = reconciled[case], precompiled(case)
     assert run.exit_code == 0, f"precompile exited {run.exit_code}:\n{run.log_tail}"
     pod = rec.job_template_pod()
     art = _artifact_host_dir(host, rec, pod)
@@ -140,6 +141,9 @@ def test_precompile_job_fills_the_artifact_and_the_operator_reads_its_summary(
     # ... and the path the engine reports is the operator's artifact path inside the pod.
     assert Path(parsed.path or "").resolve() == art.resolve()
     assert parsed.size_bytes == directory_size(art)
+    # Only files and directories: the artifact can be copied, archived, moved to another claim.
+    special = [str(p) for p in art.rglob("*") if not (p.is_file() or p.is_dir()) or p.is_symlink()]
+    assert not special, f"the artifact holds sockets, pipes or links: {special[:5]}"
     assert parsed.versions.get("vllm") and parsed.versions.get("sendnn_inference")
 
     # ... and through decide(), with the Job Complete and its pod terminated with that message.
@@ -165,7 +169,7 @@ def test_precompile_job_fills_the_artifact_and_the_operator_reads_its_summary(
 
 def _request(rec: Reconciled, proc: ContainerProcess) -> httpx.Response:
     """A completion, or an embedding for the pooling model, on the container's http port."""
-    port = proc.ports[names_port(rec)]
+    port = proc.ports[_port_name(rec)]
     model = _served_name(rec)
     if rec.case.pooling:
         return httpx.post(
@@ -180,7 +184,7 @@ def _request(rec: Reconciled, proc: ContainerProcess) -> httpx.Response:
     )
 
 
-def names_port(rec: Reconciled) -> str:
+def _port_name(rec: Reconciled) -> str:
     """The name of the container port the Service targets."""
     ports = _container(rec.server_template_pod())["ports"]
     assert len(ports) == 1
@@ -192,12 +196,12 @@ def _served_name(rec: Reconciled) -> str:
     return str(args[args.index("--served-name") + 1])
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
+@pytest.mark.parametrize("case", SERVE_PARAMS)
 def test_deployment_serves_from_the_artifact_and_drains_on_sigterm(
-    case: str, host: Host, reconciled: dict[str, Reconciled], precompiled: dict[str, JobRun]
+    case: str, host: Host, reconciled: dict[str, Reconciled], precompiled: Callable[[str], JobRun]
 ) -> None:
     rec = reconciled[case]
-    assert precompiled[case].exit_code == 0, "the precompile Job failed; see its test"
+    assert precompiled(case).exit_code == 0, "the precompile Job failed; see its test"
     pod = rec.server_template_pod()
     container = _container(pod)
     art = _artifact_host_dir(host, rec, pod)
@@ -222,7 +226,7 @@ def test_deployment_serves_from_the_artifact_and_drains_on_sigterm(
             assert body["usage"]["completion_tokens"] == 24
 
         # It serves the operator's artifact, by key, from the artifact dir (no compiling).
-        port = proc.ports[names_port(rec)]
+        port = proc.ports[_port_name(rec)]
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=REQUEST_TIMEOUT).text
         info = next(
             ln for ln in metrics.splitlines() if ln.startswith("spyre_engine_artifact_info{")
@@ -235,6 +239,8 @@ def test_deployment_serves_from_the_artifact_and_drains_on_sigterm(
         assert "but the pre-compiled model config has name" not in log
         if not rec.case.pooling:
             assert "[PRECOMPILED_WARN] Setting DISABLE_COMPILATION" in log
+        if proc.argv[proc.argv.index("--backend") + 1] == "inductor":
+            _assert_inductor_compiled_nothing(proc, art)
 
         # SIGTERM with a request in flight: readiness fails at once, the request completes,
         # the container exits 0 well within terminationGracePeriodSeconds.
@@ -271,19 +277,45 @@ def test_deployment_serves_from_the_artifact_and_drains_on_sigterm(
     assert _snapshot(host.claims["spyre-compile-cache"]) == before
 
 
+def _files(path: Path, skip: tuple[str, ...] = ("locks",)) -> set[str]:
+    out: set[str] = set()
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in skip]
+        out.update(os.path.relpath(os.path.join(root, f), path) for f in files)
+    return out
+
+
+def _assert_inductor_compiled_nothing(proc: ContainerProcess, art: Path) -> None:
+    """Serve ran inductor on a private copy of the read-only artifact's cache (in the pod's
+    /tmp); a cache miss would have added graphs or kernels to that copy."""
+    assert proc.local is not None
+    tmp = Path(proc.local.host_path("/tmp") or "/tmp")
+    copies = sorted(tmp.glob("spyre-engine-inductor-*/inductor"), key=lambda p: p.stat().st_mtime)
+    if not copies:  # no mount namespace: the engine's /tmp was the host's
+        copies = sorted(
+            Path("/tmp").glob("spyre-engine-inductor-*/inductor"), key=lambda p: p.stat().st_mtime
+        )
+    assert copies, f"no private inductor cache under {tmp}"
+    added = _files(copies[-1]) - _files(art / "inductor")
+    assert not added, f"serve compiled at start-up: {sorted(added)[:10]}"
+
+
 # --------------------------------------------------------------------------- mismatch
 
 
 def test_serving_refuses_an_artifact_of_another_shape_and_the_operator_says_why(
-    host: Host, reconciled: dict[str, Reconciled], precompiled: dict[str, JobRun], tmp_path: Path
+    host: Host,
+    reconciled: dict[str, Reconciled],
+    precompiled: Callable[[str], JobRun],
+    tmp_path: Path,
 ) -> None:
     rec = reconciled[CASES[0].name]
-    assert precompiled[rec.case.name].exit_code == 0
+    assert precompiled(rec.case.name).exit_code == 0
     pod = rec.server_template_pod()
     container = _container(pod)
 
     # A copy of the cache claim whose catalog says the artifact was compiled for another length.
-    cache = Path(host.root) / "claims-mismatch" / "spyre-compile-cache"
+    cache = Path(host.root) / "c2"
     shutil.copytree(host.claims["spyre-compile-cache"], cache)
     art = cache / rec.model["status"]["artifact"]["path"][len(_cache_mount(pod)) + 1 :]
     path = catalog.catalog_path(art)
@@ -317,7 +349,7 @@ def test_serving_refuses_an_artifact_of_another_shape_and_the_operator_says_why(
         },
     }
     job_pod = compact_pod(
-        _terminated_pod(rec.job_pod, 0, precompiled[rec.case.name].termination_message)
+        _terminated_pod(rec.job_pod, 0, precompiled(rec.case.name).termination_message)
     )
     d = decide(
         rec.model,
