@@ -102,7 +102,11 @@ SERVE_CASES = [
     ),
 ]
 SERVE_PARAMS = [
-    pytest.param(c.name, marks=[pytest.mark.slow] if c.slow else [], id=c.name) for c in SERVE_CASES
+    # A loaded 2-core machine needs up to ten minutes for the inductor compile alone.
+    pytest.param(
+        c.name, marks=[pytest.mark.slow, pytest.mark.timeout(1800)] if c.slow else [], id=c.name
+    )
+    for c in SERVE_CASES
 ]
 
 
