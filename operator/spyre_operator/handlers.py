@@ -12,7 +12,9 @@ the group's annotation prefix for any future handler).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +107,18 @@ def _build_plan(namespace: str, name: str, uid: str, spec_body: Any) -> Any:
     return plan_model(name, namespace, uid, 1, spec)
 
 
+def use_http2() -> bool:
+    """HTTP/2 to the API server when the h2 package is installed (SPYRE_HTTP2=0 turns it off).
+
+    With HTTP/1.1 every concurrent request needs its own TLS connection and httpx keeps only
+    20 alive, so bursts of concurrent reconciles paid a TLS handshake per request; HTTP/2
+    multiplexes them over one connection (see tests/bench/RESULTS.md).
+    """
+    if os.environ.get("SPYRE_HTTP2", "1") == "0":
+        return False
+    return importlib.util.find_spec("h2") is not None
+
+
 # ------------------------------------------------------------------------------ settings
 
 
@@ -131,7 +145,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # only route, so a short window keeps apply -> Job latency low (default 0.1 s).
     settings.batching.batch_window = 0.02
 
-    client = AsyncClient(field_manager=FIELD_MANAGER, timeout=30)
+    client = AsyncClient(field_manager=FIELD_MANAGER, timeout=30, http2=use_http2())
     caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
     controller = Controller(client, caches, workers=OperatorConfig.workers)
     memo["controller"] = controller

@@ -229,6 +229,9 @@ def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any
     assert op.proc is not None
     pid = op.proc.pid
     base = proc_stats(pid)
+    components = {c: cp.pid(c) for c in ("kube-apiserver", "etcd", "kube-controller-manager",
+                                          "kube-scheduler", "kwok")}
+    cp_base = {c: proc_stats(p)["cpu_seconds"] for c, p in components.items() if p}
     m0 = scrape(op)
     spy = None
     if args.py_spy:  # sampling profile of the busy period (collapsed stacks)
@@ -267,6 +270,12 @@ def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any
     time.sleep(args.settle)
     m_busy = scrape(op)
     busy = proc_stats(pid)
+    cp_busy = {}
+    for c, cpid in components.items():
+        try:
+            cp_busy[c] = round(proc_stats(cpid)["cpu_seconds"] - cp_base[c], 1) if cpid else None
+        except (OSError, KeyError):
+            cp_busy[c] = None
     if spy is not None:
         spy.send_signal(2)
         spy.wait(30)
@@ -328,6 +337,7 @@ def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any
         "cpu_seconds": round(busy["cpu_seconds"] - base["cpu_seconds"], 2),
         "startup_rss_mib": round(base.get("rss_mib", 0), 1),
         "watch_restarts": watch_restarts,
+        "control_plane_cpu_seconds": cp_busy,
         "peak_rss_mib": round(max(peak.get("peak_rss_mib", 0), idle.get("peak_rss_mib", 0)), 1),
     }
     cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -364,6 +374,10 @@ def table(results: list[dict[str, Any]]) -> str:
         ("idle requests", [f"{r['idle_requests']:.0f}" for r in results]),
         ("operator CPU seconds (to all Ready)", [f"{r['cpu_seconds']:.1f}" for r in results]),
         ("operator peak RSS", [f"{r['peak_rss_mib']:.0f} MiB" for r in results]),
+        ("control-plane CPU seconds (same period)",
+         [", ".join(f"{c.removeprefix('kube-')} {v:.0f}"
+                    for c, v in r["control_plane_cpu_seconds"].items() if v is not None)
+          for r in results]),
     ]  # fmt: skip
     lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     lines += [f"| {label} | " + " | ".join(vals) + " |" for label, vals in rows]

@@ -210,16 +210,27 @@ def test_always_failing_job_backs_off_and_recovers(kube: Kube, operator: Operato
         "kwok.spyre.dev/termination-message": json.dumps(failure)}}))
     kube.wait_condition("failing", "Degraded", "True", reason="PrecompileFailed", timeout=60)
     time.sleep(3)  # trailing Events and status
-    jobs_before = [j["metadata"]["uid"] for j in kube.items("jobs", MANAGED)]
-    before, t0 = counters(operator), time.monotonic()
+
+    def footprint() -> dict[str, Any]:
+        """What the operator writes for this model: its status, its Job, its Events."""
+        return {
+            "model": kube.model("failing")["metadata"]["resourceVersion"],
+            "jobs": sorted(j["metadata"]["uid"] for j in kube.items("jobs", MANAGED)),
+            "events": len([e for e in kube.items("events")
+                           if e["involvedObject"]["name"] == "failing"]),
+        }
+
+    before, mine = counters(operator), footprint()
+    t0 = time.monotonic()
     time.sleep(60)
     after, minutes = counters(operator), (time.monotonic() - t0) / 60
     per_minute = {k: (after[k] - before[k]) / minutes for k in before}
-    # A failed compile is not retried until the spec changes: no new Job, (almost) no traffic.
-    assert [j["metadata"]["uid"] for j in kube.items("jobs", MANAGED)] == jobs_before
-    assert per_minute["writes"] <= 2, per_minute
-    assert per_minute["requests"] <= 6, per_minute
-    assert per_minute["reconciles"] <= 6, per_minute
+    # A failed compile is not retried until the spec changes: no new Job, no status or Event
+    # churn for this model, and the operator as a whole stays (almost) quiet. The operator's
+    # counters are process-wide: namespaces of earlier tests may still be winding down.
+    assert footprint() == mine
+    assert per_minute["writes"] <= 10, per_minute
+    assert per_minute["requests"] <= 20, per_minute
     assert kube.condition("failing", "Degraded")["reason"] == "PrecompileFailed"
     # fixing the spec retries and recovers
     kube.apply_model("failing", spec(precompile={"backoffLimit": 1}))
