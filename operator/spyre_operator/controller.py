@@ -11,6 +11,7 @@ watches, level-based decisions, one in-flight reconcile per model.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
@@ -46,22 +47,31 @@ DEFAULT_WORKERS = 32
 
 
 class WorkQueue:
-    """A set-backed queue: a key is queued at most once and processed by one worker at a time."""
+    """A set-backed queue: a key is queued at most once and processed by one worker at a time.
+
+    Urgent keys (a new SpyreModel, a Job that just finished) go ahead of routine
+    re-reconciles: with hundreds of models the routine ones (status echoes, child status
+    updates) otherwise delay the steps users wait for (apply -> Job, Job done -> Deployment).
+    """
+
+    URGENT, NORMAL = 0, 1
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[ModelKey] = asyncio.Queue()
-        self._queued: set[ModelKey] = set()
+        self._queue: asyncio.PriorityQueue[tuple[int, int, ModelKey]] = asyncio.PriorityQueue()
+        self._queued: dict[ModelKey, int] = {}  # key -> priority of its live entry
+        self._seq = itertools.count()
         self._active: set[ModelKey] = set()
-        self._dirty: set[ModelKey] = set()
+        self._dirty: dict[ModelKey, int] = {}
         self._timers: dict[ModelKey, asyncio.TimerHandle] = {}
 
-    def add(self, key: ModelKey) -> None:
+    def add(self, key: ModelKey, urgent: bool = False) -> None:
         """Queue ``key`` now (or again once its current reconcile finishes)."""
+        prio = self.URGENT if urgent else self.NORMAL
         if key in self._active:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+            self._dirty[key] = min(prio, self._dirty.get(key, prio))
+        elif self._queued.get(key, self.NORMAL + 1) > prio:
+            self._queued[key] = prio  # an earlier, less urgent entry becomes stale
+            self._queue.put_nowait((prio, next(self._seq), key))
 
     def add_after(self, key: ModelKey, delay: float) -> None:
         """Queue ``key`` after ``delay`` seconds (an earlier pending timer wins)."""
@@ -79,16 +89,18 @@ class WorkQueue:
         self.add(key)
 
     async def get(self) -> ModelKey:
-        key = await self._queue.get()
-        self._queued.discard(key)
+        while True:
+            prio, _, key = await self._queue.get()
+            if self._queued.get(key) == prio:
+                break  # else a stale entry: the key was re-queued more urgently, or taken
+        del self._queued[key]
         self._active.add(key)
         return key
 
     def done(self, key: ModelKey) -> None:
         self._active.discard(key)
         if key in self._dirty:
-            self._dirty.discard(key)
-            self.add(key)
+            self.add(key, urgent=self._dirty.pop(key) == self.URGENT)
 
     def __len__(self) -> int:
         return len(self._queued) + len(self._active)
@@ -206,9 +218,9 @@ class Controller:
 
     # ------------------------------------------------------------------ routing
 
-    def enqueue(self, keys: Iterable[ModelKey]) -> None:
+    def enqueue(self, keys: Iterable[ModelKey], urgent: bool = False) -> None:
         for k in keys:
-            self.queue.add(k)
+            self.queue.add(k, urgent)
 
     def models_for_owner_refs(self, namespace: str, body: Mapping[str, Any]) -> list[ModelKey]:
         """SpyreModels named in a child's ownerReferences."""

@@ -229,7 +229,8 @@ async def on_model(
     c = _controller(memo)
     key = (namespace, name)
     plan = None if type == "DELETED" else _plan(body)
-    c.enqueue([key, *c.claim_peers_if_changed(key, plan)])
+    c.enqueue([key], urgent=not body.get("status"))  # new: its Job is what users wait for
+    c.enqueue(c.claim_peers_if_changed(key, plan))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
@@ -239,7 +240,11 @@ async def on_model(
 async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child changed: reconcile the SpyreModels that own it."""
     c = _controller(memo)
-    c.enqueue(c.models_for_owner_refs(namespace, body))
+    finished = any(  # a Job that just finished: the Deployment is what users wait for
+        cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True"
+        for cond in (body.get("status") or {}).get("conditions") or []
+    ) and body.get("kind") == "Job"
+    c.enqueue(c.models_for_owner_refs(namespace, body), urgent=finished)
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")

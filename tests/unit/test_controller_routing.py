@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from spyre_operator.api import SpyreModelSpec
@@ -62,3 +63,22 @@ def test_decides_from_the_status_it_last_wrote_until_the_cache_catches_up() -> N
     c._written_status[key] = ("u1", written)
     recreated = {"metadata": {"name": "a", "uid": "u2"}}
     assert c._with_written_status(key, recreated) is recreated
+
+
+def test_urgent_keys_go_first_and_are_not_duplicated() -> None:
+    from spyre_operator.controller import WorkQueue
+
+    async def order() -> list[Any]:
+        q = WorkQueue()
+        q.add(("ns", "old-1"))
+        q.add(("ns", "old-2"))
+        q.add(("ns", "new"), urgent=True)
+        q.add(("ns", "old-2"), urgent=True)  # promoted; its normal entry becomes stale
+        q.add(("ns", "old-1"))  # already queued
+        out = [await q.get() for _ in range(3)]
+        assert len(q) == 3 and q._queue.qsize() == 1  # the stale entry is left
+        for k in out:
+            q.done(k)
+        return out
+
+    assert asyncio.run(order()) == [("ns", "new"), ("ns", "old-2"), ("ns", "old-1")]
