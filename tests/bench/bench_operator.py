@@ -395,6 +395,24 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
 
 
+def write_markdown(text: str, stamp: str, args: argparse.Namespace) -> None:
+    """Replace the "## Latest run" section of RESULTS.md (the analysis around it stays)."""
+    section = (
+        f"## Latest run\n\nRun {stamp} on {machine()}, operator `--workers {args.workers}`."
+        + (f" {args.note}" if args.note else "")
+        + "\n\n"
+        + text
+        + "\n"
+    )
+    old = MARKDOWN.read_text() if MARKDOWN.exists() else "# Operator benchmark results\n\n"
+    if "## Latest run" in old:
+        before, rest = old.split("## Latest run", 1)
+        after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
+        MARKDOWN.write_text(before + section + ("\n" + after if after else ""))
+    else:
+        MARKDOWN.write_text(old.rstrip() + "\n\n" + section)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="10,100,500", help="comma-separated N")
@@ -439,17 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"\nwritten to {path}")
     if args.markdown:
-        MARKDOWN.write_text(
-            "# Operator benchmark results\n\n"
-            "`make bench` (tests/bench/bench_operator.py) on the local control plane: real etcd, "
-            "kube-apiserver, controller-manager and scheduler, kwok fake Spyre nodes (Job pods "
-            "complete and serving pods become Ready at once). Times are from the SpyreModel's "
-            "ADDED event as received by a `kubectl --watch`.\n\n"
-            f"Machine: {machine()}; everything (control plane, kwok, operator, bench) shares "
-            f"these cores. Run {stamp}, operator `--workers {args.workers}`.\n"
-            + (f"\n{args.note}\n" if args.note else "")
-            + "\n" + text + "\n"
-        )
+        write_markdown(text, stamp, args)
         print(f"and {MARKDOWN}")
     return 0 if all(r["ready"] == r["models"] for r in results) else 1
 
