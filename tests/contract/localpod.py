@@ -318,6 +318,14 @@ def mount_namespace_available() -> bool:
     return probe.returncode == 0
 
 
+def tmp_mount_covers_tmp(pod: LocalPod) -> bool:
+    """Whether the pod's /tmp emptyDir can be mounted over /tmp without hiding a volume."""
+    hosts = [str(m.host) for m in pod.mounts] + [str(pod.termination_log)]
+    hosts.append(sys.prefix)  # the venv standing in for the image, and the editable sources
+    hosts.append(str(Path(__file__).resolve().parents[2]))
+    return not any(h.startswith("/tmp/") for h in hosts)
+
+
 def mount_namespace_prefix(pod: LocalPod, read_only_root: bool) -> list[str]:
     """``unshare … sh -c`` that sets up the pod's mounts, then execs the container's argv.
 
@@ -338,10 +346,9 @@ def mount_namespace_prefix(pod: LocalPod, read_only_root: bool) -> list[str]:
             steps.append(f"mount --bind {h} {h} && mount -o remount,bind,ro {h}")
     if read_only_root:
         steps.append("mount -o remount,bind,ro /")
-    hosts = [str(m.host) for m in pod.mounts] + [str(pod.termination_log)]
     for m in writable:
         # (Not when a volume's directory is itself under /tmp: the mount would hide it.)
-        if m.mount_path == "/tmp" and not any(h.startswith("/tmp/") for h in hosts):
+        if m.mount_path == "/tmp" and tmp_mount_covers_tmp(pod):
             steps.append(f"mount --bind {shlex.quote(str(m.host))} /tmp")
     script = " && ".join(steps) + ' && exec "$@"'
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "pod"]
@@ -508,6 +515,12 @@ def start_container(
         m if m.host != local.workdir else Mount(m.mount_path, m.host, read_only_root)
         for m in local.mounts
     ]
+    if use_mount_namespace and not tmp_mount_covers_tmp(local):
+        # The checkout (or the venv) lives under /tmp, so the pod's /tmp emptyDir cannot be
+        # mounted over /tmp without hiding it, and with a read-only root the engine (and the
+        # plugin, which writes literal /tmp paths) could not write temporary files. Use the
+        # permissions-only mode instead.
+        use_mount_namespace = False
     if use_mount_namespace:
         argv = [*mount_namespace_prefix(local, read_only_root), *argv]
     else:
