@@ -258,9 +258,12 @@ def test_install_serve_upgrade_uninstall(
             r = cp.kubectl("auth", "can-i", verb, res, "-n", ns, f"--as={sa}", check=False)
             assert r.stdout.strip() == "no", (verb, res, ns)
 
-        # helm upgrade with a changed CRD updates the CRD in the cluster.
+        # helm upgrade with a changed CRD updates the CRD in the cluster. The session applied
+        # the CRD before with `kubectl apply --server-side` (another field manager), as a user
+        # who installed the CRD by hand would have: Helm 4's server-side apply then needs
+        # --force-conflicts to take the fields over (documented in the chart README).
         helm("upgrade", RELEASE, str(_changed_chart(tmp_path)), "--namespace", namespace,
-             *values, "--wait", "--timeout=90s")
+             *values, "--force-conflicts", "--wait", "--timeout=90s")
         cols = cp.kubectl_json("get", "crd", CRD_NAME)["spec"]["versions"][0][
             "additionalPrinterColumns"]
         assert "Served" in [c["name"] for c in cols]
