@@ -259,7 +259,11 @@ def test_deployment_serves_from_the_artifact_and_drains_on_sigterm(
         signalled = proc.sigterm()
         time.sleep(0.5)
         if proc.proc.poll() is None:
-            assert proc.http_get(container["readinessProbe"]) == 503
+            ready = proc.http_get(container["readinessProbe"])
+            if ready != 503:
+                # Refused (0) only because the drain already finished and the server is on its
+                # way out (a short request can complete within the 0.5 s above).
+                assert ready == 0, f"readiness answered {ready} while draining"
         code = proc.wait_exit(grace)
         took = time.monotonic() - signalled
         assert code == 0, f"exit {code} after SIGTERM ({took:.1f}s):\n{proc.log_tail()}"
