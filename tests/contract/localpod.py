@@ -541,4 +541,6 @@ def start_container(
         termination_log=local.termination_log,
     )
     proc.local = local
+    #: Whether readOnly mounts were really read-only (mount namespace), not just chmod-ed.
+    proc.read_only_enforced = use_mount_namespace
     return proc
