@@ -24,9 +24,10 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 
 from . import conditions as C
+from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
-from .desired.plan import OwnerRef
+from .desired.plan import plan_model
 from .reconcile import Decision, Observed, decide
 
 log = logging.getLogger(__name__)
@@ -303,11 +304,8 @@ class Controller:
                 {o for o in self.caches.all("artifact_users", (ns, plan_claim, key))},
                 key=lambda o: (o.name, o.uid),
             ),
-            cache_users=[(u, v) for u, v in self._volume_users(users) if v is not None],
+            cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
         )
-
-    def _volume_users(self, users: list[Any]) -> list[tuple[OwnerRef, Any]]:
-        return [(u.owner, u.volume) for u in users]
 
     async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         pods = []
@@ -318,9 +316,6 @@ class Controller:
 
     async def reconcile_key(self, key: ModelKey) -> Decision | None:
         """Reconcile one SpyreModel from the caches."""
-        from .api.v1alpha1 import SpyreModelSpec
-        from .desired.plan import plan_model  # local: keeps import graph acyclic
-
         t0 = time.perf_counter()
         ns, name = key
         model = self.caches.one("models", key)

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import PersistentVolumeClaim, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from pydantic import ValidationError
 
@@ -472,7 +470,4 @@ __all__ = [
     "decide",
     "artifact_from_job",
     "served_key",
-    "Deployment",
-    "PersistentVolumeClaim",
-    "Service",
 ]
