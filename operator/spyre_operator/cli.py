@@ -41,6 +41,9 @@ def _run(args: argparse.Namespace) -> int:
             namespaces=list(args.namespace),
             standalone=True,
             liveness_endpoint=args.liveness,
+            # kopf would otherwise detect its identity with getpass.getuser(), which raises
+            # in a container whose uid has no passwd entry (the chart runs as 65532).
+            identity=kopf.Identity(OperatorConfig.identity),
         )
     )
     return 0
