@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -26,6 +28,7 @@ from spyre_engine.summary import (
     REASON_ENGINE_FAILED,
     REASON_INVALID_SETTINGS,
     REASON_MODEL_NOT_FOUND,
+    REASON_TERMINATED,
     FailureSummary,
     write_termination_log,
 )
@@ -130,12 +133,41 @@ def _termination_log_early(argv: Sequence[str]) -> str:
     return os.environ.get(env_name("termination_log"), DEFAULT_TERMINATION_LOG)
 
 
+class Terminated(BaseException):
+    """SIGTERM/SIGINT during precompile (a BaseException, so no ``except Exception`` eats it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: object) -> None:
+    # Once: the cleanup that follows (stopping vLLM) must not be interrupted by a second signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
 def run_precompile(settings: PrecompileSettings) -> int:
-    """``spyre-engine precompile``: exit 0 and a summary line, or non-zero and a reason."""
+    """``spyre-engine precompile``: exit 0 and a summary line, or non-zero and a reason.
+
+    SIGTERM (a deleted Job) stops vLLM and its workers, records reason ``Terminated`` and exits
+    128+15. Without a handler, PID 1 of a container ignores SIGTERM and the kubelet waits out the
+    grace period before SIGKILL.
+    """
     from spyre_engine.precompile import PrecompileError, precompile
 
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _terminate)
     try:
         summary = precompile(settings)
+    except Terminated as exc:
+        _fail(
+            settings.termination_log,
+            REASON_TERMINATED,
+            f"precompile stopped by {exc} before it finished; no catalog entry was recorded",
+        )
+        return 128 + exc.signum
     except PrecompileError as exc:
         return _fail(settings.termination_log, exc.reason, exc.message)
     except Exception as exc:  # anything else still gets a reason in the termination log
@@ -149,9 +181,14 @@ def run_precompile(settings: PrecompileSettings) -> int:
     return 0
 
 
+def _has_files(path: Path) -> bool:
+    return path.is_dir() and any(p.is_file() for p in path.rglob("*"))
+
+
 def run_serve(settings: ServeSettings, process_started: float) -> int:
     """``spyre-engine serve``: refuse fast without a matching catalog entry, else serve."""
     from spyre_engine import catalog
+    from spyre_engine.known_configs import read_config_json
     from spyre_engine.launch import ModelNotFound, resolve_model
     from spyre_engine.metrics import EngineMetrics
 
@@ -168,30 +205,52 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
             REASON_ARTIFACT_MISMATCH,
             f"no precompiled shapes in {path}: run spyre-engine precompile for this shape first",
         )
-    # Check the shape before resolving the model: a hf:// model may need a download.
-    shape = catalog.entry_data(settings, "")
-    shape.pop("MODEL_NAME")
-    if catalog.find_entry(entries, shape) is None:
-        return _fail(
-            settings.termination_log,
-            REASON_ARTIFACT_MISMATCH,
-            f"{path} has no entry for {catalog.describe({'MODEL_NAME': settings.model, **shape})}; "
-            f"it has: {' | '.join(catalog.describe(e['data']) for e in entries)}",
-        )
     t1 = time.monotonic()
     try:
         model_path = resolve_model(settings)
     except ModelNotFound as exc:
         return _fail(settings.termination_log, REASON_MODEL_NOT_FOUND, str(exc))
     t2 = time.monotonic()
-    wanted = catalog.entry_data(settings, model_path)
-    entry = catalog.find_entry(entries, wanted)
+    # What the plugin will configure for these flags (with sendnn it caps unknown
+    # configurations) is what precompile recorded and what the plugin will look up.
+    config_json = read_config_json(model_path)
+    shape = catalog.entry_data(settings, model_path, config_json)
+    shape.pop("MODEL_NAME")
+    usable = [e for e in entries if catalog.serves_with(e, settings.backend)]
+    if catalog.find_entry(usable, shape) is None:
+        others = [e for e in entries if e not in usable]
+        note = (
+            f" ({len(others)} entr{'y' if len(others) == 1 else 'ies'} compiled with "
+            f"{', '.join(sorted({str(e.get('dynamo_backend')) for e in others}))}, which "
+            f"--backend {settings.backend} cannot serve)"
+            if others
+            else ""
+        )
+        return _fail(
+            settings.termination_log,
+            REASON_ARTIFACT_MISMATCH,
+            f"{path} has no entry for {catalog.describe({'MODEL_NAME': settings.model, **shape})}"
+            f" usable by --backend {settings.backend}{note}; it has: "
+            f"{' | '.join(catalog.describe(e['data']) for e in entries)}",
+        )
+    wanted = {"MODEL_NAME": model_path, **shape}
+    entry = catalog.find_entry(usable, wanted)
     if entry is None:
         models = sorted({str(e["data"].get("MODEL_NAME")) for e in entries})
         return _fail(
             settings.termination_log,
             REASON_ARTIFACT_MISMATCH,
             f"{path} has this shape only for model(s) {', '.join(models)}, not {model_path}",
+        )
+    missing = [k for k in catalog.OPTIONAL_KEYS if k in shape and k not in entry["data"]]
+    if missing:
+        log.warning("The catalog entry does not record %s; not checked", ", ".join(missing))
+    if settings.backend == "inductor" and not _has_files(Path(settings.artifact_dir) / "inductor"):
+        return _fail(
+            settings.termination_log,
+            REASON_ARTIFACT_MISMATCH,
+            f"{settings.artifact_dir} has a catalog entry but no inductor graphs "
+            "(<artifact>/inductor is empty); serve does not compile: precompile again",
         )
     from spyre_engine.launch import package_versions
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -23,8 +24,22 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from spyre_engine.settings import EngineSettings, ServeSettings
+from spyre_engine.settings import SENDNN_BACKENDS, EngineSettings
 
+log = logging.getLogger(__name__)
+
+# Seconds vLLM may take to stop its engine core and workers after SIGTERM (``--shutdown-timeout``),
+# and how long the engine waits for the whole process group before SIGKILL (a bit longer, so vLLM's
+# own escalation runs first). An idle TP=1 engine core on a loaded 2-core CPU took ~10 s to exit
+# (3 s distributed teardown, then interpreter exit); it normally takes 1-3 s.
+VLLM_SHUTDOWN_TIMEOUT = 10
+STOP_GRACE = VLLM_SHUTDOWN_TIMEOUT + 2.0
+
+# platform.py logs the configuration it settled on (after capping unknown configurations).
+_SPYRE_CONFIG_LINE = re.compile(
+    r"Configurations for Spyre\. max_model_len=(\d+), max_num_seqs=(\d+), block_size=\d+, "
+    r"max_num_batched_tokens=(\d+)"
+)
 _EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception): \S")
 
 
@@ -104,32 +119,47 @@ def plugin_env(
 ) -> dict[str, str]:
     """The environment vLLM runs in: ``base`` plus the plugin's settings.
 
-    General settings (backend, MASTER_ADDR/PORT, require-precompiled for serve) are only set when
-    not already set; the paths derived from ``--artifact-dir`` and the pooling shape always win.
-    ``require_precompiled`` is False for precompile (it must compile) and True for serve.
+    Everything the engine derives from its flags and its mode always wins over ``base`` (the
+    image bakes ``SENDNN_INFERENCE_DYNAMO_BACKEND=sendnn``, a Deployment may carry
+    ``TORCH_SENDNN_CACHE_ENABLE=0`` or a fixed ``MASTER_PORT``): the backend, the sendnn cache
+    switch and dir, the free ``MASTER_PORT``, the require-precompiled settings, the inductor dirs
+    and the pooling shape. Only site settings (``MASTER_ADDR``, offline hub, usage stats) are
+    defaults that an inherited value keeps. ``require_precompiled`` is False for precompile (it
+    must compile) and True for serve (it must not).
     """
     env = dict(os.environ if base is None else base)
     artifact = Path(settings.artifact_dir).resolve()
     defaults: dict[str, str] = {
         "VLLM_PLUGINS": "sendnn_inference",
-        "SENDNN_INFERENCE_DYNAMO_BACKEND": settings.backend,
-        "TORCH_SENDNN_CACHE_ENABLE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
     }
-    # Paths derived from --artifact-dir always win: an inherited value (torch sets
-    # TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user> in any process that imported it, CI sets
-    # TMPDIR) would silently put the graphs outside the artifact.
-    forced: dict[str, str] = {"TORCH_SENDNN_CACHE_DIR": str(artifact)}
+    # Derived from the flags: an inherited value would run another backend than --backend, cache
+    # nothing while precompile records a catalog entry, or share a port with another engine.
+    # Paths derived from --artifact-dir win too: torch sets TORCHINDUCTOR_CACHE_DIR=/tmp/... in
+    # any process that imported it, CI sets TMPDIR; either would put the graphs elsewhere.
+    forced: dict[str, str] = {
+        "SENDNN_INFERENCE_DYNAMO_BACKEND": settings.backend,
+        "TORCH_SENDNN_CACHE_ENABLE": "1",
+        "TORCH_SENDNN_CACHE_DIR": str(artifact),
+        "MASTER_PORT": str(free_port()),
+    }
     if require_precompiled:
-        defaults["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "1"
+        forced["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "1"
+        # torch_sendnn loads graphs from the cache only. The plugin sets this itself for
+        # decoders, but returns early for pooling models (compilation_utils.py), which would
+        # then compile on the serving path.
+        forced["DISABLE_COMPILATION"] = "true"
     else:
         # Precompile must be allowed to compile, whatever the image's default says.
         forced["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "0"
         env.pop("DISABLE_COMPILATION", None)
+        if settings.backend in SENDNN_BACKENDS and getattr(settings, "require_known_config", False):
+            # The plugin raises for a configuration model_configs.yaml does not list, instead
+            # of capping it and compiling something nobody asked for.
+            forced["SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG"] = "1"
     if settings.backend == "inductor":
         # Inductor keeps its graphs and ~150 MB of generated headers in these; both must live in
         # the artifact for a warm start.
@@ -211,9 +241,10 @@ def vllm_command(
         cmd += ["--convert", "embed" if settings.task == "embed" else "classify"]
     if prefix_caching is not None:
         cmd.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
-    if isinstance(settings, ServeSettings):
-        # Our front owns graceful shutdown; vLLM itself should stop at once when told to.
-        cmd += ["--shutdown-timeout", "0"]
+    # When the engine stops vLLM (after its own drain), vLLM gets these seconds to stop its engine
+    # core and TP workers in order; with 0, vLLM's shutdown(procs, timeout=0) (v1/utils.py)
+    # SIGKILLs the processes holding the cards at once.
+    cmd += ["--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT)]
     cmd += list(settings.vllm_args)
     return cmd
 
@@ -232,6 +263,9 @@ class Child:
 
     def __init__(self, cmd: list[str], env: Mapping[str, str], tail_lines: int = 200) -> None:
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.killed: list[int] = []
+        # What the plugin logged it configured (max_model_len, max_num_seqs, chunk), if seen.
+        self.spyre_config: dict[str, int] | None = None
         self.proc = subprocess.Popen(
             cmd,
             env=dict(env),
@@ -251,7 +285,15 @@ class Child:
             with contextlib.suppress(Exception):
                 out.write(raw)
                 out.flush()
-            self.tail.append(raw.decode(errors="replace").rstrip())
+            line = raw.decode(errors="replace").rstrip()
+            self.tail.append(line)
+            match = _SPYRE_CONFIG_LINE.search(line)
+            if match:
+                self.spyre_config = {
+                    "max_model_len": int(match[1]),
+                    "max_num_seqs": int(match[2]),
+                    "max_num_batched_tokens": int(match[3]),
+                }
 
     @property
     def pid(self) -> int:
@@ -280,15 +322,69 @@ class Child:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
-    def stop(self, grace: float = 5.0) -> int | None:
-        """SIGTERM the group, SIGKILL what is left after ``grace`` seconds; return the exit code."""
-        self.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and self.alive():
-            time.sleep(0.05)
-        # Stragglers (TP workers, engine core) may outlive the server process.
-        self.signal_group(signal.SIGKILL)
+    def group_members(self) -> list[int]:
+        """PIDs of the group's processes that still run (zombies are gone); reaps our own."""
+        self.proc.poll()
+        if self.proc.returncode is not None:
+            # Orphans of the group are re-parented to us when we are PID 1 (or a subreaper).
+            with contextlib.suppress(ChildProcessError, OSError):
+                while os.waitpid(-self.proc.pid, os.WNOHANG)[0] > 0:
+                    pass
+        return group_members(self.proc.pid)
+
+    def stop(self, grace: float = STOP_GRACE) -> int | None:
+        """Stop vLLM in order: SIGTERM, wait for the whole group, SIGKILL what is left.
+
+        SIGTERM goes to the vLLM server only, which stops its engine core and the TP workers
+        itself within ``--shutdown-timeout``; only if the server is already gone does the whole
+        group get it. After ``grace`` seconds whatever still runs in the group gets SIGKILL.
+        Returns the server's exit code.
+        """
+        started = time.monotonic()
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+        else:
+            self.signal_group(signal.SIGTERM)
+        deadline = started + grace
+        left = self.group_members()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = self.group_members()
+        if left:
+            log.warning(
+                "vLLM process group still running %.1fs after SIGTERM; SIGKILL to %s",
+                grace,
+                left,
+            )
+            self.signal_group(signal.SIGKILL)
+            self.killed = left
+        else:
+            log.info(
+                "vLLM process group exited by itself %.1fs after SIGTERM (server exit code %s)",
+                time.monotonic() - started,
+                self.proc.returncode,
+            )
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
+        self.group_members()  # reap
         self._pump.join(timeout=1)
         return self.proc.poll()
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the running (not zombie) processes in process group ``pgid`` (Linux /proc)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members

@@ -16,7 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from spyre_engine import catalog
+from spyre_engine import catalog, known_configs
+from spyre_engine.known_configs import read_config_json
 from spyre_engine.launch import (
     Child,
     ModelNotFound,
@@ -31,6 +32,7 @@ from spyre_engine.summary import (
     REASON_CATALOG_ERROR,
     REASON_COMPILE_FAILED,
     REASON_MODEL_NOT_FOUND,
+    REASON_UNSUPPORTED_CONFIGURATION,
     FailureSummary,
     PrecompileSummary,
     Versions,
@@ -102,20 +104,67 @@ def wait_healthy(child: Child, port: int, timeout: float) -> None:
     raise PrecompileError(REASON_COMPILE_FAILED, f"warmup did not finish within {timeout:.0f}s")
 
 
-def run_warmup(settings: PrecompileSettings, model_path: str) -> None:
-    """Start vLLM with the shape so the plugin's warmup compiles every graph, then stop it."""
+def run_warmup(
+    settings: PrecompileSettings, model_path: str, env: dict[str, str]
+) -> dict[str, int] | None:
+    """Start vLLM with the shape so the plugin's warmup compiles every graph, then stop it.
+
+    Returns what the plugin logged it configured (max_model_len, max_num_seqs, chunk), if seen.
+    """
     port = free_port()
-    env = plugin_env(settings, require_precompiled=False)
     cmd = vllm_command(settings, model_path, host="127.0.0.1", port=port)
     log.info("Starting vLLM to compile the shape: %s", " ".join(cmd))
     child = Child(cmd, env)
     try:
         wait_healthy(child, port, settings.compile_timeout)
+        return child.spyre_config
     finally:
-        child.stop(grace=10)
+        child.stop()
         tmp = Path(env.get("TMPDIR") or "/")
         if tmp.is_relative_to(Path(settings.artifact_dir).resolve()):  # only ever our own dir
             remove_dead_sockets(tmp)
+
+
+def record_what_was_compiled(
+    data: dict[str, object], logged: dict[str, int] | None, pooling: bool
+) -> None:
+    """Make the entry say what the plugin configured, when it logged something else.
+
+    The entry is computed by :func:`spyre_engine.known_configs.effective_shape`; the plugin's own
+    ``Configurations for Spyre`` line is the truth. A difference means that function is out of
+    date with the plugin; the entry records the truth (serve will then refuse the shape and name
+    both) and the log says so.
+    """
+    if not logged or pooling:
+        return
+    truth = {
+        "VLLM_DT_MAX_CONTEXT_LEN": logged["max_model_len"],
+        "VLLM_DT_MAX_BATCH_SIZE": logged["max_num_seqs"],
+        "VLLM_DT_CHUNK_LEN": logged["max_num_batched_tokens"],
+    }
+    for key, value in truth.items():
+        if data.get(key) != value:
+            log.warning(
+                "The plugin configured %s=%s, not the %s the engine predicted; recording %s",
+                key,
+                value,
+                data.get(key),
+                value,
+            )
+            data[key] = value
+
+
+def check_known(
+    settings: PrecompileSettings, config_json: dict[str, object], env: dict[str, str]
+) -> None:
+    """Fail before starting vLLM when the plugin would refuse an unknown configuration."""
+    shape = known_configs.effective_shape(settings, config_json, env)
+    if shape.known is not None and not shape.known.known:
+        raise PrecompileError(
+            REASON_UNSUPPORTED_CONFIGURATION,
+            f"{shape.known.message} (SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG=1; "
+            "--no-require-known-config lets the plugin cap the shape instead)",
+        )
 
 
 def precompile(settings: PrecompileSettings) -> PrecompileSummary:
@@ -132,14 +181,22 @@ def precompile(settings: PrecompileSettings) -> PrecompileSummary:
         raise PrecompileError(REASON_CATALOG_ERROR, str(exc)) from exc
 
     versions = package_versions()
+    env = plugin_env(settings, require_precompiled=False)
+    config_json = read_config_json(model_path)
+    if env.get("SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG") == "1":
+        check_known(settings, config_json, env)
     started = time.monotonic()
+    logged = None
     if settings.backend == "eager":
         log.info("Backend eager compiles nothing; recording the shape only")
     else:
-        run_warmup(settings, model_path)
+        logged = run_warmup(settings, model_path, env)
     compile_seconds = time.monotonic() - started
 
-    entry = catalog.make_entry(settings, model_path, versions["sendnn_inference"] or "unknown")
+    entry = catalog.make_entry(
+        settings, model_path, versions["sendnn_inference"] or "unknown", config_json, env
+    )
+    record_what_was_compiled(entry["data"], logged, settings.is_pooling)
     try:
         added = catalog.add_entry(artifact, entry)
     except (OSError, catalog.CatalogError) as exc:

@@ -24,7 +24,14 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from spyre_engine.launch import Child, free_port, plugin_env, served_name, vllm_command
+from spyre_engine.launch import (
+    STOP_GRACE,
+    Child,
+    free_port,
+    plugin_env,
+    served_name,
+    vllm_command,
+)
 from spyre_engine.metrics import EngineMetrics
 from spyre_engine.settings import ServeSettings
 from spyre_engine.summary import REASON_ENGINE_FAILED, FailureSummary, write_termination_log
@@ -77,12 +84,13 @@ ENGINE_ERROR_EVENT = (
 )
 
 # After the drain deadline: time for aborted streams to get their error event out, for vLLM to
-# exit after SIGTERM, and for the HTTP server to close connections. Their sum bounds the exit.
+# stop its engine core and workers after SIGTERM (its --shutdown-timeout, then SIGKILL to the
+# group), and for the HTTP server to close connections. Their sum bounds the exit.
 ABORT_GRACE = 2.0
-CHILD_STOP_GRACE = 5.0
+CHILD_STOP_GRACE = STOP_GRACE
 HTTP_STOP_GRACE = 1.0
-# Exit even if something above hangs: the operator allows drain timeout + 15 s.
-HARD_EXIT_AFTER_DEADLINE = 11.0
+# Exit even if something above hangs (drain + 17 s); the operator allows drain timeout + 20 s.
+HARD_EXIT_AFTER_DEADLINE = ABORT_GRACE + CHILD_STOP_GRACE + HTTP_STOP_GRACE + 2.0
 
 
 def _json_error(status: int, message: str, kind: str, close: bool = False) -> web.Response:

@@ -21,6 +21,11 @@ ENV_PREFIX = "SPYRE_ENGINE_"
 Task = Literal["generate", "embed", "score", "rerank"]
 Backend = Literal["sendnn", "sendnn_compile_only", "inductor", "eager"]
 POOLING_TASKS: frozenset[str] = frozenset({"embed", "score", "rerank"})
+# Compiles for Spyre without cards (torch_sendnn with FLEX_DEVICE=COMPILE); precompile only.
+COMPILE_ONLY_BACKEND = "sendnn_compile_only"
+# The backends that read and write torch_sendnn's cache: an artifact built with either is served
+# with "sendnn".
+SENDNN_BACKENDS: frozenset[str] = frozenset({"sendnn", COMPILE_ONLY_BACKEND})
 
 # The plugin prefills in chunks and pads prompts to multiples of 64 tokens.
 SPYRE_BLOCK = 64
@@ -156,6 +161,12 @@ class PrecompileSettings(EngineSettings):
     """Settings of ``spyre-engine precompile``."""
 
     compile_timeout: float = Field(3600.0, gt=0, description="Give up compiling after SECONDS")
+    require_known_config: bool = Field(
+        True,
+        description="sendnn backends: refuse a model x shape that is not in the plugin's "
+        "model_configs.yaml (SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG=1); --no-require-known-config "
+        "lets the plugin cap it instead",
+    )
 
 
 class ServeSettings(EngineSettings):
@@ -170,6 +181,16 @@ class ServeSettings(EngineSettings):
     internal_port: int | None = Field(
         None, ge=1, le=65535, description="Loopback port of the vLLM server (default: a free one)"
     )
+
+    @model_validator(mode="after")
+    def _serving_backend(self) -> ServeSettings:
+        if self.backend == COMPILE_ONLY_BACKEND:
+            raise ValueError(
+                f"--backend {COMPILE_ONLY_BACKEND} only compiles (the plugin sets "
+                "FLEX_DEVICE=COMPILE, so nothing runs on the cards): precompile with it, then "
+                "serve its artifact with --backend sendnn"
+            )
+        return self
 
 
 def _flag(name: str) -> str:

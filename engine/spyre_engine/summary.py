@@ -21,6 +21,8 @@ REASON_ARTIFACT_MISMATCH = "ArtifactMismatch"
 REASON_COMPILE_FAILED = "CompileFailed"
 REASON_ENGINE_FAILED = "EngineFailed"
 REASON_CATALOG_ERROR = "CatalogError"
+REASON_TERMINATED = "Terminated"
+REASON_UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
 
 
 class Versions(BaseModel):

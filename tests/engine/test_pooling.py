@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 from spyre_engine import catalog
+from spyre_engine.summary import FailureSummary, parse_termination_message
 from spyre_engine.testing.process import EngineProcess
 
 from .conftest import STARTUP_TIMEOUT, run_engine
@@ -46,3 +47,42 @@ def test_embed_precompile_and_serve(start_engine, tiny_model: Path, tmp_path: Pa
     assert resp.status_code == 200, resp.text
     data = resp.json()["data"]
     assert len(data) == 2 and len(data[0]["embedding"]) == 128
+
+
+def test_pooling_serve_does_not_compile_what_the_artifact_lacks(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The plugin's REQUIRE_PRECOMPILED_DECODERS skips pooling models (compilation_utils.py), so
+    a pooling server used to compile whatever its artifact lacked. An entry recorded by an eager
+    precompile holds no graphs: an inductor server refuses it instead of compiling into the
+    cache, and so does an inductor entry whose graphs are gone."""
+    art = tmp_path / "art"
+    common = ["--model", str(tiny_model), "--artifact-dir", str(art), *POOLING]
+    proc = run_engine(
+        "precompile", *common, "--backend", "eager", "--termination-log", str(tmp_path / "t1")
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for attempt in ("eager-entry", "inductor-entry-without-graphs"):
+        term = tmp_path / f"term-{attempt}"
+        proc = run_engine(
+            "serve",
+            *common,
+            "--backend",
+            "inductor",
+            "--termination-log",
+            str(term),
+            timeout=120,
+        )
+        failure = parse_termination_message(term.read_text())
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert isinstance(failure, FailureSummary) and failure.reason == "ArtifactMismatch"
+        graphs = [p for p in (art / "inductor").rglob("*") if p.is_file()]
+        assert not graphs, f"serve compiled into the artifact: {graphs[:5]}"
+        if attempt == "eager-entry":
+            assert "eager" in failure.message, failure.message
+            # Same shape, recorded as if inductor had compiled it, but no graphs on disk.
+            (entry,) = catalog.read_catalog(art)
+            entry["dynamo_backend"] = "inductor"
+            catalog.add_entry(art, entry)
+        else:
+            assert "no inductor graphs" in failure.message, failure.message

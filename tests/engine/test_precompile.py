@@ -29,11 +29,14 @@ def test_precompile_writes_entry_and_summary(tiny_model: Path, tmp_path: Path) -
     assert entries == [
         {
             "sendnn_inference_version": "2.6.3",
+            "dynamo_backend": "eager",
             "data": {
                 "MODEL_NAME": str(tiny_model),
                 "NUM_AIUS": 1,
                 "VLLM_DT_MAX_CONTEXT_LEN": 512,
                 "VLLM_DT_MAX_BATCH_SIZE": 4,
+                "VLLM_DT_CHUNK_LEN": 128,
+                "VLLM_DT_MAX_BATCH_TKV_LIMIT": 512 * 4,
             },
         }
     ]

@@ -124,11 +124,15 @@ def test_catalog_add_is_idempotent_and_in_plugin_format(tmp_path: Path) -> None:
     assert data == [
         {
             "sendnn_inference_version": "2.6.3",
+            "dynamo_backend": "sendnn",
             "data": {
                 "MODEL_NAME": "/m",
                 "NUM_AIUS": 1,
                 "VLLM_DT_MAX_CONTEXT_LEN": 512,
                 "VLLM_DT_MAX_BATCH_SIZE": 4,
+                "VLLM_DT_CHUNK_LEN": 512,  # the plugin's default chunk
+                # sendnn, configuration unknown to the plugin: it caps the limit at 128K
+                "VLLM_DT_MAX_BATCH_TKV_LIMIT": 131072,
             },
         }
     ]
@@ -171,12 +175,12 @@ def test_catalog_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- env and command
 
 
-def test_plugin_env_sets_defaults_but_keeps_existing(tmp_path: Path) -> None:
+def test_plugin_env_sets_defaults_but_keeps_existing_site_settings(tmp_path: Path) -> None:
     s = serve_settings(artifact_dir=tmp_path, backend="inductor")
-    base = {"MASTER_PORT": "1234", "TORCHINDUCTOR_CACHE_DIR": "/tmp/elsewhere", "TMPDIR": "/x"}
+    base = {"MASTER_ADDR": "10.0.0.1", "TORCHINDUCTOR_CACHE_DIR": "/tmp/elsewhere", "TMPDIR": "/x"}
     env = plugin_env(s, require_precompiled=True, base=base)
-    assert env["MASTER_PORT"] == "1234"
-    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["MASTER_ADDR"] == "10.0.0.1"
+    assert env["MASTER_PORT"].isdigit()
     assert env["VLLM_PLUGINS"] == "sendnn_inference"
     assert env["SENDNN_INFERENCE_DYNAMO_BACKEND"] == "inductor"
     assert env["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] == "1"

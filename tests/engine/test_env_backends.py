@@ -1,0 +1,118 @@
+"""What the engine derives from its flags beats inherited env; which backends serve what.
+
+Pure (no vLLM): part of ``make test-unit``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from spyre_engine.launch import plugin_env, vllm_command
+from spyre_engine.settings import PrecompileSettings, ServeSettings
+from spyre_engine.summary import FailureSummary, parse_termination_message
+
+# What engine/Containerfile bakes in (and what a hand-written Deployment may add).
+BAKED = {
+    "SENDNN_INFERENCE_DYNAMO_BACKEND": "sendnn",
+    "TORCH_SENDNN_CACHE_ENABLE": "0",
+    "MASTER_PORT": "29500",
+    "SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS": "0",
+}
+
+
+def _serve(tmp_path: Path, **kw: object) -> ServeSettings:
+    return ServeSettings.model_validate({"model": "/m", "artifact_dir": tmp_path, **kw})
+
+
+def _pre(tmp_path: Path, **kw: object) -> PrecompileSettings:
+    return PrecompileSettings.model_validate({"model": "/m", "artifact_dir": tmp_path, **kw})
+
+
+@pytest.mark.parametrize("backend", ["inductor", "eager", "sendnn"])
+def test_backend_flag_beats_inherited_backend(tmp_path: Path, backend: str) -> None:
+    inherited = {**BAKED, "SENDNN_INFERENCE_DYNAMO_BACKEND": "sendnn_compile_only"}
+    env = plugin_env(_serve(tmp_path, backend=backend), require_precompiled=True, base=inherited)
+    assert env["SENDNN_INFERENCE_DYNAMO_BACKEND"] == backend
+    env = plugin_env(_pre(tmp_path, backend=backend), require_precompiled=False, base=inherited)
+    assert env["SENDNN_INFERENCE_DYNAMO_BACKEND"] == backend
+
+
+def test_precompile_forces_the_sendnn_cache_on(tmp_path: Path) -> None:
+    env = plugin_env(_pre(tmp_path), require_precompiled=False, base=BAKED)
+    assert env["TORCH_SENDNN_CACHE_ENABLE"] == "1"
+    assert env["TORCH_SENDNN_CACHE_DIR"] == str(tmp_path.resolve())
+    env = plugin_env(_serve(tmp_path), require_precompiled=True, base=BAKED)
+    assert env["TORCH_SENDNN_CACHE_ENABLE"] == "1"
+
+
+def test_free_master_port_beats_a_baked_one(tmp_path: Path) -> None:
+    ports = {
+        plugin_env(_serve(tmp_path), require_precompiled=True, base=BAKED)["MASTER_PORT"]
+        for _ in range(3)
+    }
+    assert "29500" not in ports
+    assert all(p.isdigit() and 0 < int(p) < 65536 for p in ports)
+
+
+def test_serve_always_requires_precompiled_and_disables_compilation(tmp_path: Path) -> None:
+    # Decoders: the plugin itself sets DISABLE_COMPILATION when REQUIRE_PRECOMPILED_DECODERS=1;
+    # pooling models: the plugin returns early (compilation_utils.py), so the engine sets it.
+    for task, shapes in (("generate", None), ("embed", "64x4")):
+        kw: dict[str, object] = {"task": task, "backend": "sendnn"}
+        if shapes:
+            kw["warmup_shapes"] = shapes
+        env = plugin_env(_serve(tmp_path, **kw), require_precompiled=True, base=BAKED)
+        assert env["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] == "1"
+        assert env["DISABLE_COMPILATION"] == "true"
+        pre = plugin_env(
+            _pre(tmp_path, **kw),
+            require_precompiled=False,
+            base={**BAKED, "DISABLE_COMPILATION": "true"},
+        )
+        assert "DISABLE_COMPILATION" not in pre
+        assert pre["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] == "0"
+
+
+def test_serve_refuses_the_compile_only_backend() -> None:
+    with pytest.raises(ValidationError) as info:
+        ServeSettings.model_validate(
+            {"model": "/m", "artifact_dir": "/a", "backend": "sendnn_compile_only"}
+        )
+    text = str(info.value)
+    assert "sendnn_compile_only" in text and "--backend sendnn" in text
+    # Precompile accepts it: that is what it is for.
+    assert (
+        PrecompileSettings.model_validate(
+            {"model": "/m", "artifact_dir": "/a", "backend": "sendnn_compile_only"}
+        ).backend
+        == "sendnn_compile_only"
+    )
+
+
+def test_serve_cli_refuses_the_compile_only_backend_with_a_reason(tmp_path: Path) -> None:
+    term = tmp_path / "term"
+    proc = subprocess.run(
+        [sys.executable, "-m", "spyre_engine.cli", "serve", "--model", "/m"]
+        + ["--artifact-dir", str(tmp_path), "--backend", "sendnn_compile_only"]
+        + ["--termination-log", str(term)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    failure = parse_termination_message(term.read_text())
+    assert isinstance(failure, FailureSummary) and failure.reason == "InvalidSettings"
+    assert "sendnn_compile_only" in failure.message and "only compiles" in failure.message
+
+
+def test_vllm_gets_time_to_shut_down(tmp_path: Path) -> None:
+    """vLLM's shutdown(procs, timeout=0) SIGKILLs the engine core and TP workers at once."""
+    for settings in (_serve(tmp_path), _pre(tmp_path)):
+        cmd = vllm_command(settings, "/m", host="127.0.0.1", port=9)
+        timeout = int(cmd[cmd.index("--shutdown-timeout") + 1])
+        assert timeout >= 2

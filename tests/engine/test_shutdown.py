@@ -1,0 +1,116 @@
+"""Shutdown on CPU: vLLM's engine core exits by itself; precompile obeys SIGTERM.
+
+With ``--shutdown-timeout 0`` vLLM's ``shutdown(procs, timeout=0)`` (vllm/v1/utils.py) goes
+straight to ``kill_process_tree``: the engine core (and on Spyre the TP workers holding the cards)
+get SIGKILL and vLLM logs ``[shutdown] Process manager: force killing remaining process``. The
+engine core handling SIGTERM itself logs ``[shutdown] EngineCore: ... starting resource teardown``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from spyre_engine import catalog
+from spyre_engine.testing.process import EngineProcess
+
+from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
+from .sse import TIMEOUT
+
+pytestmark = pytest.mark.engine
+
+FORCE_KILL = "[shutdown] Process manager: force killing"
+CORE_TEARDOWN = "[shutdown] EngineCore: request processing complete; starting resource teardown"
+SELF_EXIT = "vLLM process group exited by itself"
+
+
+def test_sigterm_lets_the_engine_core_exit_by_itself(  # type: ignore[no-untyped-def]
+    start_engine, tiny_model: Path, tmp_path: Path
+) -> None:
+    art = tmp_path / "art"
+    precompile_eager(tiny_model, art)
+    engine: EngineProcess = start_engine(
+        "--model",
+        str(tiny_model),
+        "--artifact-dir",
+        str(art),
+        "--backend",
+        "eager",
+        "--served-name",
+        "tiny",
+        "--drain-timeout",
+        "2",
+        "--termination-log",
+        str(tmp_path / "term"),
+        *SHAPE,
+    )
+    engine.wait_started(STARTUP_TIMEOUT)
+    resp = httpx.post(
+        engine.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "hello", "max_tokens": 4},
+        timeout=TIMEOUT,
+    )
+    assert resp.status_code == 200, resp.text
+    children = engine.descendants_alive()
+    assert len(children) >= 2, children  # vLLM API server and its engine core
+    signalled = engine.sigterm()
+    code = engine.wait_exit(60)
+    elapsed = time.monotonic() - signalled
+    log = engine.log_path.read_text(errors="replace")
+    assert code == 0, engine.log_tail(80)
+    assert elapsed < 2 + 17, elapsed
+    assert FORCE_KILL not in log, log[-4000:]
+    assert CORE_TEARDOWN in log, log[-4000:]
+    assert SELF_EXIT in log, log[-4000:]
+    time.sleep(0.5)
+    assert not engine.still_running(children)
+
+
+def test_precompile_exits_promptly_on_sigterm(tiny_model: Path, tmp_path: Path) -> None:
+    art = tmp_path / "art"
+    term = tmp_path / "term"
+    proc = EngineProcess(
+        [
+            "precompile",
+            "--model",
+            str(tiny_model),
+            "--artifact-dir",
+            str(art),
+            "--backend",
+            "inductor",
+            "--termination-log",
+            str(term),
+            *SHAPE,
+        ],
+        log_path=tmp_path / "precompile.log",
+    )
+    try:
+        # Wait until vLLM runs under the precompile (it is compiling or still importing).
+        deadline = time.monotonic() + 120
+        children: list[int] = []
+        while time.monotonic() < deadline and not children:
+            assert proc.proc.poll() is None, proc.log_tail()
+            children = proc.descendants_alive()
+            time.sleep(0.2)
+        assert children, "precompile started no vLLM"
+        time.sleep(3)
+        children = proc.descendants_alive()
+        signalled = proc.sigterm()
+        code = proc.wait_exit(30)
+        elapsed = time.monotonic() - signalled
+        assert code == 128 + 15, (code, proc.log_tail(60))
+        assert elapsed < 15, elapsed  # vLLM's shutdown bound (12 s), not a grace period
+        result = json.loads(term.read_text())
+        assert result["reason"] == "Terminated", result
+        assert "SIGTERM" in result["message"]
+        assert catalog.read_catalog(art) == []
+        time.sleep(0.5)
+        assert not [p for p in EngineProcess.still_running(children) if psutil.pid_exists(p)], (
+            "vLLM processes outlived the precompile"
+        )
+    finally:
+        proc.kill()
