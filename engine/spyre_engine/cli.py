@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -185,10 +186,58 @@ def _has_files(path: Path) -> bool:
     return path.is_dir() and any(p.is_file() for p in path.rglob("*"))
 
 
+class ArtifactMismatch(Exception):
+    """The artifact has no catalog entry this server can use."""
+
+
+def select_entry(
+    settings: ServeSettings, entries: list[dict[str, Any]], model_path: str
+) -> dict[str, Any]:
+    """The catalog entry ``serve`` runs: usable by ``--backend`` and matching the effective shape
+    (what the plugin will configure for these flags; with sendnn it caps unknown configurations)
+    and the model. Raises ArtifactMismatch with a message naming what the catalog has."""
+    from spyre_engine import catalog
+    from spyre_engine.known_configs import read_config_json
+
+    path = catalog.catalog_path(settings.artifact_dir)
+    config_json = read_config_json(model_path)
+    shape = catalog.entry_data(settings, model_path, config_json)
+    shape.pop("MODEL_NAME")
+    usable = [e for e in entries if catalog.serves_with(e, settings.backend)]
+    if catalog.find_entry(usable, shape) is None:
+        others = [e for e in entries if e not in usable]
+        note = (
+            f" ({len(others)} entr{'y' if len(others) == 1 else 'ies'} compiled with "
+            f"{', '.join(sorted({str(e.get('dynamo_backend')) for e in others}))}, which "
+            f"--backend {settings.backend} cannot serve)"
+            if others
+            else ""
+        )
+        raise ArtifactMismatch(
+            f"{path} has no entry for {catalog.describe({'MODEL_NAME': settings.model, **shape})}"
+            f" usable by --backend {settings.backend}{note}; it has: "
+            f"{' | '.join(catalog.describe(e['data']) for e in entries)}"
+        )
+    entry = catalog.find_entry(usable, {"MODEL_NAME": model_path, **shape})
+    if entry is None:
+        models = sorted({str(e["data"].get("MODEL_NAME")) for e in entries})
+        raise ArtifactMismatch(
+            f"{path} has this shape only for model(s) {', '.join(models)}, not {model_path}"
+        )
+    missing = [k for k in catalog.OPTIONAL_KEYS if k in shape and k not in entry["data"]]
+    if missing:
+        log.warning("The catalog entry does not record %s; not checked", ", ".join(missing))
+    if settings.backend == "inductor" and not _has_files(Path(settings.artifact_dir) / "inductor"):
+        raise ArtifactMismatch(
+            f"{settings.artifact_dir} has a catalog entry but no inductor graphs "
+            "(<artifact>/inductor is empty); serve does not compile: precompile again"
+        )
+    return entry
+
+
 def run_serve(settings: ServeSettings, process_started: float) -> int:
     """``spyre-engine serve``: refuse fast without a matching catalog entry, else serve."""
     from spyre_engine import catalog
-    from spyre_engine.known_configs import read_config_json
     from spyre_engine.launch import ModelNotFound, resolve_model
     from spyre_engine.metrics import EngineMetrics
 
@@ -211,47 +260,10 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
     except ModelNotFound as exc:
         return _fail(settings.termination_log, REASON_MODEL_NOT_FOUND, str(exc))
     t2 = time.monotonic()
-    # What the plugin will configure for these flags (with sendnn it caps unknown
-    # configurations) is what precompile recorded and what the plugin will look up.
-    config_json = read_config_json(model_path)
-    shape = catalog.entry_data(settings, model_path, config_json)
-    shape.pop("MODEL_NAME")
-    usable = [e for e in entries if catalog.serves_with(e, settings.backend)]
-    if catalog.find_entry(usable, shape) is None:
-        others = [e for e in entries if e not in usable]
-        note = (
-            f" ({len(others)} entr{'y' if len(others) == 1 else 'ies'} compiled with "
-            f"{', '.join(sorted({str(e.get('dynamo_backend')) for e in others}))}, which "
-            f"--backend {settings.backend} cannot serve)"
-            if others
-            else ""
-        )
-        return _fail(
-            settings.termination_log,
-            REASON_ARTIFACT_MISMATCH,
-            f"{path} has no entry for {catalog.describe({'MODEL_NAME': settings.model, **shape})}"
-            f" usable by --backend {settings.backend}{note}; it has: "
-            f"{' | '.join(catalog.describe(e['data']) for e in entries)}",
-        )
-    wanted = {"MODEL_NAME": model_path, **shape}
-    entry = catalog.find_entry(usable, wanted)
-    if entry is None:
-        models = sorted({str(e["data"].get("MODEL_NAME")) for e in entries})
-        return _fail(
-            settings.termination_log,
-            REASON_ARTIFACT_MISMATCH,
-            f"{path} has this shape only for model(s) {', '.join(models)}, not {model_path}",
-        )
-    missing = [k for k in catalog.OPTIONAL_KEYS if k in shape and k not in entry["data"]]
-    if missing:
-        log.warning("The catalog entry does not record %s; not checked", ", ".join(missing))
-    if settings.backend == "inductor" and not _has_files(Path(settings.artifact_dir) / "inductor"):
-        return _fail(
-            settings.termination_log,
-            REASON_ARTIFACT_MISMATCH,
-            f"{settings.artifact_dir} has a catalog entry but no inductor graphs "
-            "(<artifact>/inductor is empty); serve does not compile: precompile again",
-        )
+    try:
+        entry = select_entry(settings, entries, model_path)
+    except ArtifactMismatch as exc:
+        return _fail(settings.termination_log, REASON_ARTIFACT_MISMATCH, str(exc))
     from spyre_engine.launch import package_versions
 
     installed = package_versions()["sendnn_inference"]

@@ -105,7 +105,7 @@ def test_entries_match_with_the_plugins_own_matcher(tiny_model: Path, tmp_path: 
             ),
             big,
         ),
-        # compile-only: the same as sendnn
+        # compile-only: the entry a sendnn server (the probe below) must find
         (_settings(big, art, backend="sendnn_compile_only", max_model_len=4096), big),
         # a known configuration of granite-3.3-8b-instruct (tp 1, 8192 x 4)
         (
@@ -131,7 +131,12 @@ def test_entries_match_with_the_plugins_own_matcher(tiny_model: Path, tmp_path: 
         if not s.is_pooling:
             requested["data"]["VLLM_DT_MAX_CONTEXT_LEN"] = s.max_model_len
             requested["data"]["VLLM_DT_MAX_BATCH_SIZE"] = s.max_num_seqs
-        cases.append(_case(s, model, [[entry], [stringly], {}, [stringly, entry], [requested]]))
+        # The server that uses the artifact: a compile-only artifact is served with sendnn.
+        server = (
+            s.model_copy(update={"backend": "sendnn"}) if s.backend == "sendnn_compile_only" else s
+        )
+        catalogs = [[entry], [stringly], {}, [stringly, entry], [requested]]
+        cases.append(_case(server, model, catalogs))
     results = _probe(cases, tmp_path)
 
     for (s, entry), result in zip(expected, results, strict=True):

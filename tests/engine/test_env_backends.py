@@ -116,3 +116,77 @@ def test_vllm_gets_time_to_shut_down(tmp_path: Path) -> None:
         cmd = vllm_command(settings, "/m", host="127.0.0.1", port=9)
         timeout = int(cmd[cmd.index("--shutdown-timeout") + 1])
         assert timeout >= 2
+
+
+# ---------------------------------------------------------------- compile-only artifacts
+
+
+def _model(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"model_type": "granite"}')
+    return model
+
+
+def test_a_compile_only_artifact_is_served_by_sendnn_only(tmp_path: Path) -> None:
+    from spyre_engine import catalog
+    from spyre_engine.cli import ArtifactMismatch, select_entry
+
+    model = _model(tmp_path)
+    art = tmp_path / "art"
+    shape = {"max_model_len": 4096, "max_num_seqs": 4, "max_num_batched_tokens": 1024}
+    pre = _pre(art, backend="sendnn_compile_only", require_known_config=False, **shape)
+    env = plugin_env(pre, require_precompiled=False, base=BAKED)
+    assert env["SENDNN_INFERENCE_DYNAMO_BACKEND"] == "sendnn_compile_only"
+    entry = catalog.make_entry(pre, str(model), "2.6.3", {"model_type": "granite"}, env)
+    assert entry["dynamo_backend"] == "sendnn_compile_only"
+    catalog.add_entry(art, entry)
+    entries = catalog.read_catalog(art)
+    # The Deployment's server (same shape, --backend sendnn) finds it...
+    assert select_entry(_serve(art, **shape), entries, str(model)) == entry
+    # ...an inductor server does not (no inductor graphs in a sendnn artifact)...
+    with pytest.raises(ArtifactMismatch, match="sendnn_compile_only, which --backend inductor"):
+        select_entry(_serve(art, backend="inductor", **shape), entries, str(model))
+    # ...and another chunk is another artifact (torch_sendnn would refuse it at warmup).
+    with pytest.raises(ArtifactMismatch, match="chunk=512"):
+        other = {**shape, "max_num_batched_tokens": None}
+        select_entry(_serve(art, **other), entries, str(model))
+
+
+def test_the_catalog_compares_types_and_accepts_the_empty_dict(tmp_path: Path) -> None:
+    from spyre_engine import catalog
+
+    (tmp_path / catalog.CATALOG_FILENAME).write_text("{}")
+    assert catalog.read_catalog(tmp_path) == []
+    s = _serve(tmp_path, max_model_len=512)
+    entry = catalog.make_entry(s, "/m", "2.6.3")
+    assert catalog.add_entry(tmp_path, entry) is True
+    assert catalog.read_catalog(tmp_path) == [entry]
+    wanted = catalog.entry_data(s, "/m")
+    stringly = {**entry, "data": {**entry["data"], "NUM_AIUS": "1"}}
+    assert catalog.find_entry([stringly], wanted) is None
+    # Keys only torch_sendnn reads may be missing (hand-written or upstream catalogs)...
+    upstream = {
+        "sendnn_inference_version": "2.6.3",
+        "data": {k: v for k, v in entry["data"].items() if k not in catalog.OPTIONAL_KEYS},
+    }
+    assert catalog.find_entry([upstream], wanted) == upstream
+    # ...but when present they must agree.
+    chunked = {**entry, "data": {**entry["data"], "VLLM_DT_CHUNK_LEN": 1024}}
+    assert catalog.find_entry([chunked], wanted) is None
+
+
+def test_sendnn_caps_unknown_configurations_in_the_entry(tmp_path: Path) -> None:
+    from spyre_engine import catalog
+
+    s = _serve(tmp_path, max_model_len=65536, max_num_seqs=64)
+    data = catalog.entry_data(s, "/m", {"model_type": "granite"}, env={})
+    assert (data["VLLM_DT_MAX_CONTEXT_LEN"], data["VLLM_DT_MAX_BATCH_SIZE"]) == (32768, 32)
+    assert data["VLLM_DT_MAX_BATCH_TKV_LIMIT"] == 131072
+    cpu = _serve(tmp_path, max_model_len=65536, max_num_seqs=64, backend="inductor")
+    data = catalog.entry_data(cpu, "/m", {"model_type": "granite"}, env={})
+    assert (data["VLLM_DT_MAX_CONTEXT_LEN"], data["VLLM_DT_MAX_BATCH_SIZE"]) == (65536, 64)
+    pooling = _serve(tmp_path, task="embed", warmup_shapes="64x4,128x2", max_model_len=1024)
+    data = catalog.entry_data(pooling, "/m", {}, env={})
+    assert data["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] == "64,128"
+    assert "VLLM_DT_CHUNK_LEN" not in data
