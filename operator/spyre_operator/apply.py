@@ -3,10 +3,20 @@
 Children are written with server-side apply under one field manager. Before each write the
 desired object is compared with the live one from the watch cache: when every field we would
 set already has that value, nothing is sent, so an idle resync makes zero API writes.
+
+"Every field we would set" is not enough on its own: a field the operator stops setting (a
+removed label, env entry, toleration, the cache PVC's ownerReferences after a switch to
+``retainPolicy: Retain``) is still on the live object, so the desired object stays a subset
+and nothing would be written. Each applied object therefore carries a hash of the whole
+desired object in an annotation; when the desired object changes, so does the hash, the
+apply is sent, and server-side apply removes every field this field manager owned and no
+longer sets.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import secrets
 from collections import Counter
@@ -23,6 +33,9 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import CascadeType, PatchType
 
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+
+#: Hash of the desired object last applied (see the module docstring).
+APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +94,19 @@ def is_subset(desired: Any, live: Any, parent: str = "") -> bool:
     return isinstance(desired, int | str) and str(desired) == str(live)
 
 
+def with_applied_hash(desired: dict[str, Any]) -> dict[str, Any]:
+    """``desired`` with the hash of its own content in an annotation."""
+    meta = desired.setdefault("metadata", {})
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k != APPLIED_HASH_ANNOTATION
+    }
+    meta["annotations"] = annotations or None
+    doc = json.dumps(desired, sort_keys=True, separators=(",", ":"), default=str)
+    annotations[APPLIED_HASH_ANNOTATION] = hashlib.sha256(doc.encode()).hexdigest()[:16]
+    meta["annotations"] = annotations
+    return desired
+
+
 class Applier:
     """Writes desired objects, skipping no-ops, and counts what it wrote."""
 
@@ -95,7 +121,8 @@ class Applier:
 
     async def apply(self, obj: Any, live: dict[str, Any] | None) -> bool:
         """Server-side apply ``obj`` unless ``live`` already matches. Returns True if written."""
-        desired = obj.to_dict()
+        desired = with_applied_hash(obj.to_dict())
+        obj = type(obj).from_dict(desired)
         if live is not None and is_subset(desired, live):
             self.skipped += 1
             return False

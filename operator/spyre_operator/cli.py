@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
             liveness_endpoint=args.liveness,
             # kopf would otherwise detect its identity with getpass.getuser(), which raises
             # in a container whose uid has no passwd entry (the chart runs as 65532).
-            identity=kopf.Identity(OperatorConfig.identity),
+            identity=OperatorConfig.identity,  # type: ignore[arg-type]
         )
     )
     return 0

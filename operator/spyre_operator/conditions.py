@@ -32,15 +32,19 @@ CLAIM_PENDING = "ClaimPending"
 CLAIM_LOST = "ClaimLost"
 CLAIM_NOT_FOUND = "ClaimNotFound"
 CLAIM_CREATING = "ClaimCreating"
+#: Degraded: another SpyreModel naming the same managed PVC asks for other settings.
+CLAIM_CONFLICT = "ClaimConflict"
+#: Degraded: an edit of a PVC field that cannot change in place (class, modes, shrink).
+CLAIM_IMMUTABLE = "ClaimImmutable"
+#: CacheVolumeReady reasons that make the model Degraded.
+CLAIM_PROBLEMS = frozenset({CLAIM_NOT_FOUND, CLAIM_LOST})
 # ArtifactReady
 COMPILING = "Compiling"
-COMPILE_PENDING = "CompilePending"
 ARTIFACT_AVAILABLE = "ArtifactAvailable"
 PRECOMPILE_FAILED = "PrecompileFailed"
 # Ready / Progressing / Degraded
 SERVING = "Serving"
 SCALED_TO_ZERO = "ScaledToZero"
-WAITING_FOR_ARTIFACT = "WaitingForArtifact"
 ROLLING_OUT = "RollingOut"
 SERVING_PREVIOUS_ARTIFACT = "ServingPreviousArtifact"
 PODS_NOT_READY = "PodsNotReady"
@@ -49,7 +53,10 @@ AS_EXPECTED = "AsExpected"
 INVALID_SPEC = "InvalidSpec"
 ENGINE_FAILED = "EngineFailed"
 ROLLOUT_STALLED = "RolloutStalled"
+#: A write the API server rejected (the message carries the server's).
 RECONCILE_ERROR = "ReconcileError"
+#: A Deployment, Service or PDB with the model's name exists and is not the operator's.
+NAME_CONFLICT = "NameConflict"
 
 #: Reasons that are warnings when they appear (Kubernetes Event type).
 WARNING_REASONS = frozenset(
@@ -61,6 +68,9 @@ WARNING_REASONS = frozenset(
         ENGINE_FAILED,
         ROLLOUT_STALLED,
         RECONCILE_ERROR,
+        NAME_CONFLICT,
+        CLAIM_CONFLICT,
+        CLAIM_IMMUTABLE,
     }
 )
 
@@ -73,6 +83,17 @@ class Cond:
     status: str
     reason: str
     message: str = ""
+
+
+def with_kstatus(conds: list[Cond]) -> list[Cond]:
+    """``conds`` plus Reconciling and Stalled, mirrors of Progressing and Degraded."""
+    by_type = {c.type: c for c in conds}
+    out = list(conds)
+    for src, dst in ((PROGRESSING, RECONCILING), (DEGRADED, STALLED)):
+        c = by_type.get(src)
+        if c is not None:
+            out.append(Cond(dst, c.status, c.reason, c.message))
+    return out
 
 
 def now_rfc3339() -> str:

@@ -21,14 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Pod, Service
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from . import conditions as C
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
 from .desired.plan import plan_model
-from .reconcile import Decision, Observed, decide
+from .reconcile import DEFAULT_POLICY, Decision, Observed, Policy, WriteError, decide
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,13 @@ ERROR_BACKOFF_MAX = 300.0
 SERVER_PODS_TTL = 5.0
 #: Events posted concurrently in the background.
 EVENT_CONCURRENCY = 8
+#: Per-model children looked up by name before the first write (the watch only sees the
+#: operator's own, labelled objects): a same-named object that is not ours is never taken over.
+NAMED_CHILDREN: dict[str, type] = {
+    "Deployment": Deployment,
+    "Service": Service,
+    "PodDisruptionBudget": PodDisruptionBudget,
+}
 #: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
 #: coroutines keep throughput up (the benchmark at 500 models; see tests/bench/RESULTS.md).
 DEFAULT_WORKERS = 32
@@ -137,6 +146,31 @@ class Stats:
     reconcile_seconds: float = 0.0
 
 
+class RejectedWrites(Exception):
+    """Some writes of a reconcile were rejected; status says so, the worker backs off."""
+
+
+def foreign_owner(kind: str, live: Mapping[str, Any], model: str) -> str | None:
+    """Why ``live`` (a child named after ``model``) is not the operator's, or None if it is.
+
+    Ours: controlled by a SpyreModel of that name (any uid: a model deleted and created again
+    adopts what its earlier incarnation left for the garbage collector).
+    """
+    meta = live.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            if ref.get("kind") == "SpyreModel" and ref.get("name") == model:
+                return None
+            return (
+                f"{kind} {meta.get('name')} exists and is controlled by {ref.get('kind')} "
+                f"{ref.get('name')}, not by this SpyreModel: delete it or rename the SpyreModel"
+            )
+    return (
+        f"{kind} {meta.get('name')} exists and is not managed by the operator: delete it "
+        "or rename the SpyreModel"
+    )
+
+
 class Controller:
     """Owns the queue, the workers and the per-model reconcile."""
 
@@ -146,8 +180,10 @@ class Controller:
         caches: Caches,
         workers: int = DEFAULT_WORKERS,
         clock: Callable[[], str] = C.now_rfc3339,
+        policy: Policy = DEFAULT_POLICY,
     ) -> None:
         self.client = client
+        self.policy = policy
         self.caches = caches
         self.applier = Applier(client)
         self.queue = WorkQueue()
@@ -170,6 +206,9 @@ class Controller:
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
+        #: With leader election: whether the lease is still held (checked before each write,
+        #: so a leader that was paused past its lease never writes before it notices).
+        self.may_write: Callable[[], bool] = lambda: True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -216,6 +255,8 @@ class Controller:
             self.enqueue(list(models.keys()))
         else:
             self.active.clear()
+            # Another replica writes now: what this one wrote last is not the newest status.
+            self._written_status.clear()
 
     # ------------------------------------------------------------------ routing
 
@@ -232,6 +273,11 @@ class Controller:
         """SpyreModels using ``claim`` as their cache."""
         users = self.caches.all("claim_users", (namespace, claim))
         return [(namespace, u.owner.name) for u in users]
+
+    def models_for_model_claim(self, namespace: str, claim: str) -> list[ModelKey]:
+        """SpyreModels loading weights from pvc://``claim`` (it appeared, went or changed)."""
+        owners = self.caches.all("model_claim_users", (namespace, claim))
+        return [(namespace, o.name) for o in owners]
 
     def claim_peers_if_changed(self, key: ModelKey, plan: Any | None) -> list[ModelKey]:
         """Models sharing a cache claim with ``key``, if ``key``'s use of the claim changed.
@@ -291,8 +337,11 @@ class Controller:
         job = self.caches.one("jobs", (ns, job_name))
         if job is not None and job["metadata"].get("uid") in self._deleted_jobs:
             job = None  # we deleted it; the watch has not caught up yet
-        users = self.caches.all("claim_users", (ns, plan_claim))
-        return Observed(
+        users = sorted(
+            self.caches.all("claim_users", (ns, plan_claim)),
+            key=lambda u: (u.created, u.owner.name),
+        )
+        obs = Observed(
             cache_pvc=self.caches.one("pvcs", (ns, plan_claim)),
             model_pvc_exists=model_claim is None
             or self.caches.one("pvcs", (ns, model_claim)) is not None,
@@ -306,6 +355,15 @@ class Controller:
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
         )
+        for kind, live in (
+            ("Deployment", obs.deployment),
+            ("Service", obs.service),
+            ("PodDisruptionBudget", obs.pdb),
+        ):
+            why = foreign_owner(kind, live, name) if live is not None else None
+            if why:
+                obs.foreign[kind] = why
+        return obs
 
     async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         pods = []
@@ -326,7 +384,7 @@ class Controller:
         model = self._with_written_status(key, model)
         try:
             spec = SpyreModelSpec.model_validate(model.get("spec") or {})
-            plan = plan_model(name, ns, model["metadata"].get("uid", ""), 1, spec)
+            plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec)
             obs = self.observe(model, plan.claim, plan.key, plan.job_name, plan.model_claim)
         except Exception:  # noqa: BLE001 - invalid spec: decide() reports it as a condition
             obs = Observed()
@@ -337,8 +395,10 @@ class Controller:
             st = obs.deployment.get("status") or {}
             if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < spec.replicas:
                 obs.server_pods = await self._recent_server_pods(key)
-        decision = decide(model, obs, self.clock())
+        decision = decide(model, obs, self.clock(), self.policy)
         await self.execute(model, obs, decision)
+        if decision.requeue_after is not None:
+            self.queue.add_after(key, decision.requeue_after)
         self.stats.reconciles += 1
         self.stats.reconcile_seconds += time.perf_counter() - t0
         ready = C.find(decision.status.get("conditions"), C.READY)
@@ -393,14 +453,22 @@ class Controller:
         return self._job_messages[uid]
 
     async def execute(self, model: Mapping[str, Any], obs: Observed, d: Decision) -> None:
-        """Hand a decision to the apply layer."""
+        """Hand a decision to the apply layer; rejected writes end up in status.
+
+        A write the API server rejects (invalid, forbidden, over quota) or a same-named object
+        that is not ours is folded back into the decision, so the status and an Event say what
+        happened, with the server's message; then the worker backs off and tries again.
+        """
         ns = model["metadata"]["namespace"]
+        name = model["metadata"]["name"]
         live_by_kind = {
             "PersistentVolumeClaim": obs.cache_pvc,
             "Deployment": obs.deployment,
             "Service": obs.service,
             "PodDisruptionBudget": obs.pdb,
         }
+        if not self.may_write():
+            raise RuntimeError("leader lease not held; not writing")
         for resource, obj_name in d.delete:
             live = obs.job if resource.__name__ == "Job" else None
             if live is not None:
@@ -409,23 +477,52 @@ class Controller:
         # The children do not depend on each other: write them concurrently, so a reconcile
         # costs one API round trip rather than one per child (the benchmark is bound by
         # round trips, not CPU). The Job goes first: it is the slow path (the compile).
-        writes: list[Coroutine[Any, Any, Any]] = [
-            self._ensure_job(ns, model["metadata"]["name"], d.job, obs.job)
-        ]
-        writes += [self.applier.apply(obj, live_by_kind.get(obj.kind)) for obj in d.apply]
+        targets: list[tuple[str, str]] = []
+        writes: list[Coroutine[Any, Any, Any]] = []
+        if d.job is not None:
+            targets.append(("Job", str(d.job.metadata.name if d.job.metadata else "")))
+            writes.append(self._ensure_job(ns, name, d.job, obs.job))
+        for obj in d.apply:
+            live = live_by_kind.get(obj.kind)
+            if live is None and obj.kind in NAMED_CHILDREN:
+                live = await self._lookup(obj.kind, obj.metadata.name, ns)
+                why = foreign_owner(obj.kind, live, name) if live is not None else None
+                if why:
+                    obs.foreign[obj.kind] = why
+                    continue
+            targets.append((obj.kind, obj.metadata.name))
+            writes.append(self.applier.apply(obj, live))
         results = await asyncio.gather(*writes, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
+        for (kind, obj_name), r in zip(targets, results, strict=True):
+            if isinstance(r, ApiError) and _rejected(r):
+                obs.write_errors.append(
+                    WriteError(kind, obj_name, r.status.code or 0, r.status.message or str(r))
+                )
+            elif isinstance(r, BaseException):
                 raise r
-        wrote = await self.applier.apply_status(
-            model["metadata"]["name"], ns, d.status, model.get("status")
-        )
+        if obs.foreign or obs.write_errors:
+            again = decide(dict(model), obs, self.clock(), self.policy)
+            d.status, d.events = again.status, again.events
+        if not self.may_write():
+            raise RuntimeError("leader lease not held; not writing")
+        wrote = await self.applier.apply_status(name, ns, d.status, model.get("status"))
         if wrote:
-            key = (ns, model["metadata"]["name"])
-            self._written_status[key] = (model["metadata"].get("uid"), d.status)
+            self._written_status[(ns, name)] = (model["metadata"].get("uid"), d.status)
             for type_, reason, message in d.events:
                 self._background(self.applier.event(dict(model), type_, reason, message))
         self._expire_deleted_jobs()
+        if obs.write_errors:
+            raise RejectedWrites(_write_error_message(obs.write_errors))
+
+    async def _lookup(self, kind: str, name: str, ns: str) -> dict[str, Any] | None:
+        """GET a child the watch cache does not have (it may be someone else's)."""
+        try:
+            obj: Any = await self.client.get(NAMED_CHILDREN[kind], name, namespace=ns)
+        except ApiError as e:
+            if e.status.code == 404:
+                return None
+            raise
+        return obj.to_dict()  # type: ignore[no-any-return]
 
     async def _ensure_job(
         self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None
@@ -456,6 +553,16 @@ class Controller:
                 del self._deleted_jobs[uid]
 
 
+def _rejected(e: ApiError) -> bool:
+    """A client error the API server will repeat until something changes (not a race)."""
+    code = e.status.code or 0
+    return 400 <= code < 500 and code not in (404, 409, 429)
+
+
+def _write_error_message(errors: list[WriteError]) -> str:
+    return "; ".join(f"{e.kind} {e.name}: {e.code} {e.message}" for e in errors)
+
+
 def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The few fields of a pod the reconcile reads (termination messages, crash loops)."""
     meta = pod.get("metadata", {})
@@ -468,7 +575,11 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         state = cs.get("state") or {}
         last = cs.get("lastState") or {}
-        term = state.get("terminated") or last.get("terminated")
+        # The last termination explains a container that is down now (restarting, crash
+        # looping); once it runs and is ready again, an old OOM kill is history, not a failure.
+        term = state.get("terminated") or (
+            last.get("terminated") if not cs.get("ready") and not state.get("running") else None
+        )
         if term:
             out["terminated"] = {
                 "exitCode": term.get("exitCode"),

@@ -29,6 +29,7 @@ from .controller import Caches, Controller
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
 from .metrics import count_requests, start_metrics_server
+from .reconcile import Policy
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ INDEX_NAMES = (
     "models",
     "artifact_users",
     "claim_users",
+    "model_claim_users",
     "jobs",
     "deployments",
     "services",
@@ -51,6 +53,8 @@ class ClaimUser:
 
     owner: OwnerRef
     volume: CacheVolumeSpec | None
+    #: creationTimestamp: the oldest user's cache.volume settings make a shared PVC.
+    created: str = ""
 
 
 class OperatorConfig:
@@ -104,7 +108,7 @@ def _build_plan(namespace: str, name: str, uid: str, spec_body: Any) -> Any:
         spec = SpyreModelSpec.model_validate(dict(spec_body or {}))
     except ValidationError:
         return None
-    return plan_model(name, namespace, uid, 1, spec)
+    return plan_model(name, namespace, uid, spec)
 
 
 def use_http2() -> bool:
@@ -117,6 +121,14 @@ def use_http2() -> bool:
     if os.environ.get("SPYRE_HTTP2", "1") == "0":
         return False
     return importlib.util.find_spec("h2") is not None
+
+
+def policy_from_env(env: Any) -> Policy:
+    """Reconcile tunables: SPYRE_COMPILE_RETRY_BASE_SECONDS / _MAX_SECONDS (compile retries)."""
+    return Policy(
+        retry_base_seconds=float(env.get("SPYRE_COMPILE_RETRY_BASE_SECONDS", 60)),
+        retry_cap_seconds=float(env.get("SPYRE_COMPILE_RETRY_MAX_SECONDS", 3600)),
+    )
 
 
 # ------------------------------------------------------------------------------ settings
@@ -147,7 +159,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
 
     client = AsyncClient(field_manager=FIELD_MANAGER, timeout=30, http2=use_http2())
     caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
-    controller = Controller(client, caches, workers=OperatorConfig.workers)
+    controller = Controller(
+        client, caches, workers=OperatorConfig.workers, policy=policy_from_env(os.environ)
+    )
     memo["controller"] = controller
     count_requests(client, controller.requests)
     controller.start()
@@ -201,7 +215,17 @@ def index_claim_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
     if plan is None:
         return {}
     volume = plan.volume if plan.claim_managed else None
-    return {(plan.namespace, plan.claim): ClaimUser(plan.owner, volume)}
+    created = str(body.get("metadata", {}).get("creationTimestamp") or "")
+    return {(plan.namespace, plan.claim): ClaimUser(plan.owner, volume, created)}
+
+
+@kopf.index(GROUP, VERSION, PLURAL, id="model_claim_users")
+def index_model_claim_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """SpyreModels loading weights from a pvc:// claim, by that claim."""
+    plan = _plan(body)
+    if plan is None or plan.model_claim is None:
+        return {}
+    return {(plan.namespace, plan.model_claim): plan.owner}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")
@@ -255,3 +279,4 @@ async def on_pvc(
     c = _controller(memo)
     phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
     c.enqueue(c.models_for_pvc_event(namespace, name, phase))
+    c.enqueue(c.models_for_model_claim(namespace, name))

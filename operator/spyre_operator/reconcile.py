@@ -1,23 +1,29 @@
 """Decide what one SpyreModel needs, from its spec and the observed children (pure, no I/O).
 
 ``decide()`` is the whole reconcile policy: the handler layer gathers :class:`Observed` from
-the watch caches, calls it, and hands the result to the apply layer. Keeping it pure lets unit
-tests cover every transition without a cluster.
+the watch caches, calls it, and hands the result to the apply layer. It is split by concern,
+each part a pure function: the cache volume (:func:`decide_cache`), the artifact on that
+volume (:func:`decide_artifact`), what the Deployment serves (:func:`decide_serving`) and the
+status (:func:`decide_status`). Keeping it pure lets unit tests cover every transition
+without a cluster.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import PersistentVolumeClaim
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from pydantic import ValidationError
 
+from . import GROUP
 from . import conditions as C
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
+from .apply import parse_quantity
 from .desired import names
 from .desired.deployment import build_deployment
 from .desired.job import build_precompile_job
@@ -29,6 +35,37 @@ from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 # Artifact phases (status.artifact.phase)
 PENDING, COMPILING, READY, FAILED = "Pending", "Compiling", "Ready", "Failed"
 
+#: Setting this annotation to a new value retries a failed compile at once.
+RETRY_ANNOTATION = f"{GROUP}/retry-compile"
+
+_TIME_FMT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Tunables of the reconcile policy (the operator reads them from its environment)."""
+
+    #: A failed compile is retried after base * 2**(attempts-1) seconds, at most cap.
+    retry_base_seconds: float = 60.0
+    retry_cap_seconds: float = 3600.0
+
+    def retry_delay(self, attempts: int) -> float:
+        delay = self.retry_base_seconds * 2 ** max(0, attempts - 1)
+        return float(min(self.retry_cap_seconds, delay))
+
+
+DEFAULT_POLICY = Policy()
+
+
+@dataclass(frozen=True)
+class WriteError:
+    """A write the API server rejected (a 4xx other than a conflict we retry)."""
+
+    kind: str
+    name: str
+    code: int
+    message: str
+
 
 @dataclass
 class Observed:
@@ -37,7 +74,7 @@ class Observed:
     cache_pvc: dict[str, Any] | None = None
     model_pvc_exists: bool = True
     job: dict[str, Any] | None = None
-    #: Compact records of the precompile Job's pods (see handlers.compact_pod).
+    #: Compact records of the precompile Job's pods (see controller.compact_pod).
     job_pods: list[dict[str, Any]] = field(default_factory=list)
     deployment: dict[str, Any] | None = None
     service: dict[str, Any] | None = None
@@ -45,8 +82,13 @@ class Observed:
     server_pods: list[dict[str, Any]] = field(default_factory=list)
     #: Every SpyreModel in the namespace needing this (claim, key): owners of the shared Job.
     job_owners: list[OwnerRef] = field(default_factory=list)
-    #: Every SpyreModel in the namespace using this managed claim, with its volume settings.
+    #: Every SpyreModel in the namespace using this managed claim with its volume settings,
+    #: oldest first: the oldest one's settings make the PVC.
     cache_users: list[tuple[OwnerRef, CacheVolumeSpec]] = field(default_factory=list)
+    #: Children that exist under the model's names but are not the operator's (kind -> detail).
+    foreign: dict[str, str] = field(default_factory=dict)
+    #: Writes of this reconcile the API server rejected.
+    write_errors: list[WriteError] = field(default_factory=list)
 
 
 @dataclass
@@ -59,46 +101,29 @@ class Decision:
     delete: list[tuple[type, str]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Reconcile again after this many seconds (a compile retry that is due later).
+    requeue_after: float | None = None
 
 
-def _cond(conds: list[dict[str, Any]] | None, type_: str, status: str) -> bool:
-    c = C.find(conds, type_)
-    return bool(c and c.get("status") == status)
+# ------------------------------------------------------------------------------ helpers
 
 
-def _job_state(job: dict[str, Any]) -> str:
-    for c in job.get("status", {}).get("conditions") or []:
-        if c.get("status") != "True":
-            continue
-        if c.get("type") == "Complete":
-            return READY
-        if c.get("type") == "Failed":
-            return FAILED
-    return COMPILING
-
-
-def _job_condition_message(job: dict[str, Any], type_: str) -> str:
-    for c in job.get("status", {}).get("conditions") or []:
-        if c.get("type") == type_ and c.get("status") == "True":
-            return str(c.get("message") or c.get("reason") or "")
-    return ""
-
-
-def _latest_termination(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    terminated = [p["terminated"] for p in pods if p.get("terminated")]
-    if not terminated:
+def _parse_time(s: str | None) -> datetime | None:
+    if not s:
         return None
-    return max(terminated, key=lambda t: (t.get("finishedAt") or "", t.get("exitCode") == 0))
+    try:
+        return datetime.strptime(s, _TIME_FMT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def _fmt_time(t: datetime) -> str:
+    return t.strftime(_TIME_FMT)
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:
-    if not start or not end:
-        return None
-    fmt = "%Y-%m-%dT%H:%M:%SZ"
-    try:
-        return (datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds()
-    except ValueError:
-        return None
+    a, b = _parse_time(start), _parse_time(end)
+    return (b - a).total_seconds() if a and b else None
 
 
 def _human_size(n: int | None) -> str:
@@ -112,51 +137,26 @@ def _human_size(n: int | None) -> str:
     return f"{n} B"
 
 
-def artifact_from_job(
-    plan: ModelPlan, obs: Observed, previous: dict[str, Any] | None
-) -> dict[str, Any]:
-    """status.artifact for the spec's key, from the Job (or the last status if it is gone)."""
-    base = {"key": plan.key, "path": plan.artifact_dir(), "jobName": plan.job_name}
-    job = obs.job
-    if job is None:
-        if previous and previous.get("key") == plan.key and previous.get("phase") == READY:
-            return {**previous, "jobName": plan.job_name}  # artifact is on disk; Job was removed
-        return {**base, "phase": PENDING, "message": "creating the precompile Job"}
-    state = _job_state(job)
-    term = _latest_termination(obs.job_pods)
-    parsed = parse_termination_message(term.get("message")) if term else None
-    if state == READY:
-        status = job.get("status", {})
-        out = {
-            **base,
-            "phase": READY,
-            "completedAt": status.get("completionTime"),
-            "compileSeconds": _seconds_between(
-                status.get("startTime"), status.get("completionTime")
-            ),
-        }
-        if isinstance(parsed, ArtifactSummary):
-            if parsed.compile_seconds is not None:
-                out["compileSeconds"] = round(parsed.compile_seconds, 3)
-            if parsed.size_bytes is not None:
-                out["sizeBytes"] = parsed.size_bytes
-            if parsed.key and parsed.key != plan.key:
-                out["message"] = f"engine reported key {parsed.key}, expected {plan.key}"
-        return {k: v for k, v in out.items() if v is not None}
-    if state == FAILED:
-        detail = _job_condition_message(job, "Failed")
-        if isinstance(parsed, EngineFailure):
-            msg = f"{parsed.reason}: {parsed.message}" if parsed.message else parsed.reason
-        elif term and term.get("exitCode") not in (None, 0):
-            msg = f"precompile container exited with code {term.get('exitCode')}"
-        else:
-            msg = "precompile Job failed"
-        if detail:
-            msg = f"{msg} ({detail})"
-        return {**base, "phase": FAILED, "message": msg}
-    active = job.get("status", {}).get("active") or 0
-    msg = f"precompile Job {plan.job_name} is running" if active else "precompile pod starting"
-    return {**base, "phase": COMPILING, "message": msg}
+def _job_condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in job.get("status", {}).get("conditions") or []:
+        if c.get("type") == type_ and c.get("status") == "True":
+            return dict(c)
+    return None
+
+
+def _job_state(job: dict[str, Any]) -> str:
+    if _job_condition(job, "Complete"):
+        return READY
+    if _job_condition(job, "Failed"):
+        return FAILED
+    return COMPILING
+
+
+def _latest_termination(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    terminated = [p["terminated"] for p in pods if p.get("terminated")]
+    if not terminated:
+        return None
+    return max(terminated, key=lambda t: (t.get("finishedAt") or "", t.get("exitCode") == 0))
 
 
 def served_key(deployment: dict[str, Any] | None) -> str | None:
@@ -176,42 +176,24 @@ def _served_spec(deployment: dict[str, Any]) -> SpyreModelSpec | None:
         return None
 
 
-def _rollout(deployment: dict[str, Any] | None, replicas: int) -> tuple[bool, int, int, str | None]:
-    """(fully rolled out and available, replicas, available, stall message) of a Deployment."""
-    if not deployment:
-        return False, 0, 0, None
-    st = deployment.get("status") or {}
-    gen = deployment.get("metadata", {}).get("generation", 0)
-    available = st.get("availableReplicas") or 0
-    total = st.get("replicas") or 0
-    done = (
-        st.get("observedGeneration", 0) >= gen
-        and (st.get("updatedReplicas") or 0) == replicas
-        and available == replicas
-        and total == replicas
-    )
-    stall = None
-    for c in st.get("conditions") or []:
-        if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded":
-            stall = c.get("message") or "rollout exceeded its progress deadline"
-    return done, total, available, stall
+# ------------------------------------------------------------------------------ cache
 
 
-def _engine_failure(pods: list[dict[str, Any]]) -> str | None:
-    """A serving container that exited non-zero (e.g. refusing a mismatched artifact)."""
-    for p in pods:
-        term = p.get("terminated")
-        if term and term.get("exitCode") not in (None, 0):
-            parsed = parse_termination_message(term.get("message"))
-            if isinstance(parsed, EngineFailure):
-                return f"pod {p['name']}: {parsed.reason}: {parsed.message}"
-            return f"pod {p['name']}: engine exited with code {term.get('exitCode')}"
-        if p.get("waiting") == "CrashLoopBackOff":
-            return f"pod {p['name']}: CrashLoopBackOff"
-    return None
+@dataclass
+class CacheOutcome:
+    """The cache claim: what to write, its condition, and a problem users must fix."""
+
+    cond: C.Cond
+    pvc: PersistentVolumeClaim | None = None
+    #: Degraded: another model's settings won, or an immutable field was edited.
+    problem: C.Cond | None = None
+
+    @property
+    def missing(self) -> bool:
+        return self.cond.reason == C.CLAIM_NOT_FOUND
 
 
-def _cache_condition(plan: ModelPlan, pvc: dict[str, Any] | None) -> C.Cond:
+def _claim_condition(plan: ModelPlan, pvc: dict[str, Any] | None) -> C.Cond:
     t = C.CACHE_VOLUME_READY
     if pvc is None:
         if plan.claim_managed:
@@ -238,147 +220,432 @@ def _cache_condition(plan: ModelPlan, pvc: dict[str, Any] | None) -> C.Cond:
     )
 
 
-def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
-    """The reconcile policy for one SpyreModel."""
-    meta = model.get("metadata", {})
-    name, ns = meta["name"], meta["namespace"]
-    generation = meta.get("generation", 1)
-    old_status = model.get("status") or {}
-    old_conds = old_status.get("conditions")
-    d = Decision()
+def _volume_differences(a: CacheVolumeSpec, b: CacheVolumeSpec) -> list[str]:
+    """Settings of two cache.volume entries for one PVC that disagree."""
+    out = []
+    if parse_quantity(a.size) != parse_quantity(b.size):
+        out.append(f"size {a.size} vs {b.size}")
+    if a.storage_class_name != b.storage_class_name:
+        out.append(f"storageClassName {a.storage_class_name} vs {b.storage_class_name}")
+    if sorted(a.access_modes) != sorted(b.access_modes):
+        out.append(f"accessModes {a.access_modes} vs {b.access_modes}")
+    return out
 
-    try:
-        spec = SpyreModelSpec.model_validate(model.get("spec") or {})
-    except ValidationError as e:
-        msg = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-        )[:1024]
-        invalid = [
-            C.Cond(C.READY, C.FALSE, C.INVALID_SPEC, msg),
-            C.Cond(C.DEGRADED, C.TRUE, C.INVALID_SPEC, msg),
-            C.Cond(C.PROGRESSING, C.FALSE, C.INVALID_SPEC, "fix the spec"),
-            C.Cond(C.RECONCILING, C.FALSE, C.INVALID_SPEC, "fix the spec"),
-            C.Cond(C.STALLED, C.TRUE, C.INVALID_SPEC, msg),
-        ]
-        d.status = {
-            **old_status,
-            "observedGeneration": generation,
-            "conditions": C.merge_conditions(old_conds, invalid, generation, now),
-        }
-        d.events = _events(old_conds, d.status["conditions"])
-        return d
 
-    plan = plan_model(name, ns, meta.get("uid", ""), generation, spec)
+def _immutable_edits(
+    volume: CacheVolumeSpec, live: dict[str, Any]
+) -> tuple[CacheVolumeSpec, list[str]]:
+    """``volume`` with the fields an existing PVC cannot change reset to the live values.
 
-    # 1. Cache volume
+    A bound PVC's StorageClass and access modes are immutable and its size can only grow:
+    applying such an edit is rejected on every retry, so the edit is reported instead.
+    """
+    spec = live.get("spec") or {}
+    edits: list[str] = []
+    keep: dict[str, Any] = {}
+    live_class = spec.get("storageClassName")
+    if volume.storage_class_name is not None and volume.storage_class_name != live_class:
+        edits.append(f"storageClassName {live_class} -> {volume.storage_class_name}")
+        keep["storage_class_name"] = live_class
+    live_modes = spec.get("accessModes") or []
+    if live_modes and sorted(volume.access_modes) != sorted(live_modes):
+        edits.append(f"accessModes {live_modes} -> {volume.access_modes}")
+        keep["access_modes"] = list(live_modes)
+    live_size = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
+    want, have = parse_quantity(volume.size), parse_quantity(live_size)
+    if want is not None and have is not None and want < have:
+        edits.append(f"size {live_size} -> {volume.size} (a PVC can only grow)")
+        keep["size"] = live_size
+    return (volume.model_copy(update=keep) if keep else volume), edits
+
+
+def decide_cache(plan: ModelPlan, obs: Observed) -> CacheOutcome:
+    """The cache PVC to write (managed claims only) and CacheVolumeReady."""
     pvc = obs.cache_pvc
-    if plan.claim_managed and plan.volume is not None:
-        ours = (
-            pvc is None
-            or (pvc.get("metadata", {}).get("labels") or {}).get(names.MANAGED_BY)
-            == names.MANAGED_BY_VALUE
-        )
-        if ours:  # a same-named PVC someone else made is used as-is, never modified
-            users = obs.cache_users or [(plan.owner, plan.volume)]
-            d.apply.append(build_cache_pvc(ns, plan.volume, cache_owners(users)))
-    cache_cond = _cache_condition(plan, pvc)
-    claim_missing = cache_cond.reason == C.CLAIM_NOT_FOUND
+    out = CacheOutcome(cond=_claim_condition(plan, pvc))
+    if not (plan.claim_managed and plan.volume is not None):
+        return out
+    labels = ((pvc or {}).get("metadata") or {}).get("labels") or {}
+    if pvc is not None and labels.get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
+        return out  # a same-named PVC someone else made is used as-is, never modified
+    users = obs.cache_users or [(plan.owner, plan.volume)]
+    first_owner, volume = users[0]
+    if first_owner != plan.owner:
+        diff = _volume_differences(plan.volume, volume)
+        if diff:
+            out.problem = C.Cond(
+                C.DEGRADED,
+                C.TRUE,
+                C.CLAIM_CONFLICT,
+                f"PVC {plan.claim} is shared with SpyreModel {first_owner.name}, whose "
+                f"cache.volume settings were first and are used ({'; '.join(diff)}, this model "
+                "vs the first): make the cache.volume entries agree, or name another PVC",
+            )
+    if pvc is not None:
+        volume, edits = _immutable_edits(volume, pvc)
+        if edits and out.problem is None:
+            out.problem = C.Cond(
+                C.DEGRADED,
+                C.TRUE,
+                C.CLAIM_IMMUTABLE,
+                f"PVC {plan.claim} cannot be changed in place ({'; '.join(edits)}): keep the "
+                "old values, or name a new PVC in cache.volume.name",
+            )
+    out.pvc = build_cache_pvc(plan.namespace, volume, cache_owners(users))
+    return out
 
-    # 2. Artifact (precompile Job)
-    prev_artifact = old_status.get("artifact")
-    artifact = artifact_from_job(plan, obs, prev_artifact)
-    art_cond = C.find(old_conds, C.ARTIFACT_READY)
-    if (
-        artifact["phase"] == FAILED
-        and art_cond
-        and art_cond.get("reason") == C.PRECOMPILE_FAILED
-        and (art_cond.get("observedGeneration") or 0) < generation
-    ):
-        # The spec changed since the failure: retry by replacing the failed Job.
-        d.delete.append((Job, plan.job_name))
-        artifact = {**artifact, "phase": PENDING, "message": "retrying after a spec change"}
-    elif obs.job is not None or (artifact["phase"] != READY and not claim_missing):
-        # Create the Job if absent; if present, keep its owner list in step with every
-        # SpyreModel that needs this (claim, key).
+
+# ------------------------------------------------------------------------------ artifact
+
+
+@dataclass
+class ArtifactOutcome:
+    """status.artifact for the spec's (claim, key), its condition and the Job to keep."""
+
+    status: dict[str, Any]
+    cond: C.Cond
+    job: Job | None = None
+    delete_job: bool = False
+    requeue_after: float | None = None
+
+    @property
+    def phase(self) -> str:
+        return str(self.status["phase"])
+
+
+def _summary(plan: ModelPlan, obs: Observed) -> ArtifactSummary | EngineFailure | None:
+    term = _latest_termination(obs.job_pods)
+    return parse_termination_message(term.get("message")) if term else None
+
+
+def _failure_message(plan: ModelPlan, obs: Observed, job: dict[str, Any]) -> str:
+    term = _latest_termination(obs.job_pods)
+    parsed = _summary(plan, obs)
+    if isinstance(parsed, EngineFailure):
+        msg = f"{parsed.reason}: {parsed.message}" if parsed.message else parsed.reason
+    elif term and term.get("exitCode") not in (None, 0):
+        msg = f"precompile container exited with code {term.get('exitCode')}"
+    else:
+        msg = "precompile Job failed"
+    failed = _job_condition(job, "Failed") or {}
+    detail = str(failed.get("message") or failed.get("reason") or "")
+    return f"{msg} ({detail})" if detail else msg
+
+
+def _ready_status(plan: ModelPlan, obs: Observed, job: dict[str, Any]) -> dict[str, Any]:
+    st = job.get("status", {})
+    out: dict[str, Any] = {
+        "phase": READY,
+        "completedAt": st.get("completionTime"),
+        "compileSeconds": _seconds_between(st.get("startTime"), st.get("completionTime")),
+    }
+    parsed = _summary(plan, obs)
+    if isinstance(parsed, ArtifactSummary):
+        if parsed.compile_seconds is not None:
+            out["compileSeconds"] = round(parsed.compile_seconds, 3)
+        if parsed.size_bytes is not None:
+            out["sizeBytes"] = parsed.size_bytes
+        if parsed.key and parsed.key != plan.key:
+            out["message"] = f"engine reported key {parsed.key}, expected {plan.key}"
+    return out
+
+
+def _created_after_completion(pvc: dict[str, Any] | None, job: dict[str, Any]) -> bool:
+    """A claim created after the Job finished cannot hold what the Job compiled.
+
+    (A PVC in use by a pod cannot be deleted, so a claim recreated under the same name is
+    always newer than the completion of any Job that wrote to the old one.)
+    """
+    created = _parse_time(((pvc or {}).get("metadata") or {}).get("creationTimestamp"))
+    done = _parse_time((job.get("status") or {}).get("completionTime"))
+    return bool(created and done and created > done)
+
+
+def decide_artifact(
+    plan: ModelPlan,
+    obs: Observed,
+    model: dict[str, Any],
+    cache: CacheOutcome,
+    now: str,
+    policy: Policy,
+) -> ArtifactOutcome:
+    """The artifact for this spec's key *on this claim*, and the precompile Job behind it.
+
+    Readiness is per (claim, key): a Complete Job on a claim that was recreated since, or a
+    remembered Ready on another claim, is not an artifact here.
+    """
+    pvc_uid = ((obs.cache_pvc or {}).get("metadata") or {}).get("uid")
+    base: dict[str, Any] = {
+        "key": plan.key,
+        "path": plan.artifact_dir(),
+        "jobName": plan.job_name,
+        "claim": plan.claim,
+    }
+    old = model.get("status", {}).get("artifact") or {}
+    same = old.get("key") == plan.key and old.get("claim") == plan.claim
+    attempts = int(old.get("attempts") or 1) if same else 1
+    token = ((model.get("metadata") or {}).get("annotations") or {}).get(RETRY_ANNOTATION)
+    old_token = old.get("retryToken") if same else None
+    carry = {"attempts": attempts, "retryToken": old_token}
+
+    def owners_job() -> Job:
         owners = obs.job_owners or [plan.owner]
         if plan.owner not in owners:
             owners = [*owners, plan.owner]
-        d.job = build_precompile_job(plan, owners)
+        return build_precompile_job(plan, owners)
 
-    if artifact["phase"] == READY:
-        art = C.Cond(
-            C.ARTIFACT_READY,
-            C.TRUE,
-            C.ARTIFACT_AVAILABLE,
-            f"artifact {plan.short_key} ready at {artifact['path']}"
-            + (
-                f" (compiled in {artifact['compileSeconds']:.0f}s, "
-                f"{_human_size(artifact.get('sizeBytes'))})"
-                if artifact.get("compileSeconds") is not None
-                else ""
-            ),
+    def pending(message: str, **extra: Any) -> ArtifactOutcome:
+        st = _clean({**base, **carry, **extra, "phase": PENDING, "message": message})
+        return ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.COMPILING, message))
+
+    job = obs.job
+    if job is None:
+        if old.get("phase") == READY and same and pvc_uid and old.get("claimUID") == pvc_uid:
+            # The artifact is on this very claim; its Job was removed (TTL or by hand).
+            st = {**old, "jobName": plan.job_name}
+            return ArtifactOutcome(st, _ready_condition(plan, st))
+        if cache.missing:
+            msg = "waiting for the cache claim"
+            st = _clean({**base, **carry, "phase": PENDING, "message": msg})
+            return ArtifactOutcome(
+                st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.CLAIM_NOT_FOUND, msg)
+            )
+        out = pending("creating the precompile Job")
+        out.job = owners_job()
+        return out
+
+    state = _job_state(job)
+    if state == READY:
+        if _created_after_completion(obs.cache_pvc, job):
+            out = pending(
+                f"PVC {plan.claim} was created after this artifact was compiled: the "
+                "artifact is not on it; compiling again"
+            )
+            out.delete_job = True
+            return out
+        st = _clean({**base, **_ready_status(plan, obs, job), "claimUID": pvc_uid})
+        out = ArtifactOutcome(st, _ready_condition(plan, st))
+        out.job = owners_job()
+        return out
+
+    if state == FAILED:
+        failed_at = _parse_time((_job_condition(job, "Failed") or {}).get("lastTransitionTime"))
+        current = _parse_time(now) or datetime.now(UTC)
+        due = (failed_at or current) + timedelta(seconds=policy.retry_delay(attempts))
+        if token and token != old_token:
+            reason = f"retrying now ({RETRY_ANNOTATION}={token})"
+        elif current >= due:
+            reason = "retrying after backoff"
+        else:
+            msg = _failure_message(plan, obs, job)
+            st = _clean(
+                {**base, **carry, "phase": FAILED, "message": msg, "nextRetryAt": _fmt_time(due)}
+            )
+            text = (
+                f"{msg}; attempt {attempts}, next retry at {_fmt_time(due)} (or set the "
+                f"annotation {RETRY_ANNOTATION} to a new value to retry now)"
+            )
+            out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.PRECOMPILE_FAILED, text))
+            out.job = owners_job()
+            out.requeue_after = max(1.0, (due - current).total_seconds())
+            return out
+        out = pending(
+            f"{reason}: attempt {attempts + 1}", attempts=attempts + 1, retryToken=token
         )
-    elif artifact["phase"] == FAILED:
-        art = C.Cond(C.ARTIFACT_READY, C.FALSE, C.PRECOMPILE_FAILED, artifact.get("message", ""))
-    elif claim_missing:
-        art = C.Cond(C.ARTIFACT_READY, C.FALSE, C.CLAIM_NOT_FOUND, "waiting for the cache claim")
-    else:
-        art = C.Cond(C.ARTIFACT_READY, C.FALSE, C.COMPILING, artifact.get("message", ""))
+        out.delete_job = True
+        return out
 
-    # 3. Serving: switch to the new key only once its artifact is ready.
-    live_key = served_key(obs.deployment)
-    serve_plan: ModelPlan | None = None
-    serve_key: str | None = None
-    if artifact["phase"] == READY:
-        serve_plan, serve_key = plan, plan.key
-    elif obs.deployment is not None and live_key:
-        old_spec = _served_spec(obs.deployment)
-        if old_spec is not None:
-            old_spec = old_spec.model_copy(update={"replicas": spec.replicas})
-            serve_plan = plan_model(name, ns, plan.uid, generation, old_spec)
-        serve_key = live_key
-    if serve_plan is not None and serve_key is not None:
-        d.apply.append(build_deployment(serve_plan, serve_key))
-    d.apply.append(build_service(plan))
-    if wants_pdb(plan):
-        d.apply.append(build_pdb(plan))
-    elif obs.pdb is not None:
-        d.delete.append((PodDisruptionBudget, names.server_name(name)))
+    active = job.get("status", {}).get("active") or 0
+    msg = f"precompile Job {plan.job_name} is running" if active else "precompile pod starting"
+    st = _clean({**base, **carry, "phase": COMPILING, "message": msg})
+    out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.COMPILING, msg))
+    out.job = owners_job()
+    return out
 
-    # 4. Status
-    serving_key = serve_key if serve_plan is not None else None
-    current = serving_key == plan.key
-    desired_replicas = spec.replicas
-    done, total, available, stall = _rollout(obs.deployment, desired_replicas)
-    if obs.deployment is not None and served_key(obs.deployment) != serving_key:
-        done = False  # the Deployment we just applied has not been observed yet
-    engine_failure = _engine_failure(
-        [p for p in obs.server_pods if p.get("artifact") == names.short_key(serving_key or "")]
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _ready_condition(plan: ModelPlan, st: dict[str, Any]) -> C.Cond:
+    detail = ""
+    if st.get("compileSeconds") is not None:
+        detail = (
+            f" (compiled in {st['compileSeconds']:.0f}s, {_human_size(st.get('sizeBytes'))})"
+        )
+    return C.Cond(
+        C.ARTIFACT_READY,
+        C.TRUE,
+        C.ARTIFACT_AVAILABLE,
+        f"artifact {plan.short_key} ready at {st['path']} on PVC {plan.claim}{detail}",
     )
 
-    if serving_key is None:
-        if artifact["phase"] == FAILED:
-            ready = C.Cond(C.READY, C.FALSE, C.PRECOMPILE_FAILED, art.message)
-        elif claim_missing:
-            ready = C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache_cond.message)
+
+# ------------------------------------------------------------------------------ serving
+
+
+@dataclass
+class ServingOutcome:
+    """What the Deployment serves: the spec's artifact once ready, else the previous one."""
+
+    plan: ModelPlan | None = None
+    key: str | None = None
+
+    def current(self, plan: ModelPlan) -> bool:
+        return (
+            self.plan is not None and self.key == plan.key and self.plan.claim == plan.claim
+        )
+
+
+def decide_serving(plan: ModelPlan, obs: Observed, artifact: ArtifactOutcome) -> ServingOutcome:
+    """Switch to the spec's artifact only once it is ready on the spec's claim.
+
+    Until then the Deployment is rebuilt from the spec it was made from (its annotation):
+    its shape, compile-time env and cache claim match the artifact it runs.
+    """
+    if artifact.phase == READY:
+        return ServingOutcome(plan, plan.key)
+    live_key = served_key(obs.deployment)
+    if obs.deployment is None or not live_key:
+        return ServingOutcome()
+    old_spec = _served_spec(obs.deployment)
+    if old_spec is None:
+        return ServingOutcome()
+    old_spec = old_spec.model_copy(update={"replicas": plan.spec.replicas})
+    return ServingOutcome(plan_model(plan.name, plan.namespace, plan.uid, old_spec), live_key)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The Deployment's progress."""
+
+    done: bool = False
+    total: int = 0
+    available: int = 0
+    stall: str | None = None
+
+
+def _rollout(deployment: dict[str, Any] | None, replicas: int, key: str | None) -> Rollout:
+    if not deployment:
+        return Rollout()
+    st = deployment.get("status") or {}
+    gen = deployment.get("metadata", {}).get("generation", 0)
+    available = st.get("availableReplicas") or 0
+    total = st.get("replicas") or 0
+    done = (
+        served_key(deployment) == key  # else what we just applied has not been observed yet
+        and st.get("observedGeneration", 0) >= gen
+        and (st.get("updatedReplicas") or 0) == replicas
+        and available == replicas
+        and total == replicas
+    )
+    stall = None
+    for c in st.get("conditions") or []:
+        if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded":
+            stall = c.get("message") or "rollout exceeded its progress deadline"
+    return Rollout(done, total, available, stall)
+
+
+def _engine_failure(pods: list[dict[str, Any]]) -> str | None:
+    """A serving container that exited non-zero (e.g. refusing a mismatched artifact)."""
+    for p in pods:
+        term = p.get("terminated")
+        if term and term.get("exitCode") not in (None, 0):
+            parsed = parse_termination_message(term.get("message"))
+            if isinstance(parsed, EngineFailure):
+                return f"pod {p['name']}: {parsed.reason}: {parsed.message}"
+            return f"pod {p['name']}: engine exited with code {term.get('exitCode')}"
+        if p.get("waiting") == "CrashLoopBackOff":
+            return f"pod {p['name']}: CrashLoopBackOff"
+    return None
+
+
+# ------------------------------------------------------------------------------ status
+
+
+def decide_status(
+    plan: ModelPlan,
+    obs: Observed,
+    cache: CacheOutcome,
+    artifact: ArtifactOutcome,
+    serving: ServingOutcome,
+) -> list[C.Cond]:
+    """Ready, Progressing and Degraded (CacheVolumeReady and ArtifactReady come as they are).
+
+    Ready means the endpoint serves: at least one replica is available (or the model is
+    scaled to zero). Fewer replicas than asked is reported by Progressing, and by Degraded
+    once the rollout stalls; it never turns Ready False while pods serve.
+    """
+    replicas = plan.spec.replicas
+    roll = _rollout(obs.deployment, replicas, serving.key)
+    current = serving.current(plan)
+    engine_failure = _engine_failure(
+        [p for p in obs.server_pods if p.get("artifact") == names.short_key(serving.key or "")]
+    )
+    write_error = _write_error_message(obs.write_errors)
+    foreign = "; ".join(obs.foreign.values()) or None
+
+    # Degraded: the first problem users must act on.
+    claim_problem = cache.cond if cache.cond.reason in C.CLAIM_PROBLEMS else cache.problem
+    degraded = C.Cond(C.DEGRADED, C.FALSE, C.AS_EXPECTED, "")
+    for reason, message in (
+        (C.NAME_CONFLICT, foreign),
+        (C.RECONCILE_ERROR, write_error),
+        (C.PRECOMPILE_FAILED, artifact.cond.message if artifact.phase == FAILED else None),
+        (claim_problem.reason if claim_problem else "", claim_problem and claim_problem.message),
+        (
+            C.CLAIM_NOT_FOUND,
+            None
+            if obs.model_pvc_exists
+            else f"model claim {plan.model_claim} not found in namespace {plan.namespace}",
+        ),
+        (C.ENGINE_FAILED, engine_failure),
+        (C.ROLLOUT_STALLED, roll.stall),
+    ):
+        if message:
+            degraded = C.Cond(C.DEGRADED, C.TRUE, reason, message)
+            break
+
+    # Ready: does the endpoint serve?
+    if serving.key is None or serving.plan is None:
+        if foreign:
+            ready = C.Cond(C.READY, C.FALSE, C.NAME_CONFLICT, foreign)
+        elif write_error:
+            ready = C.Cond(C.READY, C.FALSE, C.RECONCILE_ERROR, write_error)
+        elif artifact.phase == FAILED:
+            ready = C.Cond(C.READY, C.FALSE, C.PRECOMPILE_FAILED, artifact.cond.message)
+        elif cache.missing:
+            ready = C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache.cond.message)
         else:
             ready = C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
-    elif desired_replicas == 0 and done:
+    elif replicas == 0:
         ready = C.Cond(C.READY, C.TRUE, C.SCALED_TO_ZERO, "scaled to zero replicas")
-    elif not current and available > 0:
+    elif roll.available > 0 and not current:
+        what = (
+            f"artifact {names.short_key(serving.key)}"
+            if serving.key != plan.key
+            else f"artifact {plan.short_key} from PVC {serving.plan.claim}"
+        )
         ready = C.Cond(
             C.READY,
             C.TRUE,
             C.SERVING_PREVIOUS_ARTIFACT,
-            f"serving artifact {names.short_key(serving_key)} while {plan.short_key} "
-            + ("failed to compile" if artifact["phase"] == FAILED else "compiles"),
+            f"serving {what} while {plan.short_key} on PVC {plan.claim} "
+            + ("failed to compile" if artifact.phase == FAILED else "compiles"),
         )
-    elif current and done:
+    elif roll.available > 0:
         ready = C.Cond(
             C.READY,
             C.TRUE,
             C.SERVING,
-            f"{available}/{desired_replicas} replicas serving artifact {plan.short_key}",
+            f"{roll.available}/{replicas} replicas serving artifact {plan.short_key}",
+        )
+    elif foreign or write_error:
+        ready = C.Cond(
+            C.READY,
+            C.FALSE,
+            C.NAME_CONFLICT if foreign else C.RECONCILE_ERROR,
+            foreign or write_error or "",
         )
     elif engine_failure:
         ready = C.Cond(C.READY, C.FALSE, C.ENGINE_FAILED, engine_failure)
@@ -386,58 +653,106 @@ def decide(model: dict[str, Any], obs: Observed, now: str) -> Decision:
         ready = C.Cond(
             C.READY,
             C.FALSE,
-            C.ROLLING_OUT if available < desired_replicas and total else C.PODS_NOT_READY,
-            f"{available}/{desired_replicas} replicas available",
+            C.ROLLING_OUT if roll.total else C.PODS_NOT_READY,
+            f"0/{replicas} replicas available",
         )
 
-    if artifact["phase"] in (PENDING, COMPILING) and not claim_missing:
-        progressing = C.Cond(C.PROGRESSING, C.TRUE, C.COMPILING, art.message)
-    elif serving_key is not None and not (current and done) and not stall:
+    if artifact.phase in (PENDING, COMPILING) and not cache.missing:
+        progressing = C.Cond(C.PROGRESSING, C.TRUE, C.COMPILING, artifact.cond.message)
+    elif serving.key is not None and not (current and roll.done) and not roll.stall:
         progressing = C.Cond(
-            C.PROGRESSING, C.TRUE, C.ROLLING_OUT, f"rolling out artifact {plan.short_key}"
+            C.PROGRESSING,
+            C.TRUE,
+            C.ROLLING_OUT,
+            f"rolling out artifact {plan.short_key}: {roll.available}/{replicas} replicas "
+            "available",
         )
     else:
         progressing = C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
+    return [ready, cache.cond, artifact.cond, progressing, degraded]
 
-    if artifact["phase"] == FAILED:
-        degraded = C.Cond(C.DEGRADED, C.TRUE, C.PRECOMPILE_FAILED, art.message)
-    elif claim_missing or cache_cond.reason == C.CLAIM_LOST:
-        degraded = C.Cond(C.DEGRADED, C.TRUE, cache_cond.reason, cache_cond.message)
-    elif not obs.model_pvc_exists:
-        degraded = C.Cond(
-            C.DEGRADED,
-            C.TRUE,
-            C.CLAIM_NOT_FOUND,
-            f"model claim {plan.model_claim} not found in namespace {ns}",
-        )
-    elif engine_failure:
-        degraded = C.Cond(C.DEGRADED, C.TRUE, C.ENGINE_FAILED, engine_failure)
-    elif stall:
-        degraded = C.Cond(C.DEGRADED, C.TRUE, C.ROLLOUT_STALLED, stall)
-    else:
-        degraded = C.Cond(C.DEGRADED, C.FALSE, C.AS_EXPECTED, "")
 
-    kstatus = [
-        C.Cond(C.RECONCILING, progressing.status, progressing.reason, progressing.message),
-        C.Cond(C.STALLED, degraded.status, degraded.reason, degraded.message),
+def _write_error_message(errors: list[WriteError]) -> str | None:
+    if not errors:
+        return None
+    return "; ".join(
+        f"the API server rejected {e.kind} {e.name} ({e.code}): {e.message}" for e in errors
+    )[:1024]
+
+
+def _invalid_status(
+    model: dict[str, Any], error: ValidationError, generation: int, now: str
+) -> Decision:
+    old_status = model.get("status") or {}
+    msg = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in error.errors()
+    )[:1024]
+    invalid = [
+        C.Cond(C.READY, C.FALSE, C.INVALID_SPEC, msg),
+        C.Cond(C.DEGRADED, C.TRUE, C.INVALID_SPEC, msg),
+        C.Cond(C.PROGRESSING, C.FALSE, C.INVALID_SPEC, "fix the spec"),
     ]
     conds = C.merge_conditions(
-        old_conds, [ready, cache_cond, art, progressing, degraded, *kstatus], generation, now
+        old_status.get("conditions"), C.with_kstatus(invalid), generation, now
+    )
+    status = {**old_status, "observedGeneration": generation, "conditions": conds}
+    return Decision(status=status, events=_events(old_status.get("conditions"), conds))
+
+
+def decide(
+    model: dict[str, Any], obs: Observed, now: str, policy: Policy = DEFAULT_POLICY
+) -> Decision:
+    """The reconcile policy for one SpyreModel."""
+    meta = model.get("metadata", {})
+    name, ns = meta["name"], meta["namespace"]
+    generation = meta.get("generation", 1)
+    old_status = model.get("status") or {}
+    try:
+        spec = SpyreModelSpec.model_validate(model.get("spec") or {})
+    except ValidationError as e:
+        return _invalid_status(model, e, generation, now)
+    plan = plan_model(name, ns, meta.get("uid", ""), spec)
+
+    cache = decide_cache(plan, obs)
+    artifact = decide_artifact(plan, obs, model, cache, now, policy)
+    serving = decide_serving(plan, obs, artifact)
+
+    d = Decision(job=artifact.job, requeue_after=artifact.requeue_after)
+    if cache.pvc is not None:
+        d.apply.append(cache.pvc)
+    if artifact.delete_job:
+        d.delete.append((Job, plan.job_name))
+    if serving.plan is not None and serving.key is not None:
+        d.apply.append(build_deployment(serving.plan, serving.key))
+    d.apply.append(build_service(plan))
+    if wants_pdb(plan):
+        d.apply.append(build_pdb(plan))
+    elif obs.pdb is not None:
+        d.delete.append((PodDisruptionBudget, names.server_name(name)))
+    # Never write over an object that is not ours.
+    if obs.foreign:
+        d.apply = [o for o in d.apply if o.kind not in obs.foreign]
+
+    conds = C.merge_conditions(
+        old_status.get("conditions"),
+        C.with_kstatus(decide_status(plan, obs, cache, artifact, serving)),
+        generation,
+        now,
     )
     dep_status = (obs.deployment or {}).get("status") or {}
     status: dict[str, Any] = {
         "observedGeneration": generation,
-        "artifact": artifact,
+        "artifact": artifact.status,
         "replicas": dep_status.get("replicas") or 0,
         "readyReplicas": dep_status.get("readyReplicas") or 0,
         "selector": ",".join(f"{k}={v}" for k, v in names.server_selector(name).items()),
         "endpoint": plan.endpoint,
         "conditions": conds,
     }
-    if serving_key:
-        status["servingArtifactKey"] = serving_key
+    if serving.key and serving.plan is not None:
+        status["servingArtifactKey"] = serving.key
     d.status = status
-    d.events = _events(old_conds, conds)
+    d.events = _events(old_status.get("conditions"), conds)
     return d
 
 
@@ -465,9 +780,15 @@ def _events(
 
 
 __all__ = [
+    "RETRY_ANNOTATION",
     "Decision",
     "Observed",
+    "Policy",
+    "WriteError",
     "decide",
-    "artifact_from_job",
+    "decide_artifact",
+    "decide_cache",
+    "decide_serving",
+    "decide_status",
     "served_key",
 ]

@@ -25,7 +25,7 @@ DATA = Path(__file__).parent / "data"
 
 def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
     spec = SpyreModelSpec.model_validate(spec_doc)
-    plan = plan_model(sample, "team-a", f"uid-{sample}", 1, spec)
+    plan = plan_model(sample, "team-a", f"uid-{sample}", spec)
     objs: dict[str, Any] = {
         "job": build_precompile_job(plan, [plan.owner]),
         "deployment": build_deployment(plan, plan.key),

@@ -40,7 +40,7 @@ def dry_run(
 
 
 def children(name: str, ns: str, spec: SpyreModelSpec) -> list[dict[str, Any]]:
-    plan = plan_model(name, ns, UID, 1, spec)
+    plan = plan_model(name, ns, UID, spec)
     objs = [build_precompile_job(plan, [plan.owner]), build_deployment(plan, plan.key),
             build_service(plan)]
     if wants_pdb(plan):

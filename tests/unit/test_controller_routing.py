@@ -21,7 +21,7 @@ def controller(users: dict[str, list[str]]) -> Controller:
 
 
 def plan(name: str, **spec: Any) -> Any:
-    return plan_model(name, "ns", f"uid-{name}", 1,
+    return plan_model(name, "ns", f"uid-{name}",
                       SpyreModelSpec.model_validate({**GENERATE, **spec}))
 
 

@@ -72,7 +72,7 @@ def test_non_compile_fields_do_not_change_the_key(path: tuple[str, ...], value: 
         (("compile", "backend"), "inductor"),
         (("engine", "image"), "registry.example/engine:2"),
         (("serving", "env"), [{"name": "DT_OPT", "value": "x"}]),
-        (("serving", "env"), [{"name": "SENDNN_INFERENCE_DYNAMO_BACKEND", "value": "x"}]),
+        (("serving", "env"), [{"name": "SENDNN_INFERENCE_WARMUP_PROMPT_LENS", "value": "64"}]),
     ],
 )
 def test_compile_fields_change_the_key(path: tuple[str, ...], value: Any) -> None:

@@ -31,7 +31,7 @@ BACKENDS = ("sendnn", "sendnn_compile_only", "inductor", "eager")
 IMAGES = ("quay.io/spyre/engine:1.0", "registry.example/engine:2", "registry.example/e@sha256:"
           + "a" * 64)
 #: Environment names that are not compile inputs (and not reserved by the operator).
-PLAIN_ENV = ("LOG_LEVEL", "HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS")
+PLAIN_ENV = ("LOG_LEVEL", "HF_TOKEN_PATH", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS")
 #: Environment names that are compile inputs (desired.key.is_compile_env).
 COMPILE_ENV = ("DT_OPT", "FLEX_COMPUTE", "SENCORES", "SENDNN_INFERENCE_WARMUP_PROMPT_LENS",
                "TORCH_SENDNN_LOG", "VLLM_DT_CHUNK_LEN")
@@ -82,7 +82,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
                                "limits": st.fixed_dictionaries({"memory": QUANTITY})}),
         "podAnnotations": st.dictionaries(st.sampled_from(["a.example/x", "b"]), ENV_VALUE,
                                           max_size=2),
-        "rollout": optional({"maxSurge": st.integers(0, 2), "maxUnavailable": st.integers(0, 2)}),
+        "rollout": optional({"maxSurge": st.integers(1, 2), "maxUnavailable": st.integers(1, 2)}),
     }))
     if env_names:
         serving["env"] = [{"name": n, "value": draw(ENV_VALUE)} for n in env_names]

@@ -29,7 +29,7 @@ def cond(d: Any, type_: str) -> dict[str, Any]:
 
 def plan_for(m: dict[str, Any]) -> Any:
     meta = m["metadata"]
-    return plan_model(meta["name"], meta["namespace"], meta["uid"], 1,
+    return plan_model(meta["name"], meta["namespace"], meta["uid"],
                       SpyreModelSpec.model_validate(m["spec"]))
 
 
@@ -136,14 +136,16 @@ def test_failed_job_is_degraded_with_termination_message() -> None:
     assert any(e[0] == "Warning" and e[1] == C.PRECOMPILE_FAILED for e in d.events)
 
 
-def test_spec_change_after_failure_retries_the_job() -> None:
+def test_unrelated_spec_change_after_failure_does_not_retry() -> None:
+    """A generation bump (a /scale, a replicas edit) is no reason to delete a failed Job."""
     m = model("m", GENERATE)
     obs = Observed(cache_pvc=BOUND, job=job_obj(m, "Failed"))
     m["status"] = decide(m, obs, NOW).status
     m["metadata"]["generation"] = 2
+    m["spec"] = {**GENERATE, "replicas": 3}
     d = decide(m, obs, NOW)
-    assert [r.__name__ for r, _ in d.delete] == ["Job"]
-    assert d.status["artifact"]["phase"] == "Pending"
+    assert not d.delete
+    assert d.status["artifact"]["phase"] == "Failed" and d.status["artifact"]["nextRetryAt"]
 
 
 def test_compile_edit_keeps_serving_old_artifact_until_new_one_is_ready() -> None:

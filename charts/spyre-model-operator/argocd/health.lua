@@ -19,6 +19,9 @@ local failure_reasons = {
   EngineFailed = true,
   RolloutStalled = true,
   InvalidSpec = true,
+  NameConflict = true,
+  ClaimConflict = true,
+  ClaimImmutable = true,
 }
 
 local function describe(c)

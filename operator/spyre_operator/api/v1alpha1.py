@@ -9,9 +9,9 @@ admission. Every field carries a description because ``kubectl explain`` shows i
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 # --------------------------------------------------------------------------------------
@@ -22,6 +22,11 @@ from pydantic.alias_generators import to_camel
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+#: domain/name of an extended resource (e.g. ibm.com/spyre_vf); the domain has a dot.
+EXTENDED_RESOURCE_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 MODEL_URI_PATTERN = (
     r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+(@[A-Za-z0-9._/-]+)?"
@@ -217,10 +222,29 @@ class ResourceRequirements(ApiModel):
 class RolloutSpec(ApiModel):
     """How the serving Deployment replaces pods. Cards are scarce, so surge is 0 by default."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxSurge > 0 || self.maxUnavailable > 0",
+                    "serving.rollout: maxSurge and maxUnavailable cannot both be 0 (the "
+                    "Deployment could never replace a pod); set maxUnavailable: 1, or maxSurge: "
+                    "1 if a spare card exists",
+                )
+            ]
+        }
+    )
+
     max_surge: int = Field(default=0, ge=0, description="Extra pods above replicas during a roll.")
     max_unavailable: int = Field(
         default=1, ge=0, description="Pods that may be unavailable during a roll."
     )
+
+    @model_validator(mode="after")
+    def _can_roll(self) -> RolloutSpec:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("maxSurge and maxUnavailable cannot both be 0")
+        return self
 
 
 MANAGED_ARGS = (
@@ -237,12 +261,17 @@ MANAGED_ARGS = (
 )
 
 
-#: Environment the operator sets on engine containers; users may not override it.
+#: Environment the operator sets on engine containers; users may not override it. The one list
+#: shared by the CEL rule below, the artifact key (never part of it) and the pod builders
+#: (tests/unit check that the builders set nothing else).
 OPERATOR_ENV = (
     "TORCH_SENDNN_CACHE_ENABLE",
     "TORCH_SENDNN_CACHE_DIR",
     "SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS",
     "SENDNN_INFERENCE_DYNAMO_BACKEND",
+    "HF_HUB_OFFLINE",
+    "HOME",
+    "SPYRE_ENGINE_POD_NAME",
 )
 
 
@@ -374,8 +403,23 @@ class AcceleratorSpec(ApiModel):
 
     resource_name: str = Field(
         default="ibm.com/spyre_vf",
-        description="Extended resource for Spyre cards: ibm.com/spyre_vf or ibm.com/spyre_pf.",
-        json_schema_extra={"enum": ["ibm.com/spyre_vf", "ibm.com/spyre_pf"]},
+        description=(
+            "Extended resource for Spyre cards, as the device plugin advertises it: "
+            "ibm.com/spyre_vf (default), ibm.com/spyre_pf, ibm.com/spyre_pf_tier0/1/2, or "
+            "ibm.com/aiu_pf on older installs. Any valid extended-resource name is accepted."
+        ),
+        max_length=253,
+        pattern=EXTENDED_RESOURCE_PATTERN,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!self.startsWith('kubernetes.io/') && !self.contains('.kubernetes.io/') "
+                    "&& !self.startsWith('requests.')",
+                    "accelerator.resourceName must be an extended resource outside the "
+                    "kubernetes.io domain, e.g. ibm.com/spyre_vf",
+                )
+            ]
+        },
     )
     scheduler_name: str = Field(
         default="spyre-scheduler",
@@ -403,19 +447,15 @@ class CacheVolumeSpec(ApiModel):
         default=None, description="StorageClass; unset means the cluster default."
     )
     size: Quantity = Field(default="50Gi", description="Requested capacity.")
-    access_modes: list[str] = Field(
+    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany"]] = Field(
         default_factory=lambda: ["ReadWriteMany"],
         description=(
             "Access modes. ReadWriteMany lets replicas on several nodes share the cache; "
-            "ReadWriteOnce confines them to one node."
+            "ReadWriteOnce confines the precompile pod and every replica to one node (the "
+            "operator adds the pod affinity that keeps them there). ReadOnlyMany and "
+            "ReadWriteOncePod cannot work for a cache one pod writes and many read."
         ),
         min_length=1,
-        json_schema_extra={
-            "items": {
-                "type": "string",
-                "enum": ["ReadWriteOnce", "ReadWriteMany", "ReadOnlyMany", "ReadWriteOncePod"],
-            }
-        },
     )
     retain_policy: str = Field(
         default="Retain",
@@ -539,6 +579,31 @@ class ArtifactStatus(ApiModel):
     size_bytes: int | None = Field(default=None, description="Artifact size on disk.")
     completed_at: str | None = Field(default=None, description="When compilation finished.")
     message: str | None = Field(default=None, description="Detail, e.g. the failure reason.")
+    claim: str | None = Field(
+        default=None, description="The cache claim this artifact is (being) compiled on."
+    )
+    claim_uid: str | None = Field(
+        default=None,
+        alias="claimUID",
+        description=(
+            "UID of the cache claim the artifact was compiled on: a claim deleted and created "
+            "again under the same name holds no artifact."
+        ),
+    )
+    attempts: int | None = Field(
+        default=None, description="Precompile Jobs run for this key on this claim so far."
+    )
+    next_retry_at: str | None = Field(
+        default=None,
+        description=(
+            "When a failed compile is retried (bounded exponential backoff). Set the "
+            "annotation serving.spyre.dev/retry-compile to a new value to retry at once."
+        ),
+    )
+    retry_token: str | None = Field(
+        default=None,
+        description="The last serving.spyre.dev/retry-compile value acted upon.",
+    )
 
 
 class SpyreModelStatus(ApiModel):

@@ -23,6 +23,8 @@ from .job import TERMINATION_LOG
 from .owners import controller_ref
 from .plan import ModelPlan
 from .pod import (
+    cache_affinity,
+    cache_claim_labels,
     container_security_context,
     merge_env,
     placement,
@@ -42,6 +44,10 @@ READY_PATH = "/health/ready"
 LIVE_PATH = "/health/live"
 #: Loading a large model from the cache onto the cards can take many minutes.
 STARTUP_BUDGET_SECONDS = 1800
+#: Scheduling, image pull and volume attach come on top of the start-up probe's budget. The
+#: Deployment's progress deadline covers both, so a slow but healthy model load is never
+#: reported as a stalled rollout (Argo CD and Flux fail on ProgressDeadlineExceeded).
+PROGRESS_DEADLINE_SECONDS = STARTUP_BUDGET_SECONDS + 600
 
 
 def server_labels(plan: ModelPlan, key: str) -> dict[str, str]:
@@ -49,6 +55,7 @@ def server_labels(plan: ModelPlan, key: str) -> dict[str, str]:
     return {
         **names.common_labels(names.COMPONENT_SERVER),
         **names.server_selector(plan.name),
+        **cache_claim_labels(plan),
         names.ARTIFACT_LABEL: names.short_key(key),
     }
 
@@ -145,6 +152,7 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
         ),
         spec=DeploymentSpec(
             replicas=spec.replicas,
+            progressDeadlineSeconds=PROGRESS_DEADLINE_SECONDS,
             selector=LabelSelector(matchLabels=names.server_selector(plan.name)),
             strategy=DeploymentStrategy(
                 type="RollingUpdate",
@@ -160,6 +168,9 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
                     containers=[container],
                     volumes=vols,
                     enableServiceLinks=False,
+                    # The engine never calls the Kubernetes API.
+                    automountServiceAccountToken=False,
+                    affinity=cache_affinity(plan),
                     **placement(spec),
                 ),
             ),

@@ -14,6 +14,7 @@ from .key import compile_env
 from .owners import shared_refs
 from .plan import ModelPlan, OwnerRef
 from .pod import (
+    cache_affinity,
     container_security_context,
     merge_env,
     placement,
@@ -97,6 +98,8 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
                     containers=[container],
                     volumes=vols,
                     enableServiceLinks=False,
+                    automountServiceAccountToken=False,
+                    affinity=cache_affinity(plan),
                     **placement_fields,
                 ),
             ),

@@ -26,7 +26,7 @@ import hashlib
 import json
 from typing import Any
 
-from ..api.v1alpha1 import EnvVar, SpyreModelSpec
+from ..api.v1alpha1 import OPERATOR_ENV, EnvVar, SpyreModelSpec
 
 #: Bump when the key's inputs change meaning, so old artifacts are not reused by mistake.
 KEY_SCHEMA = "spyre-artifact/v1"
@@ -44,8 +44,8 @@ COMPILE_ENV_NAMES = frozenset(
 )
 #: Prefixes of the Spyre compiler's and runtime's graph-shaping variables.
 COMPILE_ENV_PREFIXES = ("DT_", "FLEX_", "VLLM_DT_", "TORCH_SENDNN_", "SENCORES")
-#: Set by the operator itself; never user-controlled, never part of the key.
-OPERATOR_ENV_NAMES = frozenset({"TORCH_SENDNN_CACHE_ENABLE", "TORCH_SENDNN_CACHE_DIR"})
+#: Set by the operator itself (the API rejects them in serving.env); never part of the key.
+OPERATOR_ENV_NAMES = frozenset(OPERATOR_ENV)
 
 
 def is_compile_env(name: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 from .. import GROUP
 
@@ -40,9 +41,39 @@ def precompile_job_name(key: str, claim: str) -> str:
     return f"spyre-compile-{short_key(key)}-{claim_hash}"
 
 
+#: A Service name is an RFC 1035 label; a SpyreModel name is a DNS subdomain (dots, a leading
+#: digit and up to 253 characters are allowed). Users name models after the model
+#: ("granite-3.3-8b"), so child names are derived, not copied.
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NAME_HASH_LEN = 6
+
+
+def _derived(model: str, valid: bool) -> str:
+    """``model`` if ``valid``, else a readable label-safe form plus a hash of the full name.
+
+    The hash keeps two models whose readable forms coincide ("a.b" and "a-b") apart.
+    """
+    if valid:
+        return model
+    readable = re.sub(r"[^-a-z0-9]", "-", model)
+    if not readable[:1].isalpha():
+        readable = "m-" + readable
+    digest = hashlib.sha256(model.encode()).hexdigest()[:_NAME_HASH_LEN]
+    return f"{readable[: MAX_NAME - _NAME_HASH_LEN - 1].rstrip('-')}-{digest}"
+
+
 def server_name(model: str) -> str:
-    """The serving Deployment, Service and PodDisruptionBudget share the model's name."""
-    return model
+    """Name of the serving Deployment, Service and PodDisruptionBudget.
+
+    The model's own name when it is a valid Service name (an RFC 1035 label), so most models
+    keep a predictable Service; otherwise a derived name (status.endpoint gives it).
+    """
+    return _derived(model, len(model) <= MAX_NAME and bool(_DNS1035_LABEL.match(model)))
+
+
+def model_label_value(model: str) -> str:
+    """The model's name as a label value (at most 63 characters)."""
+    return _derived(model, len(model) <= MAX_NAME)
 
 
 def common_labels(component: str) -> dict[str, str]:
@@ -52,4 +83,4 @@ def common_labels(component: str) -> dict[str, str]:
 
 def server_selector(model: str) -> dict[str, str]:
     """Immutable Deployment selector: the model, never the artifact (that changes)."""
-    return {MODEL_LABEL: model, COMPONENT: COMPONENT_SERVER}
+    return {MODEL_LABEL: model_label_value(model), COMPONENT: COMPONENT_SERVER}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..api.v1alpha1 import POOLING_TASKS, CacheVolumeSpec, SpyreModelSpec, Task
 from . import names
@@ -35,7 +35,6 @@ class ModelPlan:
     name: str
     namespace: str
     uid: str
-    generation: int
     spec: SpyreModelSpec
     key: str
     claim: str
@@ -45,7 +44,6 @@ class ModelPlan:
     served_name: str
     model_arg: str
     model_claim: str | None
-    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def owner(self) -> OwnerRef:
@@ -69,7 +67,8 @@ class ModelPlan:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.name}.{self.namespace}.svc:{self.spec.serving.port}/v1"
+        svc = names.server_name(self.name)
+        return f"http://{svc}.{self.namespace}.svc:{self.spec.serving.port}/v1"
 
     @property
     def drain_seconds(self) -> int:
@@ -96,9 +95,7 @@ def resolve_model(uri: str) -> tuple[str, str | None]:
     return uri, None
 
 
-def plan_model(
-    name: str, namespace: str, uid: str, generation: int, spec: SpyreModelSpec
-) -> ModelPlan:
+def plan_model(name: str, namespace: str, uid: str, spec: SpyreModelSpec) -> ModelPlan:
     """Resolve one SpyreModel."""
     if spec.cache.claim_name:
         claim, managed, volume = spec.cache.claim_name, False, None
@@ -110,7 +107,6 @@ def plan_model(
         name=name,
         namespace=namespace,
         uid=uid,
-        generation=generation,
         spec=spec,
         key=artifact_key(spec),
         claim=claim,

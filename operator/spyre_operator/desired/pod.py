@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from lightkube.models.core_v1 import (
+    Affinity,
     Capabilities,
     EmptyDirVolumeSource,
     EnvVar,
@@ -12,6 +13,8 @@ from lightkube.models.core_v1 import (
     LocalObjectReference,
     ObjectFieldSelector,
     PersistentVolumeClaimVolumeSource,
+    PodAffinity,
+    PodAffinityTerm,
     PodSecurityContext,
     ResourceRequirements,
     SeccompProfile,
@@ -20,9 +23,11 @@ from lightkube.models.core_v1 import (
     Volume,
     VolumeMount,
 )
+from lightkube.models.meta_v1 import LabelSelector
 
 from ..api.v1alpha1 import ResourceRequirements as ApiResources
 from ..api.v1alpha1 import SpyreModelSpec
+from . import names
 from .plan import CACHE_MOUNT, HF_CACHE_DIR, MODEL_MOUNT, ModelPlan
 
 #: The engine image runs as this non-root user (engine/Containerfile).
@@ -41,6 +46,8 @@ def pod_security_context() -> PodSecurityContext:
         runAsUser=ENGINE_UID,
         runAsGroup=ENGINE_UID,
         fsGroup=ENGINE_UID,
+        # A cache of tens of GB would otherwise be re-chowned at every pod start.
+        fsGroupChangePolicy="OnRootMismatch",
         seccompProfile=SeccompProfile(type="RuntimeDefault"),
     )
 
@@ -148,6 +155,38 @@ def volumes(plan: ModelPlan, *, read_only: bool) -> tuple[list[Volume], list[Vol
         )
         mounts.append(VolumeMount(name=MODEL_VOLUME, mountPath=MODEL_MOUNT, readOnly=True))
     return vols, mounts
+
+
+def single_node_cache(plan: ModelPlan) -> bool:
+    """A ReadWriteOnce cache claim the operator manages: its users must share one node."""
+    return plan.volume is not None and plan.claim_managed and (
+        "ReadWriteMany" not in plan.volume.access_modes
+    )
+
+
+def cache_claim_labels(plan: ModelPlan) -> dict[str, str]:
+    """Pod labels for co-location on a single-node cache (empty otherwise)."""
+    return {names.CLAIM_LABEL: plan.claim} if single_node_cache(plan) else {}
+
+
+def cache_affinity(plan: ModelPlan) -> Affinity | None:
+    """With a ReadWriteOnce cache, every pod mounting it runs on the node of the others.
+
+    The first pod (no peer yet) may go anywhere: the scheduler lets a pod that matches its own
+    required affinity term start a group.
+    """
+    if not single_node_cache(plan):
+        return None
+    return Affinity(
+        podAffinity=PodAffinity(
+            requiredDuringSchedulingIgnoredDuringExecution=[
+                PodAffinityTerm(
+                    labelSelector=LabelSelector(matchLabels={names.CLAIM_LABEL: plan.claim}),
+                    topologyKey="kubernetes.io/hostname",
+                )
+            ]
+        )
+    )
 
 
 def placement(spec: SpyreModelSpec) -> dict:  # type: ignore[type-arg]

@@ -19,7 +19,10 @@ def _server_meta(plan: ModelPlan) -> ObjectMeta:
     return ObjectMeta(
         name=names.server_name(plan.name),
         namespace=plan.namespace,
-        labels={**names.common_labels(names.COMPONENT_SERVER), names.MODEL_LABEL: plan.name},
+        labels={
+            **names.common_labels(names.COMPONENT_SERVER),
+            names.MODEL_LABEL: names.model_label_value(plan.name),
+        },
         ownerReferences=[controller_ref(plan.owner)],
     )
 
