@@ -25,8 +25,10 @@ def _run(args: argparse.Namespace) -> int:
     OperatorConfig.workers = args.workers
     OperatorConfig.metrics_port = args.metrics_port
     OperatorConfig.leader_election = args.leader_elect
+    # One Lease per cluster by default (not per watched namespace), so two operators with
+    # different scopes (a forgotten demo, a second install) still never write at once.
     OperatorConfig.leader_election_namespace = args.leader_election_namespace or (
-        os.environ.get("POD_NAMESPACE") or (args.namespace[0] if args.namespace else "default")
+        os.environ.get("POD_NAMESPACE") or "default"
     )
     OperatorConfig.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     logging.basicConfig(
@@ -72,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument(
         "--leader-elect",
-        action="store_true",
-        help="only the holder of a Lease writes (for more than one replica)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=(
+            "only the holder of a Lease writes (default: on, so two operators watching the "
+            "same namespaces never both write; --no-leader-elect for a single, sole operator)"
+        ),
     )
     run.add_argument("--leader-election-namespace", default=None)
     run.add_argument("--log-level", default="info")

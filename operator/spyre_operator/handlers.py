@@ -62,7 +62,7 @@ class OperatorConfig:
 
     workers: int = 32
     metrics_port: int | None = None
-    leader_election: bool = False
+    leader_election: bool = True
     leader_election_namespace: str | None = None
     identity: str = "spyre-model-operator"
 
@@ -175,6 +175,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             on_change=controller.set_leader,
         )
         controller.set_leader(False)
+        controller.may_write = elector.holds
         memo["elector"] = elector
         elector.start()
     if OperatorConfig.metrics_port:

@@ -1,13 +1,22 @@
 """Lease-based leader election, so several operator replicas are safe: only one writes.
 
 Standby replicas keep watching (their caches stay warm) and take over within a lease duration
-when the leader stops renewing.
+when the leader stops renewing. As in client-go's leaderelection:
+
+- the lease lasts ``lease_seconds`` (15); the leader renews every ``retry_seconds`` (2) and
+  must succeed within ``renew_deadline_seconds`` (10) of its last renewal, or it stops
+  writing: :meth:`LeaderElector.holds` is checked before every write, so a leader that was
+  paused or cut off never writes after its lease may have passed to another replica;
+- a single failed renewal (an API server hiccup) is retried, not a step-down: stepping down
+  re-queues every model, which at 500 models is minutes of work;
+- a renewal that hangs is cut at the renew deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -52,16 +61,31 @@ class LeaderElector:
         identity: str,
         on_change: Callable[[bool], None],
         lease_seconds: int = 15,
-        renew_seconds: float = 5.0,
+        renew_deadline_seconds: float = 10.0,
+        retry_seconds: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        assert renew_deadline_seconds < lease_seconds
         self.client = client
         self.namespace = namespace
         self.identity = identity
         self.on_change = on_change
         self.lease_seconds = lease_seconds
-        self.renew_seconds = renew_seconds
+        self.renew_deadline_seconds = renew_deadline_seconds
+        self.retry_seconds = retry_seconds
+        self.clock = clock
         self.leading = False
+        #: When the lease was last acquired or renewed (monotonic clock).
+        self.renewed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
+
+    def holds(self) -> bool:
+        """Whether this replica may write now: leading, and renewed within the deadline."""
+        return (
+            self.leading
+            and self.renewed_at is not None
+            and self.clock() - self.renewed_at < self.renew_deadline_seconds
+        )
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="leader-election")
@@ -81,14 +105,27 @@ class LeaderElector:
 
     async def _run(self) -> None:
         while True:
-            try:
-                self._set(await self._try_acquire())
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001
-                log.warning("leader election: %s", e)
+            await self.step()
+            await asyncio.sleep(self.retry_seconds)
+
+    async def step(self) -> None:
+        """One acquire-or-renew attempt."""
+        started = self.clock()
+        try:
+            acquired = await asyncio.wait_for(
+                self._try_acquire(), timeout=self.renew_deadline_seconds
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - retried; only the deadline steps down
+            log.warning("leader election: %s: %s", type(e).__name__, e)
+            if self.leading and not self.holds():
+                log.warning("leader election: no renewal within %.0fs", self.renew_deadline_seconds)
                 self._set(False)
-            await asyncio.sleep(self.renew_seconds)
+            return
+        if acquired:
+            self.renewed_at = started  # the lease counts from before the request was sent
+        self._set(acquired and self.holds())
 
     async def _try_acquire(self) -> bool:
         now = _now()

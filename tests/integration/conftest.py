@@ -114,7 +114,10 @@ def crd(control_plane: ControlPlane) -> Path:
 
 @pytest.fixture(scope="session")
 def operator(control_plane: ControlPlane, kubeconfig: Path, crd: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs")
+    # Failed compiles are retried after 5 minutes here, so tests that watch a failed model see
+    # no automatic retry; test_reconcile_correctness runs its own operator with short delays.
+    op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
+                         env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "300"})
     op.start()
     yield op
     op.stop()

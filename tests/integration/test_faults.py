@@ -225,14 +225,16 @@ def test_always_failing_job_backs_off_and_recovers(kube: Kube, operator: Operato
     time.sleep(60)
     after, minutes = counters(operator), (time.monotonic() - t0) / 60
     per_minute = {k: (after[k] - before[k]) / minutes for k in before}
-    # A failed compile is not retried until the spec changes: no new Job, no status or Event
-    # churn for this model, and the operator as a whole stays (almost) quiet. The operator's
-    # counters are process-wide: namespaces of earlier tests may still be winding down.
+    # A failed compile waits out its backoff (5 minutes with the test operator): no new Job,
+    # no status or Event churn for this model, and the operator as a whole stays (almost)
+    # quiet. The operator's counters are process-wide: namespaces of earlier tests may still
+    # be winding down.
     assert footprint() == mine
     assert per_minute["writes"] <= 10, per_minute
     assert per_minute["requests"] <= 20, per_minute
     assert kube.condition("failing", "Degraded")["reason"] == "PrecompileFailed"
-    # fixing the spec retries and recovers
+    # fixing the cause and asking for a retry recovers
     kube.apply_model("failing", spec(precompile={"backoffLimit": 1}))
+    kube.kubectl("annotate", "--overwrite", "spyremodel/failing", f"{GROUP}/retry-compile=now")
     kube.wait_condition("failing", "Ready", timeout=90)
     assert kube.condition("failing", "Degraded")["status"] == "False"

@@ -194,9 +194,17 @@ def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProc
     assert deployment(kube, "bad") is None
     events = [e for e in kube.items("events") if e["involvedObject"]["name"] == "bad"]
     assert any(e["type"] == "Warning" and e["reason"] == "PrecompileFailed" for e in events)
-    # a spec change retries (and here fixes) the compile
+    st = kube.model("bad")["status"]["artifact"]
+    assert st["attempts"] == 1 and st["nextRetryAt"], st
+    assert "next retry at" in kube.condition("bad", "ArtifactReady")["message"]
+    # fix the cause (here: the pod's annotations), then ask for a retry now
     kube.apply_model("bad", spec(precompile={"backoffLimit": 1}))
+    time.sleep(2)
+    assert kube.model("bad")["status"]["artifact"]["phase"] == "Failed", \
+        "an edit that does not change the artifact is no reason to retry"
+    kube.kubectl("annotate", "--overwrite", "spyremodel/bad", f"{GROUP}/retry-compile=1")
     kube.wait_condition("bad", "Ready", timeout=60)
+    assert kube.model("bad")["status"]["artifact"]["attempts"] == 2
     assert kube.condition("bad", "Degraded")["status"] == "False"
 
 

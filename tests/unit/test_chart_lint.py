@@ -110,9 +110,11 @@ def test_cluster_scope() -> None:
     docs = render()
     assert [d["metadata"]["name"] for d in by_kind(docs, "ClusterRoleBinding")] == [
         "spyre-system-spyre-spyre-model-operator"]
-    assert not by_kind(docs, "RoleBinding")  # no Lease Role with one replica
+    # the only RoleBinding is the Lease's: leader election is on by default
+    assert [d["metadata"]["name"] for d in by_kind(docs, "RoleBinding")] == [
+        "spyre-spyre-model-operator-leader-election"]
     args = operator_container(docs)["args"]
-    assert "--all-namespaces" in args and "--leader-elect" not in args
+    assert "--all-namespaces" in args and "--leader-elect" in args
     assert not any(a.startswith("--namespace") for a in args)
 
 
@@ -120,7 +122,7 @@ def test_cluster_scope() -> None:
 def test_namespaced_scope() -> None:
     docs = render(*VALUE_SETS["namespaced"])
     assert not by_kind(docs, "ClusterRoleBinding")
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for rb in by_kind(docs, "RoleBinding"):
         assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "spyre-spyre-model-operator",
@@ -180,7 +182,12 @@ def test_pod_is_restricted() -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert "--liveness=http://0.0.0.0:8080/healthz" in c["args"]
     assert dep["spec"]["replicas"] == 1
+    # leader election is on by default: old and new operator pods hand over through the Lease
+    assert dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    no_election = render("--set", "leaderElection.enabled=false")
+    dep = by_kind(no_election, "Deployment")[0]
     assert dep["spec"]["strategy"]["type"] == "Recreate"
+    assert "--no-leader-elect" in operator_container(no_election)["args"]
 
 
 @needs_helm

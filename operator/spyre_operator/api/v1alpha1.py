@@ -434,6 +434,13 @@ class AcceleratorSpec(ApiModel):
     )
 
 
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany"]
+
+
+def _shared_access() -> list[AccessMode]:
+    return ["ReadWriteMany"]
+
+
 class CacheVolumeSpec(ApiModel):
     """A compile-cache PVC the operator creates and shares between SpyreModels naming it."""
 
@@ -447,8 +454,8 @@ class CacheVolumeSpec(ApiModel):
         default=None, description="StorageClass; unset means the cluster default."
     )
     size: Quantity = Field(default="50Gi", description="Requested capacity.")
-    access_modes: list[Literal["ReadWriteOnce", "ReadWriteMany"]] = Field(
-        default_factory=lambda: ["ReadWriteMany"],
+    access_modes: list[AccessMode] = Field(
+        default_factory=_shared_access,
         description=(
             "Access modes. ReadWriteMany lets replicas on several nodes share the cache; "
             "ReadWriteOnce confines the precompile pod and every replica to one node (the "
