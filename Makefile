@@ -28,8 +28,9 @@ $(VENV)/.installed: pyproject.toml
 
 binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside the repo)
 	tests/cluster/build.sh
+	tests/cluster/node-deps.sh
 
-cluster-up: install binaries ## Start the local control plane (.cluster/kubeconfig, .cluster/bin)
+cluster-up: install binaries ## Start the local control plane (SPYRE_REAL_NODE=1: with the real node)
 	$(CLUSTER) up
 
 cluster-down: ## Stop the local control plane (and the demo's operator); leaves no process behind

@@ -17,8 +17,14 @@ builds into a cache outside the repository. State, certificates and logs live in
 CLI::
 
     python tests/cluster/controlplane.py up      # idempotent; prints the kubeconfig path
-    python tests/cluster/controlplane.py down    # stops every process it started
+    python tests/cluster/controlplane.py up --with-node   # also the real node (SPYRE_REAL_NODE=1)
+    python tests/cluster/controlplane.py down    # stops every process it started (node too)
     python tests/cluster/controlplane.py status
+    python tests/cluster/controlplane.py node-up | node-down | node-status
+    python tests/cluster/controlplane.py import-image X.tar [--name REF]  # into the node
+
+The real node (kubelet + containerd, real pods) is in ``node.py``; ``down`` stops it first
+and reports anything it left on the host (exit code 4).
 
 Library::
 
@@ -47,7 +53,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.cluster.node import RealNode
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
@@ -65,6 +74,11 @@ BINARIES = (
 )
 
 SERVICE_CIDR = "10.96.0.0/16"
+# The host end of the real node's veth pair (tests/cluster/node.py). The API server
+# advertises it for the `kubernetes` Service (lease endpoint reconciler) and node.py relays it
+# to 127.0.0.1 while the node runs; without a node it is simply unreachable.
+NODE_HOST_IP = "10.250.0.1"
+REAL_NODE_LABEL = "spyre.dev/real-node"
 SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -203,6 +217,7 @@ class ControlPlane:
         self.component_kubeconfig = self.state_dir / "components.kubeconfig"
         self._bin_dir = Path(bin_dir) if bin_dir else None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._node: RealNode | None = None
 
     # ------------------------------------------------------------------ paths & state
     @property
@@ -420,12 +435,24 @@ class ControlPlane:
         )
         return self.kubeconfig
 
-    def down(self) -> None:
-        """Stop every process this control plane started and wipe etcd's data."""
+    def down(self) -> list[str]:
+        """Stop every process this control plane started (the real node too) and wipe
+        etcd's data. Returns what the real node left on the host (empty: nothing)."""
         with self._lock():
-            self._down()
+            return self._down()
 
-    def _down(self) -> None:
+    @property
+    def node(self) -> RealNode:
+        """The real node (tests/cluster/node.py); started only by ``node.up()``."""
+        from tests.cluster.node import RealNode
+
+        if getattr(self, "_node", None) is None:
+            self._node = RealNode(self)
+        return self._node
+
+    def _down(self) -> list[str]:
+        """Stop everything; returns what the real node left behind (empty: nothing)."""
+        leaks = self.node._down(delete_node=False)
         for c in reversed(COMPONENTS):
             self._stop(c)
         for pid in self._stray_pids():
@@ -438,6 +465,7 @@ class ControlPlane:
         etcd_dir = self.state_dir / "etcd"
         if etcd_dir.exists():
             subprocess.run(["rm", "-rf", str(etcd_dir)], check=False)
+        return leaks
 
     def restart(self, components: Sequence[str] = ("kube-apiserver", "etcd")) -> None:
         """Stop the given components and start them again in place (same ports, certs, data)."""
@@ -580,22 +608,28 @@ class ControlPlane:
                 "-subj", "/CN=spyre-local-ca", "-out", "ca.crt",
             )  # fmt: skip
             (p / "apiserver.crt").unlink(missing_ok=True)
+            (p / "apiserver-kubelet-client.crt").unlink(missing_ok=True)
+        san = ",".join(
+            [
+                "IP:127.0.0.1",
+                f"IP:{SERVICE_IP}",
+                f"IP:{NODE_HOST_IP}",
+                "DNS:localhost",
+                "DNS:kubernetes",
+                "DNS:kubernetes.default",
+                "DNS:kubernetes.default.svc",
+                "DNS:kubernetes.default.svc.cluster.local",
+            ]
+        )
+        ext = (
+            f"subjectAltName={san}\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
+        )
+        old_ext = (p / "apiserver.ext").read_text() if (p / "apiserver.ext").exists() else ""
+        if old_ext != ext:  # e.g. certificates from before the real node's address was added
+            (p / "apiserver.crt").unlink(missing_ok=True)
         if not (p / "apiserver.crt").exists():
-            san = ",".join(
-                [
-                    "IP:127.0.0.1",
-                    f"IP:{SERVICE_IP}",
-                    "DNS:localhost",
-                    "DNS:kubernetes",
-                    "DNS:kubernetes.default",
-                    "DNS:kubernetes.default.svc",
-                    "DNS:kubernetes.default.svc.cluster.local",
-                ]
-            )
-            (p / "apiserver.ext").write_text(
-                f"subjectAltName={san}\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-                "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
-            )
+            (p / "apiserver.ext").write_text(ext)
             self._openssl("genrsa", "-out", "apiserver.key", "2048")
             self._openssl(
                 "req", "-new", "-key", "apiserver.key", "-subj", "/CN=kube-apiserver",
@@ -605,6 +639,23 @@ class ControlPlane:
                 "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
                 "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", "apiserver.ext",
                 "-out", "apiserver.crt",
+            )  # fmt: skip
+        if not (p / "apiserver-kubelet-client.crt").exists():
+            # The API server's client certificate towards kubelets (logs, exec, port-forward).
+            (p / "kubelet-client.ext").write_text(
+                "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n"
+            )
+            self._openssl("genrsa", "-out", "apiserver-kubelet-client.key", "2048")
+            self._openssl(
+                "req", "-new", "-key", "apiserver-kubelet-client.key",
+                "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                "-out", "apiserver-kubelet-client.csr",
+            )  # fmt: skip
+            self._openssl(
+                "x509", "-req", "-in", "apiserver-kubelet-client.csr", "-CA", "ca.crt",
+                "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650", "-sha256",
+                "-extfile", "kubelet-client.ext", "-out", "apiserver-kubelet-client.crt",
             )  # fmt: skip
         if not (p / "sa.key").exists():
             self._openssl("genrsa", "-out", "sa.key", "2048")
@@ -713,7 +764,10 @@ profiles:
                 str(b / "kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                # The `kubernetes` Service's endpoint: the host end of the real node's veth
+                # pair, relayed to 127.0.0.1 while the node runs (node.py). Unused otherwise.
+                f"--advertise-address={NODE_HOST_IP}",
+                "--endpoint-reconciler-type=lease",
                 f"--secure-port={ports['apiserver']}",
                 f"--cert-dir={s / 'apiserver-certs'}",
                 f"--tls-cert-file={p / 'apiserver.crt'}",
@@ -732,7 +786,10 @@ profiles:
                 f"--service-account-key-file={p / 'sa.pub'}",
                 f"--service-account-signing-key-file={p / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint IP
+                # logs/exec/port-forward: dial the node's InternalIP, never resolve its name.
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--event-ttl=1h",
@@ -751,6 +808,8 @@ profiles:
                 f"--service-account-private-key-file={p / 'sa.key'}",
                 f"--cluster-signing-cert-file={p / 'ca.crt'}",
                 f"--cluster-signing-key-file={p / 'ca.key'}",
+                # (the default, /usr/libexec/kubernetes/..., would be created on the host)
+                f"--flex-volume-plugin-dir={s / 'flexvolume'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--controllers=*",
                 "--use-service-account-credentials=false",
@@ -833,7 +892,11 @@ profiles:
             return max(deadline - time.monotonic(), 1)
 
         def nodes_ready() -> bool:
-            items = self.kubectl_json("get", "nodes")["items"]
+            items = [
+                n
+                for n in self.kubectl_json("get", "nodes")["items"]
+                if n["metadata"].get("labels", {}).get(REAL_NODE_LABEL) != "true"
+            ]
             if len(items) < 2:
                 return False
             for n in items:
@@ -911,16 +974,32 @@ profiles:
         st = self._load_state()
         out["ports"] = st["ports"] if st else None
         out["apiserver_ready"] = bool(st) and self.apiserver_ready()
+        out["node"] = self.node.status() if out["apiserver_ready"] else {"pid": self.node.pid()}
         return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
+    if str(REPO_ROOT) not in sys.path:  # run as a script: make `tests.cluster` importable
+        sys.path.insert(0, str(REPO_ROOT))
+    from tests.cluster.node import NodeError
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=("up", "down", "status", "restart"))
-    ap.add_argument("components", nargs="*", help="for restart: which components")
+    ap.add_argument(
+        "command",
+        choices=("up", "down", "status", "restart", "node-up", "node-down", "node-status",
+                 "import-image"),
+    )  # fmt: skip
+    ap.add_argument("args", nargs="*", help="restart: components; import-image: archives")
     ap.add_argument("--root", default=str(REPO_ROOT), help="repository root (default: this repo)")
+    ap.add_argument(
+        "--with-node",
+        action="store_true",
+        default=os.environ.get("SPYRE_REAL_NODE", "") not in ("", "0"),
+        help="up: also start the real node (default from SPYRE_REAL_NODE=1)",
+    )
+    ap.add_argument("--name", help="import-image: also tag the imported image with this name")
     args = ap.parse_args(argv)
     cp = ControlPlane(root=Path(args.root))
     try:
@@ -928,22 +1007,56 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.monotonic()
             kc = cp.up()
             _log(f"up took {time.monotonic() - t0:.1f}s")
+            if args.with_node:
+                t1 = time.monotonic()
+                cp.node.up()
+                _log(f"node up took {time.monotonic() - t1:.1f}s")
             print(kc)
         elif args.command == "down":
-            cp.down()
+            leaks = cp.down()
+            if leaks:
+                _log("stopped, but the real node left behind: " + "; ".join(leaks))
+                return 4
             _log("stopped")
         elif args.command == "restart":
-            cp.restart(tuple(args.components) or ("kube-apiserver", "etcd"))
+            cp.restart(tuple(args.args) or ("kube-apiserver", "etcd"))
+        elif args.command == "node-up":
+            t0 = time.monotonic()
+            cp.node.up()
+            _log(f"node up took {time.monotonic() - t0:.1f}s")
+        elif args.command == "node-down":
+            leaks = cp.node.down()
+            if leaks:
+                _log("node stopped, but left behind: " + "; ".join(leaks))
+                return 4
+            _log("node stopped; nothing left behind")
+        elif args.command == "node-status":
+            st = cp.node.status()
+            for k, v in st.items():
+                print(f"{k:24s} {v}")
+            return 0 if st.get("ready") else 1
+        elif args.command == "import-image":
+            if not args.args:
+                ap.error("import-image needs at least one archive")
+            for archive in args.args:
+                t0 = time.monotonic()
+                names = cp.node.import_image(archive, name=args.name)
+                _log(f"imported {archive} in {time.monotonic() - t0:.1f}s")
+                for n in names:
+                    print(n)
         else:
             st = cp.status()
             for c, pid in st["components"].items():
                 print(f"{c:24s} {'running pid ' + str(pid) if pid else 'stopped'}")
             print(f"{'apiserver':24s} {'ready' if st['apiserver_ready'] else 'not ready'}")
+            node = st["node"]
+            state = "ready" if node.get("ready") else "running" if node.get("pid") else "stopped"
+            print(f"{'real node':24s} {state}")
             if st["ports"]:
                 print(f"{'ports':24s} {st['ports']}")
             print(f"{'kubeconfig':24s} {st['kubeconfig']}")
             return 0 if st["apiserver_ready"] else 1
-    except ClusterError as e:
+    except (ClusterError, NodeError) as e:
         _log(f"error: {e}")
         return 2
     except TimeoutError as e:

@@ -14,6 +14,13 @@ Fixtures
 ``namespace`` (function)
     A fresh namespace with PodSecurity ``restricted`` enforced (and warned/audited), whose
     ``default`` ServiceAccount exists. Deleted (without waiting) after the test.
+``real_node`` (session)
+    The real node (:class:`~tests.cluster.node.RealNode`) up and Ready, with its Spyre cards
+    advertised and the pause and busybox images in its containerd. Started on first use (a
+    node that is already running is reused and left running); stopped at session end if
+    this session started it, unless ``SPYRE_KEEP_CLUSTER=1``. Pods meant for it use
+    ``nodeSelector: NODE_SELECTOR`` and ``tolerations: [NODE_TOLERATION]`` (tests.cluster.node)
+    and images imported with ``real_node.import_image(archive)``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.controlplane import BinariesMissing, ClusterError, ControlPlane, wait_until
+from tests.cluster.node import NodeError, RealNode
 
 PSA_LEVEL = "restricted"
 
@@ -94,3 +102,22 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
     control_plane.kubectl(
         "delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False, timeout=30
     )
+
+
+@pytest.fixture(scope="session")
+def real_node(control_plane: ControlPlane) -> Iterator[RealNode]:
+    node = control_plane.node
+    try:
+        node.check_prerequisites()
+    except NodeError as e:
+        pytest.fail(str(e), pytrace=False)
+    was_running = node.running()
+    try:
+        node.up()
+    except (NodeError, ClusterError, TimeoutError) as e:
+        pytest.fail(f"could not start the real node: {e} (logs: {control_plane.logs}/node-*.log)",
+                    False)
+    yield node
+    if not was_running and not os.environ.get("SPYRE_KEEP_CLUSTER"):
+        leaks = node.down()
+        assert not leaks, f"the real node left behind: {leaks}"

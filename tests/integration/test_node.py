@@ -1,0 +1,314 @@
+"""The real node (issue 10, part 1): kubelet + containerd in the local cluster, real pods.
+
+The node is ``spyre-real-0`` (label and taint ``spyre.dev/real-node=true``), beside the kwok
+nodes. Its pods run the busybox image built on this machine (tests/cluster/ociimage.py).
+The last test stops the node, checks that nothing is left on the host, and starts it again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import ociimage
+from tests.cluster.controlplane import REPO_ROOT, ControlPlane, wait_until
+from tests.cluster.node import (
+    HOST_IF,
+    NODE_IP,
+    NODE_LABEL,
+    NODE_SELECTOR,
+    NODE_TOLERATION,
+    SPYRE_CARDS,
+    RealNode,
+    host_snapshot,
+)
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 90
+
+
+def container(name: str = "main", image: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A container that passes PodSecurity 'restricted', running the local busybox image."""
+    c: dict[str, Any] = {
+        "name": name,
+        "image": image or ociimage.busybox_image(),
+        "imagePullPolicy": "Never",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    c.update(extra)
+    return c
+
+
+def pod(name: str, *, on_real_node: bool = True, **spec: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container(args=["-c", "echo started; exec sleep 3600"])],
+        "terminationGracePeriodSeconds": 1,
+        "restartPolicy": "Never",
+    }
+    if on_real_node:
+        s["nodeSelector"] = dict(NODE_SELECTOR)
+        s["tolerations"] = [dict(NODE_TOLERATION)]
+    s.update(spec)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": s}
+
+
+def get_pod(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return cp.kubectl_json("get", "pod", name, "-n", ns)  # type: ignore[no-any-return]
+
+
+def wait_phase(cp: ControlPlane, ns: str, name: str, phases: tuple[str, ...]) -> dict[str, Any]:
+    box: dict[str, Any] = {}
+
+    def ok() -> bool:
+        p = get_pod(cp, ns, name)
+        box.update(p)
+        return p["status"].get("phase") in phases
+
+    try:
+        wait_until(ok, TIMEOUT, f"pod {name} {'/'.join(phases)}", 0.5)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}: status {json.dumps(box.get('status'), indent=1)}") from None
+    return box
+
+
+def delete_pod(cp: ControlPlane, ns: str, name: str) -> None:
+    cp.kubectl("delete", "pod", name, "-n", ns, "--ignore-not-found", "--grace-period=0",
+               "--force", "--wait=true", timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def node_ns(control_plane: ControlPlane, real_node: RealNode) -> Iterator[str]:
+    """A restricted namespace for this module's pods."""
+    name = f"t-real-node-{uuid.uuid4().hex[:6]}"
+    labels = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "warn")}
+    control_plane.apply({"apiVersion": "v1", "kind": "Namespace",
+                         "metadata": {"name": name, "labels": labels}})
+    wait_until(lambda: control_plane.kubectl("get", "serviceaccount", "default", "-n", name,
+                                             check=False).returncode == 0, 30, "default SA")
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def shell_pod(control_plane: ControlPlane, node_ns: str) -> str:
+    """A long-running busybox pod on the real node."""
+    control_plane.apply(pod("shell"), "-n", node_ns)
+    wait_phase(control_plane, node_ns, "shell", ("Running",))
+    return "shell"
+
+
+# --------------------------------------------------------------------------- tests
+def test_node_registers_ready_with_spyre_cards(control_plane: ControlPlane,
+                                               real_node: RealNode) -> None:
+    n = control_plane.kubectl_json("get", "node", real_node.name)
+    conds = {c["type"]: c["status"] for c in n["status"]["conditions"]}
+    assert conds["Ready"] == "True"
+    labels = n["metadata"]["labels"]
+    kwok = control_plane.kubectl_json("get", "node", "spyre-node-0")["metadata"]["labels"]
+    for k in ("ibm.com/spyre.present", "ibm.com/spyre.product"):
+        assert labels[k] == kwok[k]
+    assert labels["ibm.com/spyre.count"] == str(SPYRE_CARDS)
+    assert labels[NODE_LABEL] == "true"
+    assert "kwok.x-k8s.io/node" not in n["metadata"].get("annotations", {})
+    assert {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"} in n["spec"]["taints"]
+    for field in ("capacity", "allocatable"):
+        assert n["status"][field]["ibm.com/spyre_vf"] == str(SPYRE_CARDS)
+        assert n["status"][field]["ibm.com/spyre_pf"] == str(SPYRE_CARDS)
+    addrs = {a["type"]: a["address"] for a in n["status"]["addresses"]}
+    assert addrs["InternalIP"] == NODE_IP
+    info = n["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == "v1.36.3"
+    assert info["containerRuntimeVersion"].startswith("containerd://1.6")
+    # The kwok nodes are still there and Ready.
+    for name in ("spyre-node-0", "spyre-node-1", "cpu-node-0"):
+        k = control_plane.kubectl_json("get", "node", name)
+        assert {c["type"]: c["status"] for c in k["status"]["conditions"]}["Ready"] == "True"
+
+
+def test_pod_runs_and_logs_are_readable(control_plane: ControlPlane, node_ns: str,
+                                        shell_pod: str) -> None:
+    p = get_pod(control_plane, node_ns, shell_pod)
+    assert p["spec"]["nodeName"] == "spyre-real-0"
+    st = p["status"]["containerStatuses"][0]
+    assert st["containerID"].startswith("containerd://")
+    assert st["ready"] is True
+    assert p["status"]["podIP"].startswith("10.245.0.")
+    logs = control_plane.kubectl("logs", "-n", node_ns, shell_pod).stdout
+    assert "started" in logs
+
+
+def test_exec_in_pod(control_plane: ControlPlane, node_ns: str, shell_pod: str) -> None:
+    out = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "sh", "-c",
+                                "id -u; cat /proc/1/cmdline | tr '\\0' ' '").stdout
+    uid, cmd = out.splitlines()[:2]
+    assert uid == "65532"
+    assert "sleep 3600" in cmd
+
+
+def test_pod_reaches_api_server_through_kubernetes_service(
+    control_plane: ControlPlane, node_ns: str, shell_pod: str
+) -> None:
+    svc = control_plane.kubectl_json("get", "service", "kubernetes", "-n", "default")
+    cluster_ip = svc["spec"]["clusterIP"]
+    env = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "env").stdout
+    assert f"KUBERNETES_SERVICE_HOST={cluster_ip}" in env
+    # Through the ClusterIP (kube-proxy's rules in the node): a TCP connect, then a plain
+    # HTTP request to the TLS port, which only the API server's Go TLS listener answers
+    # with "400 ... Client sent an HTTP request to an HTTPS server". (busybox's built-in TLS
+    # offers no cipher suite Go 1.26 accepts, so a real HTTPS GET needs a real client: the
+    # operator's pod does that.) Its service-account token is mounted for such clients.
+    script = (
+        f"echo | timeout 5 nc {cluster_ip} 443 >/dev/null && echo tcp-ok; "
+        f"printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc {cluster_ip} 443; "
+        "echo; test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo token-ok"
+    )
+    out = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "sh", "-c", script,
+                                timeout=60).stdout
+    assert "tcp-ok" in out, out
+    assert "Client sent an HTTP request to an HTTPS server" in out, out
+    assert "token-ok" in out, out
+
+
+def test_pods_have_no_route_off_the_machine(control_plane: ControlPlane, node_ns: str,
+                                            shell_pod: str) -> None:
+    out = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "sh", "-c",
+                                "ip route; echo ---; cat /etc/resolv.conf").stdout
+    routes, resolv = out.split("---")
+    assert "default" not in routes, routes
+    assert "nameserver 127.0.0.1" in resolv
+    # Sending anywhere else fails at once: there is no route (nothing is sent).
+    t0 = time.monotonic()
+    res = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "sh", "-c",
+                                "echo | timeout 5 nc 192.0.2.1 80", check=False)
+    assert res.returncode != 0
+    assert time.monotonic() - t0 < 10
+
+
+def test_spyre_pod_is_placed_on_real_node_by_spyre_scheduler(
+    control_plane: ControlPlane, node_ns: str
+) -> None:
+    spec = pod("spyre", schedulerName="spyre-scheduler")
+    spec["spec"]["containers"][0]["resources"] = {
+        "requests": {"ibm.com/spyre_vf": "1"}, "limits": {"ibm.com/spyre_vf": "1"}}
+    control_plane.apply(spec, "-n", node_ns)
+    try:
+        p = wait_phase(control_plane, node_ns, "spyre", ("Running",))
+        assert p["spec"]["nodeName"] == "spyre-real-0"
+        assert p["spec"]["schedulerName"] == "spyre-scheduler"
+        events = control_plane.kubectl("get", "events", "-n", node_ns, "--field-selector",
+                                       "involvedObject.name=spyre,reason=Scheduled",
+                                       "-o", "json")
+        msgs = [e.get("message", "") + " " + e.get("reportingController", "") +
+                e.get("source", {}).get("component", "")
+                for e in json.loads(events.stdout)["items"]]
+        assert any("spyre-real-0" in m for m in msgs), msgs
+        assert p["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+    finally:
+        delete_pod(control_plane, node_ns, "spyre")
+
+
+def test_card_accounting_is_real(control_plane: ControlPlane, node_ns: str) -> None:
+    def cards_pod(name: str, n: int) -> dict[str, Any]:
+        spec = pod(name, schedulerName="spyre-scheduler")
+        spec["spec"]["containers"][0]["resources"] = {
+            "requests": {"ibm.com/spyre_vf": str(n)}, "limits": {"ibm.com/spyre_vf": str(n)}}
+        return spec
+
+    def pending_insufficient(name: str) -> bool:
+        p = get_pod(control_plane, node_ns, name)
+        conds = {c["type"]: c for c in p["status"].get("conditions", [])}
+        sched = conds.get("PodScheduled", {})
+        return (not p["spec"].get("nodeName") and sched.get("status") == "False"
+                and "Insufficient ibm.com/spyre_vf" in sched.get("message", ""))
+
+    try:
+        control_plane.apply(cards_pod("too-many", SPYRE_CARDS + 1), "-n", node_ns)
+        control_plane.apply(cards_pod("five", 5), "-n", node_ns)
+        wait_phase(control_plane, node_ns, "five", ("Running",))
+        control_plane.apply(cards_pod("four", 4), "-n", node_ns)
+        wait_until(lambda: pending_insufficient("four"), TIMEOUT, "four cards Pending", 0.5)
+        assert pending_insufficient("too-many")
+        delete_pod(control_plane, node_ns, "five")
+        # The cards are free again: the waiting pod gets them and runs.
+        wait_phase(control_plane, node_ns, "four", ("Running",))
+        assert pending_insufficient("too-many")
+    finally:
+        for name in ("too-many", "five", "four"):
+            delete_pod(control_plane, node_ns, name)
+
+
+def test_pods_without_the_toleration_stay_on_kwok_nodes(control_plane: ControlPlane,
+                                                         node_ns: str) -> None:
+    spec = pod("kwok-bound", on_real_node=False, schedulerName="spyre-scheduler")
+    spec["spec"]["containers"][0]["resources"] = {
+        "requests": {"ibm.com/spyre_vf": "1"}, "limits": {"ibm.com/spyre_vf": "1"}}
+    control_plane.apply(spec, "-n", node_ns)
+    try:
+        p = wait_phase(control_plane, node_ns, "kwok-bound", ("Running",))
+        assert p["spec"]["nodeName"] in ("spyre-node-0", "spyre-node-1")
+    finally:
+        delete_pod(control_plane, node_ns, "kwok-bound")
+
+
+def test_import_image_cli(control_plane: ControlPlane, real_node: RealNode, node_ns: str,
+                          tmp_path: Path) -> None:
+    name = f"localhost/spyre-import-test:{uuid.uuid4().hex[:8]}"
+    layer = ociimage._busybox_layer()
+    archive = ociimage.write_oci_archive(tmp_path / "img.tar", name, layer,
+                                         ["/bin/sh", "-c", "echo imported-image-runs"])
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "tests/cluster/controlplane.py"),
+                          "import-image", str(archive)], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert name in res.stdout.split()
+    assert name in real_node.images()
+    spec = pod("imported")
+    spec["spec"]["containers"] = [container(image=name)]
+    control_plane.apply(spec, "-n", node_ns)
+    try:
+        wait_phase(control_plane, node_ns, "imported", ("Succeeded",))
+        assert "imported-image-runs" in control_plane.kubectl(
+            "logs", "-n", node_ns, "imported").stdout
+    finally:
+        delete_pod(control_plane, node_ns, "imported")
+        real_node.ctr("images", "remove", name, check=False)
+
+
+@pytest.mark.slow
+def test_zz_node_down_leaves_nothing_behind(control_plane: ControlPlane, real_node: RealNode,
+                                            shell_pod: str) -> None:
+    """`node-down` (which `down` / `make cluster-down` runs first) with a pod running: no
+    process, mount, network namespace, link, iptables rule, cgroup or sysctl change stays.
+    Then the node is started again for whoever needs it next."""
+    baseline = json.loads(real_node.baseline_file.read_text())
+    assert HOST_IF in host_snapshot()["links"]
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "tests/cluster/controlplane.py"),
+                          "node-down"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    now = host_snapshot()
+    for key in ("sysctls", "links", "netns", "iptables", "cgroups", "paths"):
+        assert now[key] == baseline[key], key
+    # Other jobs on the machine may mount things meanwhile; none of the new mounts is ours.
+    new_mounts = set(now["mounts"]) - set(baseline["mounts"])
+    assert not [m for m in new_mounts if ".cluster" in m or "netns" in m or "spyre" in m]
+    assert real_node.leaks(baseline) == []
+    assert real_node.pid() is None and real_node.forward_pid() is None
+    assert control_plane.kubectl("get", "node", real_node.name, check=False).returncode != 0
+    real_node.up()
+    assert real_node.ready()
