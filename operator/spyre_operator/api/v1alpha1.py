@@ -226,7 +226,9 @@ class RolloutSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.maxSurge > 0 || self.maxUnavailable > 0",
+                    # absent fields take their defaults (maxUnavailable 1) after this check
+                    "(has(self.maxSurge) && self.maxSurge > 0) || !has(self.maxUnavailable) "
+                    "|| self.maxUnavailable > 0",
                     "serving.rollout: maxSurge and maxUnavailable cannot both be 0 (the "
                     "Deployment could never replace a pod); set maxUnavailable: 1, or maxSurge: "
                     "1 if a spare card exists",
