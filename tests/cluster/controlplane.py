@@ -89,6 +89,10 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
 PV_COUNT_SMALL = 40  # 100Gi each
 PV_COUNT_LARGE = 8  # 1Ti each
 STORAGE_CLASS = "local"
+# hostPath of each static PV (<PV_ROOT>/<pv name>). Only pods on the real node use them;
+# node.py creates them world-writable (pods run as non-root; hostPath ignores fsGroup),
+# recycle_pvs() empties a Released one, `down` removes them all.
+PV_ROOT = Path("/tmp/spyre-local-pv")
 
 UP_TIMEOUT = float(os.environ.get("SPYRE_CLUSTER_UP_TIMEOUT", "120"))
 
@@ -465,6 +469,8 @@ class ControlPlane:
         etcd_dir = self.state_dir / "etcd"
         if etcd_dir.exists():
             subprocess.run(["rm", "-rf", str(etcd_dir)], check=False)
+        if PV_ROOT.is_dir():  # the PVs are gone with etcd's data; so is what was on them
+            subprocess.run(["rm", "-rf", "--one-file-system", str(PV_ROOT)], check=False)
         return leaks
 
     def restart(self, components: Sequence[str] = ("kube-apiserver", "etcd")) -> None:
@@ -869,7 +875,7 @@ profiles:
                             "persistentVolumeReclaimPolicy": "Retain",
                             "storageClassName": STORAGE_CLASS,
                             "volumeMode": "Filesystem",
-                            "hostPath": {"path": f"/tmp/spyre-local-pv/{name}", "type": ""},
+                            "hostPath": {"path": str(PV_ROOT / name), "type": ""},
                         },
                     }
                 )
@@ -943,7 +949,33 @@ profiles:
                 )  # fmt: skip
                 if res.returncode == 0:
                     done.append(name)
+                    self._wipe_pv_dir(name)
         return done
+
+    @staticmethod
+    def pv_names() -> list[str]:
+        return [f"pv-{i:03d}" for i in range(PV_COUNT_SMALL)] + [
+            f"pv-large-{i:03d}" for i in range(PV_COUNT_LARGE)
+        ]
+
+    def ensure_pv_dirs(self) -> None:
+        """Create the static PVs' hostPath directories (mode 0777) for real pods."""
+        for name in self.pv_names():
+            d = PV_ROOT / name
+            d.mkdir(parents=True, exist_ok=True)
+            d.chmod(0o777)
+
+    @staticmethod
+    def _wipe_pv_dir(name: str) -> None:
+        """Empty a released PV's directory, as a deleter would (the volume is reused)."""
+        d = PV_ROOT / name
+        if not d.is_dir() or d.is_symlink():
+            return
+        for child in d.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                subprocess.run(["rm", "-rf", "--one-file-system", str(child)], check=False)
+            else:
+                child.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ service accounts
     def token_kubeconfig(

@@ -318,6 +318,7 @@ class RealNode:
                     os.makedirs(mp)  # an empty mount point; the node mounts over it
                     created.append(mp)
             (self.dir / "created-paths.json").write_text(json.dumps(created))
+            self.cp.ensure_pv_dirs()
             pid = self._start_namespaces()
             self._setup_network(pid)
             self._start_forwarder()
@@ -786,6 +787,8 @@ conntrack:
             return self._down(delete_node)
 
     def _down(self, delete_node: bool = True) -> list[str]:
+        if not self.dir.exists() and not self.pid_file.exists():
+            return []  # never started here
         was_up = self.pid() is not None or self.baseline_file.exists()
         if delete_node and self.cp._load_state() and self.cp.apiserver_ready():
             self.cp.kubectl("delete", "node", self.name, "--ignore-not-found", "--wait=false",

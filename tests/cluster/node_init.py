@@ -10,8 +10,9 @@ namespaces that die with this process:
   process of the node, containers included;
 * a private mount namespace: tmpfs on ``/run`` (containerd state, runc, shim sockets, pod
   network namespaces), ``/var/log`` (pod logs) and ``/var/lib/cni``; a resolv.conf that points
-  nowhere bind-mounted on ``/etc/resolv.conf``; the kubelet's directory on ``/var/lib/kubelet``. Every mount the node makes (overlay rootfs,
-  secret tmpfs, netns bind mounts) exists only here and disappears with it;
+  nowhere bind-mounted on ``/etc/resolv.conf``; the kubelet's directory on
+  ``/var/lib/kubelet``. Every mount the node makes (overlay rootfs, secret tmpfs, netns bind
+  mounts) exists only here and disappears with it;
 * a network namespace: the node's only link is a veth pair to the host (set up from the
   host), the pod bridge lives here, and so do kube-proxy's and the CNI plugins' iptables
   rules and the ``ip_forward`` the bridge plugin turns on. There is no default route, so

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import ociimage
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane, wait_until
+from tests.cluster.controlplane import PV_ROOT, REPO_ROOT, ControlPlane, wait_until
 from tests.cluster.node import (
     HOST_IF,
     NODE_IP,
@@ -288,6 +288,29 @@ def test_import_image_cli(control_plane: ControlPlane, real_node: RealNode, node
     finally:
         delete_pod(control_plane, node_ns, "imported")
         real_node.ctr("images", "remove", name, check=False)
+
+
+def test_pod_writes_to_a_static_pv(control_plane: ControlPlane, node_ns: str) -> None:
+    """Real pods (non-root) use the cluster's static hostPath PVs through claims."""
+    control_plane.apply({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }, "-n", node_ns)  # fmt: skip
+    spec = pod("writer", volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}])
+    spec["spec"]["containers"] = [container(
+        args=["-c", "echo written-by-$(id -u) > /data/f && cat /data/f"],
+        volumeMounts=[{"name": "d", "mountPath": "/data"}],
+    )]  # fmt: skip
+    control_plane.apply(spec, "-n", node_ns)
+    try:
+        wait_phase(control_plane, node_ns, "writer", ("Succeeded",))
+        pvc = control_plane.kubectl_json("get", "pvc", "data", "-n", node_ns)
+        path = PV_ROOT / pvc["spec"]["volumeName"] / "f"
+        assert path.read_text().strip() == "written-by-65532"
+        assert "written-by-65532" in control_plane.kubectl("logs", "-n", node_ns, "writer").stdout
+    finally:
+        delete_pod(control_plane, node_ns, "writer")
+        control_plane.kubectl("delete", "pvc", "data", "-n", node_ns, "--wait=false")
 
 
 @pytest.mark.slow
