@@ -37,6 +37,9 @@ def _run(args: argparse.Namespace) -> int:
     )
     # kopf's per-object log lines are noisy at 500 models; ours are enough.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # One line per API request (the Lease every 2 s) would drown the operator's own lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     asyncio.run(
         kopf.operator(
             clusterwide=args.all_namespaces,

@@ -81,9 +81,11 @@ class LeaderElector:
 
     def holds(self) -> bool:
         """Whether this replica may write now: leading, and renewed within the deadline."""
+        return self.leading and self._fresh()
+
+    def _fresh(self) -> bool:
         return (
-            self.leading
-            and self.renewed_at is not None
+            self.renewed_at is not None
             and self.clock() - self.renewed_at < self.renew_deadline_seconds
         )
 
@@ -125,7 +127,7 @@ class LeaderElector:
             return
         if acquired:
             self.renewed_at = started  # the lease counts from before the request was sent
-        self._set(acquired and self.holds())
+        self._set(acquired and self._fresh())
 
     async def _try_acquire(self) -> bool:
         now = _now()
