@@ -197,7 +197,8 @@ def test_failed_compile_is_retried_with_a_bounded_backoff(
 
         kube.wait(lambda: attempts() >= 3, 90, "two automatic retries")
         assert len(seen) >= 2, seen
-        assert kube.condition("f", "Degraded")["reason"] == "PrecompileFailed"
+        # each attempt fails again and says so
+        kube.wait_condition("f", "Degraded", "True", reason="PrecompileFailed", timeout=30)
     finally:
         fast.stop()
         operator.start()

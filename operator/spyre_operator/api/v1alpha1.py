@@ -195,9 +195,21 @@ class CompileSpec(ApiModel):
     backend: Backend = Field(
         default=Backend.SENDNN,
         description=(
-            "Compile backend: sendnn (Spyre, production), sendnn_compile_only, or the CPU "
-            "backends inductor and eager (testing without Spyre cards)."
+            "Backend the serving pods run: sendnn (Spyre cards, production) or the CPU backends "
+            "inductor and eager (testing without Spyre cards). With sendnn the precompile Job "
+            "compiles with sendnn_compile_only on a CPU node (no cards held during the compile; "
+            "see precompile.onCards); the artifact is the same, and so is its key."
         ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self != 'sendnn_compile_only'",
+                    "compile.backend is what the serving pods run, and sendnn_compile_only "
+                    "cannot serve: set sendnn; the precompile Job already compiles with "
+                    "sendnn_compile_only on a CPU node (precompile.onCards: false)",
+                )
+            ]
+        },
     )
 
 
@@ -359,6 +371,26 @@ class PrecompileSpec(ApiModel):
     )
     pod_annotations: dict[str, str] | None = Field(
         default=None, description="Annotations added to the precompile pod."
+    )
+    on_cards: bool = Field(
+        default=False,
+        description=(
+            "For compile.backend sendnn: compile on the Spyre cards (the Job requests "
+            "tensorParallelSize cards through the accelerator's scheduler) instead of with "
+            "sendnn_compile_only on a CPU node (the default: the cards keep serving while a new "
+            "artifact compiles). Ignored by the CPU backends, which never use cards."
+        ),
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None,
+        description=(
+            "Node labels the precompile pod must match when it compiles off the cards "
+            "(e.g. a CPU pool with enough memory for the compiler)."
+        ),
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None,
+        description="Tolerations of the precompile pod when it compiles off the cards.",
     )
 
 

@@ -25,12 +25,14 @@ from .plan import ModelPlan
 from .pod import (
     cache_affinity,
     cache_claim_labels,
+    card_requests,
     container_security_context,
     merge_env,
     placement,
     plugin_env,
     pod_security_context,
     resources,
+    serves_on_cards,
     shape_args,
     user_env,
     volumes,
@@ -65,7 +67,7 @@ def serve_args(plan: ModelPlan, key: str) -> list[str]:
     spec = plan.spec
     args = [
         "serve",
-        *shape_args(plan),
+        *shape_args(plan, str(spec.compile.backend)),
         "--artifact-dir", plan.artifact_dir(key),
         "--artifact-key", key,
         "--port", str(spec.serving.port),
@@ -106,12 +108,12 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
     """The Deployment serving artifact ``key`` (the spec's key, or the previous one while the
     new artifact compiles)."""
     spec = plan.spec
-    tp = spec.compile.tensor_parallel_size
+    on_cards = serves_on_cards(spec)
     vols, mounts = volumes(plan, read_only=True)
     env = merge_env(
         user_env(spec.serving.env or []),
         [
-            *plugin_env(plan, key),
+            *plugin_env(plan, key, str(spec.compile.backend)),
             # Load from the artifact; never compile on the serving path.
             EnvVar(name="SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS", value="1"),
             EnvVar(name="HF_HUB_OFFLINE", value="1"),
@@ -126,10 +128,7 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
         args=serve_args(plan, key),
         env=env,
         ports=[ContainerPort(name=PORT_NAME, containerPort=spec.serving.port, protocol="TCP")],
-        resources=resources(
-            spec.serving.resources,
-            {spec.accelerator.resource_name: tp},
-        ),
+        resources=resources(spec.serving.resources, card_requests(spec, on_cards)),
         volumeMounts=mounts,
         securityContext=container_security_context(),
         startupProbe=_probe(STARTUP_PATH, 10, STARTUP_BUDGET_SECONDS // 10),
@@ -171,7 +170,7 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
                     # The engine never calls the Kubernetes API.
                     automountServiceAccountToken=False,
                     affinity=cache_affinity(plan),
-                    **placement(spec),
+                    **placement(spec, on_cards=on_cards),
                 ),
             ),
         ),

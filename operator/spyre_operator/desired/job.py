@@ -15,11 +15,14 @@ from .owners import shared_refs
 from .plan import ModelPlan, OwnerRef
 from .pod import (
     cache_affinity,
+    card_requests,
+    compiles_on_cards,
     container_security_context,
     merge_env,
     placement,
     plugin_env,
     pod_security_context,
+    precompile_backend,
     resources,
     shape_args,
     user_env,
@@ -28,7 +31,6 @@ from .pod import (
 
 #: The engine writes its one-line JSON summary (or failure reason) here.
 TERMINATION_LOG = "/dev/termination-log"
-BACKENDS_THAT_RUN_ON_CARDS = frozenset({"sendnn"})
 
 
 def job_labels(plan: ModelPlan) -> dict[str, str]:
@@ -44,21 +46,21 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
     """One Job per (claim, key), owned by every SpyreModel that needs that artifact."""
     spec = plan.spec
     vols, mounts = volumes(plan, read_only=False)
-    # Compiling with sendnn runs the warmup on the cards; the CPU backends and
-    # sendnn_compile_only need none.
-    cards = (
-        {spec.accelerator.resource_name: spec.compile.tensor_parallel_size}
-        if str(spec.compile.backend) in BACKENDS_THAT_RUN_ON_CARDS
-        else {}
+    # sendnn artifacts are built with sendnn_compile_only on a CPU node unless
+    # precompile.onCards; the CPU backends never use cards.
+    on_cards = compiles_on_cards(spec)
+    backend = precompile_backend(spec)
+    cards = card_requests(spec, on_cards)
+    env: list[EnvVar] = merge_env(
+        user_env(compile_env(spec)), plugin_env(plan, plan.key, backend)
     )
-    env: list[EnvVar] = merge_env(user_env(compile_env(spec)), plugin_env(plan, plan.key))
     container = Container(
         name="precompile",
         image=spec.engine.image,
         imagePullPolicy=spec.engine.image_pull_policy,
         args=[
             "precompile",
-            *shape_args(plan),
+            *shape_args(plan, backend),
             "--artifact-dir",
             plan.artifact_dir(),
             "--artifact-key",
@@ -76,9 +78,7 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
     labels = job_labels(plan)
     annotations = {names.ARTIFACT_KEY_ANNOTATION: plan.key}
     pod_annotations = {**(spec.precompile.pod_annotations or {}), **annotations}
-    placement_fields = placement(spec)
-    if not cards:
-        placement_fields.pop("schedulerName", None)  # nothing for the Spyre scheduler to do
+    placement_fields = placement(spec, on_cards=on_cards, precompile=True)
     return Job(
         metadata=ObjectMeta(
             name=plan.job_name,

@@ -62,8 +62,38 @@ def container_security_context() -> SecurityContext:
     )
 
 
-def shape_args(plan: ModelPlan) -> list[str]:
-    """Engine flags for the model and compile shape, identical in precompile and serve."""
+#: The backend that runs on Spyre cards, and the one that builds its artifacts on a CPU node.
+CARD_BACKEND = "sendnn"
+COMPILE_ONLY_BACKEND = "sendnn_compile_only"
+
+
+def serves_on_cards(spec: SpyreModelSpec) -> bool:
+    """The serving pods need Spyre cards (and the Spyre scheduler): backend sendnn only."""
+    return str(spec.compile.backend) == CARD_BACKEND
+
+
+def compiles_on_cards(spec: SpyreModelSpec) -> bool:
+    """The precompile pod needs cards: sendnn with precompile.onCards (off by default)."""
+    return serves_on_cards(spec) and spec.precompile.on_cards
+
+
+def precompile_backend(spec: SpyreModelSpec) -> str:
+    """What the precompile Job compiles with: sendnn artifacts are built off the cards."""
+    if serves_on_cards(spec) and not spec.precompile.on_cards:
+        return COMPILE_ONLY_BACKEND
+    return str(spec.compile.backend)
+
+
+def card_requests(spec: SpyreModelSpec, on_cards: bool) -> dict[str, int]:
+    """The Spyre card request of a pod (none for a pod that does not use cards)."""
+    if not on_cards:
+        return {}
+    return {spec.accelerator.resource_name: spec.compile.tensor_parallel_size}
+
+
+def shape_args(plan: ModelPlan, backend: str) -> list[str]:
+    """Engine flags for the model and compile shape, identical in precompile and serve
+    (but for the backend: a sendnn artifact is compiled with sendnn_compile_only)."""
     spec = plan.spec
     c = spec.compile
     args = [
@@ -74,7 +104,7 @@ def shape_args(plan: ModelPlan) -> list[str]:
         "--max-model-len", str(c.max_model_len),
         "--max-num-seqs", str(c.max_num_seqs),
         "--max-num-batched-tokens", str(c.max_num_batched_tokens),
-        "--backend", str(c.backend),
+        "--backend", backend,
     ]  # fmt: skip
     if c.warmup_shapes:
         shapes = ",".join(f"{w.prompt_len}x{w.batch_size}" for w in c.warmup_shapes)
@@ -84,12 +114,12 @@ def shape_args(plan: ModelPlan) -> list[str]:
     return args
 
 
-def plugin_env(plan: ModelPlan, key: str) -> list[EnvVar]:
+def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
     """The Spyre plugin's cache settings for the artifact ``key``."""
     return [
         EnvVar(name="TORCH_SENDNN_CACHE_ENABLE", value="1"),
         EnvVar(name="TORCH_SENDNN_CACHE_DIR", value=plan.artifact_dir(key)),
-        EnvVar(name="SENDNN_INFERENCE_DYNAMO_BACKEND", value=str(plan.spec.compile.backend)),
+        EnvVar(name="SENDNN_INFERENCE_DYNAMO_BACKEND", value=backend),
         EnvVar(name="HOME", value="/tmp"),
         EnvVar(
             name="SPYRE_ENGINE_POD_NAME",
@@ -189,18 +219,29 @@ def cache_affinity(plan: ModelPlan) -> Affinity | None:
     )
 
 
-def placement(spec: SpyreModelSpec) -> dict:  # type: ignore[type-arg]
-    """schedulerName, nodeSelector, tolerations and pull secrets for a PodSpec."""
+def placement(  # type: ignore[type-arg]
+    spec: SpyreModelSpec, *, on_cards: bool, precompile: bool = False
+) -> dict:
+    """schedulerName, nodeSelector, tolerations and pull secrets for a PodSpec.
+
+    A pod on the cards goes through the accelerator's scheduler, node selector and
+    tolerations. A pod without cards never uses the Spyre scheduler: a precompile pod compiling
+    off the cards uses precompile.nodeSelector/tolerations, a CPU-backend server the
+    accelerator's node selector and tolerations.
+    """
     acc = spec.accelerator
     out: dict = {}  # type: ignore[type-arg]
-    if acc.scheduler_name:
+    if on_cards and acc.scheduler_name:
         out["schedulerName"] = acc.scheduler_name
-    if acc.node_selector:
-        out["nodeSelector"] = dict(acc.node_selector)
-    if acc.tolerations:
+    selector, tolerations = acc.node_selector, acc.tolerations
+    if precompile and not on_cards:
+        selector, tolerations = spec.precompile.node_selector, spec.precompile.tolerations
+    if selector:
+        out["nodeSelector"] = dict(selector)
+    if tolerations:
         out["tolerations"] = [
             Toleration.from_dict(t.model_dump(by_alias=True, exclude_none=True))
-            for t in acc.tolerations
+            for t in tolerations
         ]
     if spec.engine.image_pull_secrets:
         out["imagePullSecrets"] = [
