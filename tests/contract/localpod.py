@@ -49,6 +49,8 @@ POD_LOOPBACK_PORT_ENV = ("MASTER_PORT",)
 
 #: The compile backend the Spyre cards use, and what stands in for it on a machine without them.
 SPYRE_BACKEND = "sendnn"
+#: What the precompile Job compiles sendnn artifacts with (on a CPU node, but torch_sendnn).
+SPYRE_COMPILE_ONLY_BACKEND = "sendnn_compile_only"
 CPU_BACKEND = "eager"
 CPU_BACKENDS = frozenset({"eager", "inductor"})
 
@@ -139,10 +141,10 @@ def substitute_cpu_backend(
 ) -> tuple[list[str], dict[str, str]]:
     """THE substitution: the CPU backend stands in for ``sendnn`` (no Spyre cards here).
 
-    Replaces ``--backend sendnn`` and ``SENDNN_INFERENCE_DYNAMO_BACKEND=sendnn`` (image or pod
-    env). A spec that already selects a CPU backend (``inductor``, ``eager``) runs as written;
-    anything else (``sendnn_compile_only``) cannot run here and fails. Everything else the
-    container gets is exactly what the operator wrote.
+    Replaces ``--backend sendnn`` (serving) or ``sendnn_compile_only`` (the precompile Job) and
+    the same ``SENDNN_INFERENCE_DYNAMO_BACKEND`` (image or pod env): both need torch_sendnn.
+    A spec that already selects a CPU backend (``inductor``, ``eager``) runs as written.
+    Everything else the container gets is exactly what the operator wrote.
     """
     out = list(args)
     positions = [i for i, a in enumerate(out[:-1]) if a == "--backend"]
@@ -152,9 +154,10 @@ def substitute_cpu_backend(
     if backend in CPU_BACKENDS:
         assert new_env.get("SENDNN_INFERENCE_DYNAMO_BACKEND") == backend, new_env
         return out, new_env
-    assert backend == SPYRE_BACKEND, f"the spec selects {backend}, which needs Spyre cards"
+    spyre = (SPYRE_BACKEND, SPYRE_COMPILE_ONLY_BACKEND)
+    assert backend in spyre, f"the spec selects {backend}, which nothing here can run"
     out[positions[0] + 1] = CPU_BACKEND
-    if new_env.get("SENDNN_INFERENCE_DYNAMO_BACKEND") == SPYRE_BACKEND:
+    if new_env.get("SENDNN_INFERENCE_DYNAMO_BACKEND") in spyre:
         new_env["SENDNN_INFERENCE_DYNAMO_BACKEND"] = CPU_BACKEND
     return out, new_env
 
