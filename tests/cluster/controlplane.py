@@ -89,10 +89,9 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
 PV_COUNT_SMALL = 40  # 100Gi each
 PV_COUNT_LARGE = 8  # 1Ti each
 STORAGE_CLASS = "local"
-# hostPath of each static PV (<PV_ROOT>/<pv name>). Only pods on the real node use them;
-# node.py creates them world-writable (pods run as non-root; hostPath ignores fsGroup),
-# recycle_pvs() empties a Released one, `down` removes them all.
-PV_ROOT = Path("/tmp/spyre-local-pv")
+# hostPath of each static PV: .cluster/pv/<pv name> (ControlPlane.pv_root). Only pods on the
+# real node use them; node.py creates them world-writable (pods run as non-root; hostPath
+# ignores fsGroup), recycle_pvs() empties a Released one, `down` removes them all.
 
 UP_TIMEOUT = float(os.environ.get("SPYRE_CLUSTER_UP_TIMEOUT", "120"))
 
@@ -219,6 +218,7 @@ class ControlPlane:
         self.link_dir = self.state_dir / "bin"
         self.state_file = self.state_dir / "state.json"
         self.component_kubeconfig = self.state_dir / "components.kubeconfig"
+        self.pv_root = self.state_dir / "pv"
         self._bin_dir = Path(bin_dir) if bin_dir else None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._node: RealNode | None = None
@@ -469,8 +469,8 @@ class ControlPlane:
         etcd_dir = self.state_dir / "etcd"
         if etcd_dir.exists():
             subprocess.run(["rm", "-rf", str(etcd_dir)], check=False)
-        if PV_ROOT.is_dir():  # the PVs are gone with etcd's data; so is what was on them
-            subprocess.run(["rm", "-rf", "--one-file-system", str(PV_ROOT)], check=False)
+        if self.pv_root.is_dir():  # the PVs are gone with etcd's data; so is what was on them
+            subprocess.run(["rm", "-rf", "--one-file-system", str(self.pv_root)], check=False)
         return leaks
 
     def restart(self, components: Sequence[str] = ("kube-apiserver", "etcd")) -> None:
@@ -875,7 +875,7 @@ profiles:
                             "persistentVolumeReclaimPolicy": "Retain",
                             "storageClassName": STORAGE_CLASS,
                             "volumeMode": "Filesystem",
-                            "hostPath": {"path": str(PV_ROOT / name), "type": ""},
+                            "hostPath": {"path": str(self.pv_root / name), "type": ""},
                         },
                     }
                 )
@@ -961,14 +961,13 @@ profiles:
     def ensure_pv_dirs(self) -> None:
         """Create the static PVs' hostPath directories (mode 0777) for real pods."""
         for name in self.pv_names():
-            d = PV_ROOT / name
+            d = self.pv_root / name
             d.mkdir(parents=True, exist_ok=True)
             d.chmod(0o777)
 
-    @staticmethod
-    def _wipe_pv_dir(name: str) -> None:
+    def _wipe_pv_dir(self, name: str) -> None:
         """Empty a released PV's directory, as a deleter would (the volume is reused)."""
-        d = PV_ROOT / name
+        d = self.pv_root / name
         if not d.is_dir() or d.is_symlink():
             return
         for child in d.iterdir():

@@ -267,6 +267,27 @@ class RealNode:
                     return pid
         return None
 
+    def owner(self) -> str | None:
+        """The node directory (``<checkout>/.cluster/node``) of whoever runs the machine's
+        real node now, found from the processes in its cgroup; None if none runs. Names,
+        addresses and the cgroup are machine-wide, so only one checkout can run a node."""
+        for pid in sorted(_cgroup_pids()):
+            with contextlib.suppress(OSError):
+                for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                    m = re.match(rb"(/.*?/\.cluster/node)(/|$)", arg)
+                    if m:
+                        return m.group(1).decode()
+        return None
+
+    def _check_not_foreign(self) -> None:
+        owner = self.owner()
+        if owner and owner != str(self.dir):
+            root = Path(owner).parent.parent
+            raise NodeError(
+                f"the machine's real node belongs to another checkout ({root}); stop it there "
+                f"(`python tests/cluster/controlplane.py node-down --root {root}`)"
+            )
+
     def running(self) -> bool:
         return self.pid() is not None and self.forward_pid() is not None
 
@@ -298,6 +319,7 @@ class RealNode:
     def _up(self, timeout: float) -> None:
         if not self.cp.apiserver_ready():
             raise NodeError("the control plane is not running; start it first (`up`)")
+        self._check_not_foreign()
         self._ensure_apiserver_flags()
         if self.running() and self.ready():
             self._advertise_cards()
@@ -789,6 +811,10 @@ conntrack:
     def _down(self, delete_node: bool = True) -> list[str]:
         if not self.dir.exists() and not self.pid_file.exists():
             return []  # never started here
+        owner = self.owner()
+        if owner and owner != str(self.dir):
+            _log(f"the real node running belongs to {owner}; leaving it alone")
+            return []
         was_up = self.pid() is not None or self.baseline_file.exists()
         if delete_node and self.cp._load_state() and self.cp.apiserver_ready():
             self.cp.kubectl("delete", "node", self.name, "--ignore-not-found", "--wait=false",
@@ -909,15 +935,17 @@ conntrack:
         links = _links()
         out += [f"link {ln}" for ln in links if ln in (HOST_IF, NODE_IF, BRIDGE)]
         if baseline:
-            out += [f"link {ln}" for ln in sorted(set(links) - set(baseline["links"]))
-                    if ln not in (HOST_IF, NODE_IF, BRIDGE)]
+            # Other jobs on the machine (buildah, podman) may add their own links, netns and
+            # rules meanwhile; count only what can be ours.
             now = host_snapshot()
-            out += [f"netns {n}" for n in sorted(set(now["netns"]) - set(baseline["netns"]))]
+            out += [f"netns {n}" for n in sorted(set(now["netns"]) - set(baseline["netns"]))
+                    if n.startswith("cni-")]
+            ours = ("KUBE-", "CNI-", "10.245.", "10.250.", "10.96.", "spyre")
             for tool, lines in now["iptables"].items():
-                before = baseline["iptables"].get(tool, [])
-                if lines != before:
-                    extra = [ln for ln in lines if ln not in before][:5]
-                    out.append(f"iptables changed ({tool}): {extra}")
+                before = set(baseline["iptables"].get(tool, []))
+                extra = [ln for ln in lines if ln not in before and any(o in ln for o in ours)]
+                if extra:
+                    out.append(f"iptables rules left ({tool}): {extra[:5]}")
             for k, v in now["sysctls"].items():
                 if v != baseline["sysctls"].get(k):
                     out.append(f"sysctl {k} = {v} (was {baseline['sysctls'].get(k)})")
