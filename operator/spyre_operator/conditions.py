@@ -42,6 +42,14 @@ CLAIM_PROBLEMS = frozenset({CLAIM_NOT_FOUND, CLAIM_LOST})
 COMPILING = "Compiling"
 ARTIFACT_AVAILABLE = "ArtifactAvailable"
 PRECOMPILE_FAILED = "PrecompileFailed"
+# ... or the engine's own reason when it says what users must fix (engine/spyre_engine/summary.py)
+MODEL_NOT_FOUND = "ModelNotFound"
+MODEL_ACCESS_DENIED = "ModelAccessDenied"
+UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
+#: Engine failure reasons that replace the generic PrecompileFailed in conditions.
+ENGINE_COMPILE_REASONS = frozenset(
+    {MODEL_NOT_FOUND, MODEL_ACCESS_DENIED, UNSUPPORTED_CONFIGURATION}
+)
 # Ready / Progressing / Degraded
 SERVING = "Serving"
 SCALED_TO_ZERO = "ScaledToZero"
@@ -64,6 +72,9 @@ WARNING_REASONS = frozenset(
         CLAIM_LOST,
         CLAIM_NOT_FOUND,
         PRECOMPILE_FAILED,
+        MODEL_NOT_FOUND,
+        MODEL_ACCESS_DENIED,
+        UNSUPPORTED_CONFIGURATION,
         INVALID_SPEC,
         ENGINE_FAILED,
         ROLLOUT_STALLED,

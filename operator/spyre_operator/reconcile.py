@@ -345,6 +345,8 @@ def _ready_status(plan: ModelPlan, obs: Observed, job: dict[str, Any]) -> dict[s
             out["compileSeconds"] = round(parsed.compile_seconds, 3)
         if parsed.size_bytes is not None:
             out["sizeBytes"] = parsed.size_bytes
+        if parsed.model_revision:
+            out["modelRevision"] = parsed.model_revision
         if parsed.key and parsed.key != plan.key:
             out["message"] = f"engine reported key {parsed.key}, expected {plan.key}"
     return out
@@ -445,7 +447,13 @@ def decide_artifact(
                 f"{msg}; attempt {attempts}, next retry at {_fmt_time(due)} (or set the "
                 f"annotation {RETRY_ANNOTATION} to a new value to retry now)"
             )
-            out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.PRECOMPILE_FAILED, text))
+            parsed = _summary(plan, obs)
+            reason = (
+                parsed.reason
+                if isinstance(parsed, EngineFailure) and parsed.reason in C.ENGINE_COMPILE_REASONS
+                else C.PRECOMPILE_FAILED
+            )
+            out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, text))
             out.job = owners_job()
             out.requeue_after = max(1.0, (due - current).total_seconds())
             return out
@@ -591,7 +599,7 @@ def decide_status(
     for reason, message in (
         (C.NAME_CONFLICT, foreign),
         (C.RECONCILE_ERROR, write_error),
-        (C.PRECOMPILE_FAILED, artifact.cond.message if artifact.phase == FAILED else None),
+        (artifact.cond.reason, artifact.cond.message if artifact.phase == FAILED else None),
         (claim_problem.reason if claim_problem else "", claim_problem and claim_problem.message),
         (
             C.CLAIM_NOT_FOUND,
@@ -613,7 +621,7 @@ def decide_status(
         elif write_error:
             ready = C.Cond(C.READY, C.FALSE, C.RECONCILE_ERROR, write_error)
         elif artifact.phase == FAILED:
-            ready = C.Cond(C.READY, C.FALSE, C.PRECOMPILE_FAILED, artifact.cond.message)
+            ready = C.Cond(C.READY, C.FALSE, artifact.cond.reason, artifact.cond.message)
         elif cache.missing:
             ready = C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache.cond.message)
         else:

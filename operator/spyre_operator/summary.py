@@ -24,6 +24,8 @@ class ArtifactSummary:
     compile_seconds: float | None
     size_bytes: int | None
     versions: dict[str, Any]
+    #: The commit an hf:// model resolved to (``@main`` -> a sha), when the engine reports it.
+    model_revision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,4 +74,5 @@ def parse_termination_message(text: str | None) -> ArtifactSummary | EngineFailu
         compile_seconds=num(doc.get("compileSeconds"), float),
         size_bytes=num(doc.get("sizeBytes"), int),
         versions=dict(doc["versions"]) if isinstance(doc.get("versions"), dict) else {},
+        model_revision=str(doc["modelRevision"]) if doc.get("modelRevision") else None,
     )

@@ -70,6 +70,19 @@ def test_rollout_that_can_never_progress_is_rejected_at_admission(kube: Kube, cr
         doc["spec"] = spec(cache={"volume": {"accessModes": [mode]}})
         r = kube.try_apply(doc)
         assert r.returncode != 0 and "Unsupported value" in r.stderr, r.stderr
+    # issue 12: sendnn_compile_only cannot serve; resource names are extended resources
+    for bad, expect in (
+        ({"compile": {"backend": "sendnn_compile_only"}}, "sendnn_compile_only cannot serve"),
+        ({"accelerator": {"resourceName": "kubernetes.io/spyre"}}, "outside the kubernetes.io"),
+        ({"model": {"uri": "hf://a/b", "downloadEnv": [{"name": "HF_TOKEN", "value": "x"}]}},
+         "use model.tokenSecret"),
+    ):
+        doc["spec"] = spec(**bad)
+        r = kube.try_apply(doc)
+        assert r.returncode != 0 and expect in r.stderr, r.stderr
+    doc["spec"] = spec(accelerator={"resourceName": "ibm.com/spyre_pf_tier1"})
+    r = kube.try_apply(doc)
+    assert r.returncode == 0, r.stderr
 
 
 def test_switching_the_cache_claim_compiles_there_before_moving(

@@ -162,8 +162,19 @@ def test_engine_venv_sees_the_bases_site_packages() -> None:
 
 def test_engine_installs_the_engine_extra_without_cuda_addons() -> None:
     runs = _runs(ENGINE)
-    assert '"/src[engine]"' in runs
+    assert "-r /src/pyproject.toml --extra engine" in runs
     assert "uv pip uninstall" in runs and "torchvision torchaudio torchcodec" in runs
+
+
+def test_engine_dependencies_are_a_layer_of_their_own() -> None:
+    """The ~8 GB dependency layer depends on pyproject.toml alone, not on the engine's code."""
+    ins = _instructions(ENGINE)
+    heavy = next(i for i, (op, rest) in enumerate(ins) if op == "RUN" and "--extra engine" in rest)
+    before = [rest for op, rest in ins[:heavy] if op == "COPY"]
+    assert before == ["pyproject.toml /src/"]
+    copies = " ".join(rest for op, rest in ins if op == "COPY")
+    assert "engine/spyre_engine" in copies
+    assert "operator/" not in copies  # the engine does not import the operator package
 
 
 def test_engine_entrypoint_sources_the_aiu_setup_then_execs_the_engine() -> None:

@@ -22,6 +22,9 @@ local failure_reasons = {
   NameConflict = true,
   ClaimConflict = true,
   ClaimImmutable = true,
+  ModelNotFound = true,
+  ModelAccessDenied = true,
+  UnsupportedConfiguration = true,
 }
 
 local function describe(c)

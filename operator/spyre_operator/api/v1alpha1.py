@@ -90,6 +90,20 @@ POOLING_TASKS = frozenset({Task.EMBED, Task.SCORE, Task.RERANK})
 # --------------------------------------------------------------------------------------
 
 
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the SpyreModel's namespace."""
+
+    name: str = Field(description="Secret name.", min_length=1, max_length=253)
+    key: str = Field(default="token", description="Key in the Secret.", min_length=1)
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A key of a ConfigMap in the SpyreModel's namespace."""
+
+    name: str = Field(description="ConfigMap name.", min_length=1, max_length=253)
+    key: str = Field(default="ca.crt", description="Key in the ConfigMap.", min_length=1)
+
+
 class ModelSource(ApiModel):
     """Where the model weights come from."""
 
@@ -116,6 +130,43 @@ class ModelSource(ApiModel):
             "(org/name for hf://, the last path element for pvc://)."
         ),
         max_length=253,
+    )
+    token_secret: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "A Secret key holding a Hugging Face token, for gated and private hf:// models. "
+            "Given to the precompile Job only (as HF_TOKEN): serving pods load from the cache "
+            "and never download."
+        ),
+    )
+    download_env: list[EnvVar] | None = Field(
+        default=None,
+        description=(
+            "Environment for downloading hf:// models, given to the precompile Job only: "
+            "HF_ENDPOINT (a mirror), HTTPS_PROXY/HTTP_PROXY/NO_PROXY, HF_HUB_ETAG_TIMEOUT, ... "
+            "Not part of the artifact key."
+        ),
+        max_length=32,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(e, !(e.name in ['HF_TOKEN', 'HF_HUB_OFFLINE', "
+                    "'REQUESTS_CA_BUNDLE', 'SSL_CERT_FILE']))",
+                    "model.downloadEnv must not set HF_TOKEN (use model.tokenSecret), "
+                    "HF_HUB_OFFLINE (the operator sets it), or the CA bundle variables (use "
+                    "model.caBundle)",
+                )
+            ],
+        },
+    )
+    ca_bundle: ConfigMapKeyRef | None = Field(
+        default=None,
+        description=(
+            "A ConfigMap key with PEM CA certificates for the download (a proxy or a mirror "
+            "with a private CA); mounted in the precompile Job only."
+        ),
     )
 
 
@@ -633,6 +684,13 @@ class ArtifactStatus(ApiModel):
     )
     attempts: int | None = Field(
         default=None, description="Precompile Jobs run for this key on this claim so far."
+    )
+    model_revision: str | None = Field(
+        default=None,
+        description=(
+            "The commit the precompile Job downloaded, for hf:// models (what @main meant "
+            "when this artifact was compiled)."
+        ),
     )
     next_retry_at: str | None = Field(
         default=None,

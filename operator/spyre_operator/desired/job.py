@@ -18,6 +18,8 @@ from .pod import (
     card_requests,
     compiles_on_cards,
     container_security_context,
+    download_env,
+    download_volumes,
     merge_env,
     placement,
     plugin_env,
@@ -52,8 +54,10 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
     backend = precompile_backend(spec)
     cards = card_requests(spec, on_cards)
     env: list[EnvVar] = merge_env(
-        user_env(compile_env(spec)), plugin_env(plan, plan.key, backend)
+        [*user_env(compile_env(spec)), *download_env(plan)], plugin_env(plan, plan.key, backend)
     )
+    dl_vols, dl_mounts = download_volumes(plan)
+    vols, mounts = vols + dl_vols, mounts + dl_mounts
     container = Container(
         name="precompile",
         image=spec.engine.image,

@@ -7,6 +7,7 @@ from typing import cast
 from lightkube.models.core_v1 import (
     Affinity,
     Capabilities,
+    ConfigMapVolumeSource,
     EmptyDirVolumeSource,
     EnvVar,
     EnvVarSource,
@@ -18,6 +19,7 @@ from lightkube.models.core_v1 import (
     PodSecurityContext,
     ResourceRequirements,
     SeccompProfile,
+    SecretKeySelector,
     SecurityContext,
     Toleration,
     Volume,
@@ -126,6 +128,48 @@ def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
             valueFrom=EnvVarSource(fieldRef=ObjectFieldSelector(fieldPath="metadata.name")),
         ),
     ]
+
+
+#: Where model.caBundle is mounted in the precompile pod.
+CA_BUNDLE_DIR = "/etc/spyre-model-operator/ca"
+CA_VOLUME = "download-ca"
+
+
+def download_env(plan: ModelPlan) -> list[EnvVar]:
+    """What the precompile Job needs to download an hf:// model (never given to servers)."""
+    model = plan.spec.model
+    if plan.model_claim is not None:
+        return []
+    env = user_env(model.download_env or [])
+    if model.token_secret is not None:
+        env.append(
+            EnvVar(
+                name="HF_TOKEN",
+                valueFrom=EnvVarSource(
+                    secretKeyRef=SecretKeySelector(
+                        name=model.token_secret.name, key=model.token_secret.key
+                    )
+                ),
+            )
+        )
+    if model.ca_bundle is not None:
+        path = f"{CA_BUNDLE_DIR}/{model.ca_bundle.key}"
+        env += [
+            EnvVar(name="REQUESTS_CA_BUNDLE", value=path),
+            EnvVar(name="SSL_CERT_FILE", value=path),
+        ]
+    return env
+
+
+def download_volumes(plan: ModelPlan) -> tuple[list[Volume], list[VolumeMount]]:
+    """The CA bundle volume of the precompile pod, if any."""
+    ca = plan.spec.model.ca_bundle
+    if plan.model_claim is not None or ca is None:
+        return [], []
+    return (
+        [Volume(name=CA_VOLUME, configMap=ConfigMapVolumeSource(name=ca.name))],
+        [VolumeMount(name=CA_VOLUME, mountPath=CA_BUNDLE_DIR, readOnly=True)],
+    )
 
 
 def merge_env(user: list[EnvVar], operator: list[EnvVar]) -> list[EnvVar]:

@@ -1,0 +1,144 @@
+"""Issue 12, operator side: compile off the cards, gated models, accelerator names (pure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from spyre_operator import conditions as C
+from spyre_operator.api import SpyreModelSpec
+from spyre_operator.reconcile import Observed, decide
+
+from .samples import GENERATE, model
+from .test_reconcile import NOW, cond, deployment_obj, job_obj
+from .test_reconcile_correctness import bound
+
+
+def container(pod_spec: Any) -> Any:
+    return pod_spec.containers[0]
+
+
+def arg(c: Any, flag: str) -> str:
+    return str(c.args[c.args.index(flag) + 1])
+
+
+def env(c: Any) -> dict[str, Any]:
+    return {e.name: e for e in c.env}
+
+
+def built(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """(precompile Job pod spec, serving Deployment pod spec) for ``spec``."""
+    m = model("m", spec)
+    job = decide(m, Observed(cache_pvc=bound()), NOW).job
+    obs = Observed(cache_pvc=bound(), job=job_obj(m, "Complete"))
+    dep = next(o for o in decide(m, obs, NOW).apply if o.kind == "Deployment")
+    return job.spec.template.spec, dep.spec.template.spec
+
+
+def test_sendnn_artifacts_compile_off_the_cards_and_serve_on_them() -> None:
+    spec = {**GENERATE, "compile": {"tensorParallelSize": 4},
+            "accelerator": {"nodeSelector": {"pool": "spyre"}},
+            "precompile": {"nodeSelector": {"pool": "cpu"},
+                           "tolerations": [{"key": "cpu-only", "operator": "Exists"}]}}
+    job, dep = built(spec)
+    jc, dc = container(job), container(dep)
+    assert arg(jc, "--backend") == "sendnn_compile_only"
+    assert env(jc)["SENDNN_INFERENCE_DYNAMO_BACKEND"].value == "sendnn_compile_only"
+    assert not (jc.resources.limits or {}) and job.schedulerName is None
+    assert job.nodeSelector == {"pool": "cpu"} and job.tolerations[0].key == "cpu-only"
+    assert arg(dc, "--backend") == "sendnn"
+    assert env(dc)["SENDNN_INFERENCE_DYNAMO_BACKEND"].value == "sendnn"
+    assert dc.resources.limits == {"ibm.com/spyre_vf": "4"}
+    assert dep.schedulerName == "spyre-scheduler" and dep.nodeSelector == {"pool": "spyre"}
+    # the same artifact key whichever way it was compiled
+    on_cards = {**spec, "precompile": {"onCards": True}}
+    assert (decide(model("m", on_cards), Observed(), NOW).status["artifact"]["key"]
+            == decide(model("m", spec), Observed(), NOW).status["artifact"]["key"])
+
+
+def test_compiling_on_the_cards_is_an_opt_in() -> None:
+    job, _ = built({**GENERATE, "precompile": {"onCards": True}})
+    jc = container(job)
+    assert arg(jc, "--backend") == "sendnn"
+    assert jc.resources.limits == {"ibm.com/spyre_vf": "1"}
+    assert job.schedulerName == "spyre-scheduler"
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_cpu_backends_use_no_cards_and_no_spyre_scheduler_anywhere(backend: str) -> None:
+    job, dep = built({**GENERATE, "compile": {"backend": backend},
+                      "precompile": {"onCards": True}})
+    for pod in (job, dep):
+        assert not (container(pod).resources.limits or {})
+        assert pod.schedulerName is None
+        assert arg(container(pod), "--backend") == backend
+
+
+def crd_messages() -> str:
+    import yaml
+    from spyre_operator.crd import render_crd
+
+    return json.dumps(yaml.safe_load(render_crd()))
+
+
+def test_sendnn_compile_only_cannot_serve() -> None:
+    # the API server rejects it (CEL; tests/integration/test_reconcile_correctness.py)
+    assert "sendnn_compile_only cannot serve" in crd_messages()
+
+
+def test_gated_model_token_and_download_settings_reach_only_the_job() -> None:
+    spec = {**GENERATE, "model": {**GENERATE["model"],
+                                  "tokenSecret": {"name": "hf", "key": "token"},
+                                  "downloadEnv": [{"name": "HF_ENDPOINT",
+                                                   "value": "https://mirror.internal"}],
+                                  "caBundle": {"name": "corp-ca"}}}
+    job, dep = built(spec)
+    je, de = env(container(job)), env(container(dep))
+    assert je["HF_TOKEN"].valueFrom.secretKeyRef.name == "hf"
+    assert je["HF_ENDPOINT"].value == "https://mirror.internal"
+    assert je["REQUESTS_CA_BUNDLE"].value.endswith("/ca.crt")
+    assert any(v.configMap and v.configMap.name == "corp-ca" for v in job.volumes)
+    for name in ("HF_TOKEN", "HF_ENDPOINT", "REQUESTS_CA_BUNDLE"):
+        assert name not in de
+    assert de["HF_HUB_OFFLINE"].value == "1"
+    assert not any(v.configMap for v in dep.volumes or [])
+    # none of it changes the artifact
+    assert (decide(model("m", spec), Observed(), NOW).status["artifact"]["key"]
+            == decide(model("m", GENERATE), Observed(), NOW).status["artifact"]["key"])
+
+
+def test_download_env_cannot_smuggle_the_token() -> None:
+    assert "must not set HF_TOKEN (use model.tokenSecret)" in crd_messages()
+
+
+@pytest.mark.parametrize("reason", ["ModelAccessDenied", "ModelNotFound",
+                                    "UnsupportedConfiguration"])
+def test_engine_reasons_users_must_act_on_reach_the_conditions(reason: str) -> None:
+    m = model("m", GENERATE)
+    failure = {"reason": reason, "message": "401 Client Error for ibm-granite/granite (gated)"}
+    obs = Observed(cache_pvc=bound(), job=job_obj(m, "Failed"),
+                   job_pods=[{"name": "p", "terminated": {"exitCode": 1,
+                                                          "message": json.dumps(failure)}}])
+    d = decide(m, obs, NOW)
+    for t in (C.READY, C.ARTIFACT_READY, C.DEGRADED):
+        assert cond(d, t)["reason"] == reason, t
+    assert "gated" in cond(d, C.DEGRADED)["message"]
+    assert reason in C.WARNING_REASONS
+
+
+def test_resolved_revision_is_recorded() -> None:
+    m = model("m", GENERATE)
+    summary = {"key": "k", "path": "/cache/x", "compileSeconds": 1, "sizeBytes": 1,
+               "modelRevision": "0123abcd" * 5}
+    obs = Observed(cache_pvc=bound(), job=job_obj(m, "Complete"),
+                   job_pods=[{"name": "p", "terminated": {"exitCode": 0,
+                                                          "message": json.dumps(summary)}}])
+    assert decide(m, obs, NOW).status["artifact"]["modelRevision"] == "0123abcd" * 5
+    assert deployment_obj  # (shared helper, imported for symmetry with the other tests)
+
+
+def test_extended_resource_names_are_validated() -> None:
+    with pytest.raises(ValidationError):  # kubernetes.io/... is CEL's (integration tests)
+        SpyreModelSpec.model_validate({**GENERATE, "accelerator": {"resourceName": "spyre"}})
