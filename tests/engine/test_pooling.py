@@ -86,3 +86,34 @@ def test_pooling_serve_does_not_compile_what_the_artifact_lacks(
             catalog.add_entry(art, entry)
         else:
             assert "no inductor graphs" in failure.message, failure.message
+
+
+def _files(root: Path) -> set[str]:
+    files = (p for p in root.rglob("*") if p.is_file() and "locks" not in p.parts)
+    return {str(p.relative_to(root)) for p in files}
+
+
+@pytest.mark.slow
+def test_inductor_pooling_server_adds_no_graph_to_its_artifact(  # type: ignore[no-untyped-def]
+    start_engine, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Precompiled with inductor, the pooling server answers from the artifact's graphs: after
+    start-up and a request, the (writable, so used in place) inductor cache has no new file."""
+    art = tmp_path / "art"
+    common = ["--model", str(tiny_model), "--artifact-dir", str(art), "--backend", "inductor"]
+    proc = run_engine(
+        "precompile", *common, *POOLING, "--termination-log", str(tmp_path / "t1"), timeout=1200
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before = _files(art / "inductor")
+    assert before, "precompile left no inductor graphs"
+    engine: EngineProcess = start_engine(
+        *common, *POOLING, "--served-name", "emb", "--termination-log", str(tmp_path / "t2")
+    )
+    engine.wait_started(STARTUP_TIMEOUT)
+    resp = httpx.post(
+        engine.url + "/v1/embeddings", json={"model": "emb", "input": ["hello"]}, timeout=TIMEOUT
+    )
+    assert resp.status_code == 200, resp.text
+    added = _files(art / "inductor") - before
+    assert not added, f"serving compiled into the artifact: {sorted(added)[:10]}"

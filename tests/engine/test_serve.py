@@ -103,6 +103,12 @@ def test_metrics_present(engine: EngineProcess) -> None:
         "spyre_engine_draining",
         "spyre_engine_inflight_requests",
         "spyre_engine_requests_rejected_while_draining_total",
+        # the plugin's own series (sendnn_inference/v1/metrics/stats_logger.py), listed in
+        # engine/README.md
+        "sendnn:decode_batch",
+        "sendnn:paused",
+        "sendnn:pause_events_total",
+        "sendnn:resume_events_total",
     ):
         assert metric_values(text, name), f"{name} missing"
     assert "spyre_engine_artifact_info{artifact_dir=" in text and 'key="key-abc"' in text
