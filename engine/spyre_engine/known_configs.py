@@ -200,6 +200,13 @@ def check_configuration(
     ``get_configurator_for_runtime``; ``models`` defaults to the plugin's YAML.
     """
     models = load_models() if models is None else models
+    if not models:
+        return ConfigurationCheck(
+            known=False,
+            model=None,
+            message="no model_configs.yaml to check against (sendnn-inference is not installed "
+            f"here and {MODEL_CONFIG_FILE_ENV} is not set)",
+        )
     found = match_model(config_json, models)
     if found is None:
         return ConfigurationCheck(

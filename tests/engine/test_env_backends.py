@@ -190,3 +190,73 @@ def test_sendnn_caps_unknown_configurations_in_the_entry(tmp_path: Path) -> None
     data = catalog.entry_data(pooling, "/m", {}, env={})
     assert data["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] == "64,128"
     assert "VLLM_DT_CHUNK_LEN" not in data
+
+
+# ---------------------------------------------------------------- known configurations
+
+SITE_MODELS = {
+    "org/decoder": {
+        "architecture": {"model_type": "granite", "hidden_size": 4096},
+        "continuous_batching_configs": [
+            {"tp_size": 1, "max_model_len": 8192, "max_num_seqs": 4},
+            {"tp_size": 4, "max_model_len": 32768, "max_num_seqs": 32},
+            {
+                "tp_size": 4,
+                "max_model_len": 16384,
+                "max_num_seqs": 4,
+                "device_config": {"env_vars": {"VLLM_DT_MAX_BATCH_TKV_LIMIT": 65536}},
+            },
+        ],
+    },
+    "org/decoder-fp8": {
+        "architecture": {
+            "model_type": "granite",
+            "hidden_size": 4096,
+            "quantization_config": {"format": "float-quantized"},
+        },
+        "continuous_batching_configs": [{"tp_size": 4, "max_model_len": 4096, "max_num_seqs": 8}],
+    },
+    "org/embedder": {
+        "architecture": {"model_type": "roberta"},
+        "static_batching_configs": [
+            {"tp_size": 1, "warmup_shapes": [{"prompt_len": 512, "batch_size": 64}]}
+        ],
+    },
+}
+
+
+def test_known_configuration_check_and_nearest_shapes() -> None:
+    from spyre_engine.known_configs import check_configuration
+
+    decoder = {"model_type": "granite", "hidden_size": 4096}
+    assert check_configuration(decoder, 4, 32768, 32, models=SITE_MODELS).known
+    check = check_configuration(decoder, 4, 32768, 16, models=SITE_MODELS)
+    assert not check.known and check.model == "org/decoder"
+    assert [str(s) for s in check.nearest] == [
+        "tp=4 maxModelLen=32768 maxNumSeqs=32",
+        "tp=4 maxModelLen=16384 maxNumSeqs=4",
+        "tp=1 maxModelLen=8192 maxNumSeqs=4",
+    ]
+    # The most specific pattern wins (a quantized variant over its base model).
+    fp8 = {**decoder, "quantization_config": {"format": "float-quantized", "x": 1}}
+    assert check_configuration(fp8, 4, 4096, 8, models=SITE_MODELS).model == "org/decoder-fp8"
+    # Pooling: the warmup shapes must be a subset of a listed static config of that tp.
+    roberta = {"model_type": "roberta"}
+    assert check_configuration(roberta, 1, 512, 64, [(512, 64)], models=SITE_MODELS).known
+    assert not check_configuration(roberta, 1, 512, 8, [(512, 8)], models=SITE_MODELS).known
+    unknown = check_configuration({"model_type": "llama"}, 1, 2048, 4, models=SITE_MODELS)
+    assert not unknown.known and unknown.model is None and "org/decoder" in unknown.message
+    assert "no model_configs.yaml" in check_configuration(decoder, 1, 1, 1, models={}).message
+
+
+def test_effective_shape_applies_a_known_configurations_device_env(tmp_path: Path) -> None:
+    from spyre_engine.known_configs import effective_shape
+
+    decoder = {"model_type": "granite", "hidden_size": 4096}
+    s = _serve(tmp_path, tensor_parallel_size=4, max_model_len=16384, max_num_seqs=4)
+    shape = effective_shape(s, decoder, {}, models=SITE_MODELS)
+    assert shape.known is not None and shape.known.known
+    assert shape.max_batch_tkv_limit == 65536
+    # An inherited limit wins over the registry's (the configurator never overrides).
+    shape = effective_shape(s, decoder, {"VLLM_DT_MAX_BATCH_TKV_LIMIT": "1000"}, models=SITE_MODELS)
+    assert shape.max_batch_tkv_limit == 1000
