@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -74,11 +75,21 @@ BINARIES = (
 )
 
 SERVICE_CIDR = "10.96.0.0/16"
-# The host end of the real node's veth pair (tests/cluster/node.py). The API server
-# advertises it for the `kubernetes` Service (lease endpoint reconciler) and node.py relays it
-# to 127.0.0.1 while the node runs; without a node it is simply unreachable.
-NODE_HOST_IP = "10.250.0.1"
 REAL_NODE_LABEL = "spyre.dev/real-node"
+
+
+def node_slot(state_dir: Path) -> int:
+    """1..250, from the state directory's path: the real node's addresses, interface and
+    cgroup names are machine-wide, so each checkout gets its own (node.py)."""
+    digest = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()
+    return int(digest, 16) % 250 + 1
+
+
+def node_host_ip(state_dir: Path) -> str:
+    """The host end of the real node's veth pair (10.250.<slot>.1). The API server advertises
+    it for the `kubernetes` Service (lease endpoint reconciler) and node.py relays it to
+    127.0.0.1 while the node runs; without a node it is simply unreachable."""
+    return f"10.250.{node_slot(state_dir)}.1"
 SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -619,7 +630,7 @@ class ControlPlane:
             [
                 "IP:127.0.0.1",
                 f"IP:{SERVICE_IP}",
-                f"IP:{NODE_HOST_IP}",
+                f"IP:{node_host_ip(self.state_dir)}",
                 "DNS:localhost",
                 "DNS:kubernetes",
                 "DNS:kubernetes.default",
@@ -772,7 +783,7 @@ profiles:
                 "--bind-address=127.0.0.1",
                 # The `kubernetes` Service's endpoint: the host end of the real node's veth
                 # pair, relayed to 127.0.0.1 while the node runs (node.py). Unused otherwise.
-                f"--advertise-address={NODE_HOST_IP}",
+                f"--advertise-address={node_host_ip(self.state_dir)}",
                 "--endpoint-reconciler-type=lease",
                 f"--secure-port={ports['apiserver']}",
                 f"--cert-dir={s / 'apiserver-certs'}",

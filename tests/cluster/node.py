@@ -7,14 +7,16 @@ runs real pods. Everything the node does stays on this machine and is undone by 
   their PID 1). Killing it kills every process of the node, containers included, and frees
   every mount, every pod network namespace, the pod bridge and all iptables rules (they
   exist only inside the node's network namespace).
-* The host and the node are joined by a veth pair: ``spyre-h0`` 10.250.0.1/30 on the host,
-  ``spyre-n0`` 10.250.0.2/30 (the node's InternalIP) inside. Pods get 10.245.0.0/24 on the
-  bridge ``spyre-cni0`` with routes to the Service range and the link only: no default
-  route anywhere in the node, so nothing routes off the machine and DNS is never asked.
-* The API server keeps listening on 127.0.0.1; ``tcpforward.py`` relays 10.250.0.1:<port>
+* The host and the node are joined by a veth pair: ``spyre-h<slot>`` 10.250.<slot>.1/30 on
+  the host, ``spyre-n<slot>`` 10.250.<slot>.2/30 (the node's InternalIP) inside; the slot
+  (1..250) comes from the checkout's path, so two checkouts' nodes can run side by side.
+  Pods get 10.245.<slot>.0/24 on the bridge ``spyre-cni0`` with routes to the Service range
+  and the link only: no default route anywhere in the node, so nothing routes off the
+  machine and DNS is never asked.
+* The API server keeps listening on 127.0.0.1; ``tcpforward.py`` relays 10.250.<slot>.1:<port>
   (the address the API server advertises for the ``kubernetes`` Service) to it.
-* The kubelet's pods go under the cgroup ``/spyre-node`` (``cgroupRoot``); the node's own
-  processes join it too. ``down`` kills what is left in it and removes it.
+* The kubelet's pods go under the cgroup ``/spyre-node-<slot>`` (``cgroupRoot``); the node's
+  own processes join it too. ``down`` kills what is left in it and removes it.
 * The kubelet sets six kernel sysctls at start (vm.overcommit_memory, kernel.panic, ...);
   their values from before ``up`` are saved and restored by ``down``.
 
@@ -59,11 +61,8 @@ NODE_TOLERATION = {"key": NODE_LABEL, "operator": "Equal", "value": "true",
                    "effect": "NoSchedule"}
 NODE_SELECTOR = {NODE_LABEL: "true"}
 SPYRE_CARDS = 8
-HOST_IF, NODE_IF = "spyre-h0", "spyre-n0"
-HOST_IP, NODE_IP = "10.250.0.1", "10.250.0.2"
-LINK_CIDR = "10.250.0.0/30"
-NODE_POD_CIDR, BRIDGE, BRIDGE_IP = "10.245.0.0/24", "spyre-cni0", "10.245.0.1"
-CGROUP_NAME = "spyre-node"
+BRIDGE = "spyre-cni0"  # inside the node's network namespace only
+CGROUP_PREFIX = "spyre-node-"  # + slot; the machine-wide names and addresses carry the slot
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CNI_BIN_DIR = "/usr/lib/cni"
 NODE_BINARIES = ("kubelet", "kube-proxy")
@@ -136,13 +135,13 @@ def cgroup_hierarchies() -> list[Path]:
     return sorted(out)
 
 
-def node_cgroup_dirs() -> list[Path]:
-    return [h / CGROUP_NAME for h in cgroup_hierarchies()]
+def node_cgroup_dirs(name: str) -> list[Path]:
+    return [h / name for h in cgroup_hierarchies()]
 
 
-def _cgroup_pids() -> set[int]:
+def _cgroup_pids(name: str) -> set[int]:
     pids: set[int] = set()
-    for top in node_cgroup_dirs():
+    for top in node_cgroup_dirs(name):
         if not top.is_dir():
             continue
         for dirpath, _dirs, _files in os.walk(top):
@@ -187,7 +186,28 @@ def _mounts() -> list[str]:
     return sorted(out)
 
 
-def host_snapshot() -> dict[str, Any]:
+def _node_dir_of(pids: set[int]) -> str | None:
+    for pid in sorted(pids):
+        with contextlib.suppress(OSError):
+            for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                m = re.match(rb"(/.*?/\.cluster/node)(/|$)", arg)
+                if m:
+                    return m.group(1).decode()
+    return None
+
+
+def running_nodes() -> dict[str, str]:
+    """{cgroup name: node directory} of every real node running on this machine."""
+    out: dict[str, str] = {}
+    for h in cgroup_hierarchies()[:1]:
+        for d in h.glob(CGROUP_PREFIX + "*"):
+            owner = _node_dir_of(_cgroup_pids(d.name))
+            if owner:
+                out[d.name] = owner
+    return out
+
+
+def host_snapshot(cgroup_name: str = "") -> dict[str, Any]:
     """What `down` must leave as it was: sysctls, links, mounts, netns, iptables, cgroups."""
     netns_dir = Path("/run/netns")
     return {
@@ -196,19 +216,29 @@ def host_snapshot() -> dict[str, Any]:
         "mounts": _mounts(),
         "netns": sorted(os.listdir(netns_dir)) if netns_dir.is_dir() else [],
         "iptables": _iptables(),
-        "cgroups": [str(d) for d in node_cgroup_dirs() if d.exists()],
+        "cgroups": [str(d) for d in node_cgroup_dirs(cgroup_name) if d.exists()]
+        if cgroup_name else [],
         "paths": {p: os.path.exists(p) for p in HOST_PATHS},
     }
 
 
 # ---------------------------------------------------------------------- the node
 class RealNode:
-    """The real node of the control plane ``cp`` (one per machine: names are global)."""
+    """The real node of the control plane ``cp``. Its machine-wide names and addresses carry
+    a slot (1..250) derived from the checkout's path, so checkouts do not collide."""
 
     def __init__(self, cp: ControlPlane, name: str = NODE_NAME, cards: int = SPYRE_CARDS):
+        from tests.cluster.controlplane import node_host_ip, node_slot
+
         self.cp = cp
         self.name = name
         self.cards = cards
+        self.slot = slot = node_slot(cp.state_dir)
+        self.host_if, self.node_if = f"spyre-h{slot}", f"spyre-n{slot}"
+        self.host_ip, self.node_ip = node_host_ip(cp.state_dir), f"10.250.{slot}.2"
+        self.link_cidr = f"10.250.{slot}.0/30"
+        self.pod_cidr, self.bridge_ip = f"10.245.{slot}.0/24", f"10.245.{slot}.1"
+        self.cgroup_name = f"{CGROUP_PREFIX}{slot}"
         self.dir = cp.state_dir / "node"
         self.pki = self.dir / "pki"
         self.conf = self.dir / "config"
@@ -268,24 +298,23 @@ class RealNode:
         return None
 
     def owner(self) -> str | None:
-        """The node directory (``<checkout>/.cluster/node``) of whoever runs the machine's
-        real node now, found from the processes in its cgroup; None if none runs. Names,
-        addresses and the cgroup are machine-wide, so only one checkout can run a node."""
-        for pid in sorted(_cgroup_pids()):
-            with contextlib.suppress(OSError):
-                for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                    m = re.match(rb"(/.*?/\.cluster/node)(/|$)", arg)
-                    if m:
-                        return m.group(1).decode()
-        return None
+        """The node directory (``<checkout>/.cluster/node``) of whoever runs a node in this
+        node's slot (cgroup) now; None if none runs. Normally this checkout; another one
+        only if two checkout paths hash to the same slot."""
+        return _node_dir_of(_cgroup_pids(self.cgroup_name))
+
+    def other_nodes(self) -> dict[str, str]:
+        """Real nodes of other checkouts running on this machine."""
+        return {k: v for k, v in running_nodes().items() if v != str(self.dir)}
 
     def _check_not_foreign(self) -> None:
         owner = self.owner()
         if owner and owner != str(self.dir):
             root = Path(owner).parent.parent
             raise NodeError(
-                f"the machine's real node belongs to another checkout ({root}); stop it there "
-                f"(`python tests/cluster/controlplane.py node-down --root {root}`)"
+                f"checkout {root} runs a real node in the same slot ({self.slot}, from the "
+                f"paths' hash); stop it there (`python tests/cluster/controlplane.py node-down "
+                f"--root {root}`) or use another checkout path"
             )
 
     def running(self) -> bool:
@@ -324,22 +353,25 @@ class RealNode:
         if self.running() and self.ready():
             self._advertise_cards()
             return
-        if self.pid() or self.forward_pid() or _cgroup_pids() or HOST_IF in _links():
+        if self.pid() or self.forward_pid() or _cgroup_pids(self.cgroup_name) or \
+                self.host_if in _links():
             _log("a previous node is partly running; stopping it first")
             self._down(delete_node=False)
         t0 = time.monotonic()
         if not self.baseline_file.exists():
             self.dir.mkdir(parents=True, exist_ok=True)
-            self.baseline_file.write_text(json.dumps(host_snapshot(), indent=1))
+            snap = host_snapshot(self.cgroup_name)
+            # The kubelet's sysctls are global: if another checkout's node runs, the values
+            # from before *its* start are the ones to come back to.
+            for other in self.other_nodes().values():
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    snap["sysctls"] = json.loads(
+                        (Path(other) / "host-baseline.json").read_text())["sysctls"]
+                    break
+            self.baseline_file.write_text(json.dumps(snap, indent=1))
         try:
             self._write_files()
             self._make_cgroups()
-            created = []
-            for mp in ("/var/lib/cni", "/var/lib/kubelet"):
-                if not os.path.exists(mp):
-                    os.makedirs(mp)  # an empty mount point; the node mounts over it
-                    created.append(mp)
-            (self.dir / "created-paths.json").write_text(json.dumps(created))
             self.cp.ensure_pv_dirs()
             pid = self._start_namespaces()
             self._setup_network(pid)
@@ -386,7 +418,7 @@ class RealNode:
         pid = self.cp.pid("kube-apiserver")
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode() if pid else ""
         if "--kubelet-preferred-address-types=InternalIP" in argv and \
-                f"--advertise-address={HOST_IP}" in argv:
+                f"--advertise-address={self.host_ip}" in argv:
             return
         _log("restarting kube-apiserver with the flags the real node needs")
         self.cp._ensure_pki()
@@ -421,7 +453,7 @@ kind: Config
 clusters:
 - name: spyre-local
   cluster:
-    server: https://{HOST_IP}:{port}
+    server: https://{self.host_ip}:{port}
     certificate-authority-data: {ca}
 users:
 - name: {user}
@@ -444,7 +476,7 @@ current-context: default
         # Fresh certificates every start (the CA may have changed); EC keys are instant.
         self._cert("kubelet-client", f"/O=system:nodes/CN=system:node:{self.name}", client=True)
         self._cert("kubelet-serving", f"/CN={self.name}", client=False,
-                   san=f"IP:{NODE_IP},DNS:{self.name}")
+                   san=f"IP:{self.node_ip},DNS:{self.name}")
         self._cert("kube-proxy", "/CN=system:kube-proxy", client=True)
         for f in self.pki.iterdir():
             f.chmod(0o600)
@@ -466,12 +498,12 @@ current-context: default
             "node_name": self.name,
             "node_dir": str(self.dir),
             "log_dir": str(self.cp.logs),
-            "node_if": NODE_IF,
-            "node_ip": NODE_IP,
+            "node_if": self.node_if,
+            "node_ip": self.node_ip,
             "resolv_conf": str(self.conf / "resolv.conf"),
             "kubelet_dir": str(self.kubelet_dir),
             "containerd_socket": str(self.socket),
-            "cgroup_dirs": [str(d) for d in node_cgroup_dirs()],
+            "cgroup_dirs": [str(d) for d in node_cgroup_dirs(self.cgroup_name)],
             "commands": self._commands(),
         }
         (self.dir / "node.json").write_text(json.dumps(node_cfg, indent=1))
@@ -539,10 +571,10 @@ oom_score = 0
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": NODE_POD_CIDR, "gateway": BRIDGE_IP}]],
+                        "ranges": [[{"subnet": self.pod_cidr, "gateway": self.bridge_ip}]],
                         # No default route: pods reach the pod network, the Service range
                         # and the node's link, nothing else.
-                        "routes": [{"dst": self.cp_service_cidr()}, {"dst": LINK_CIDR}],
+                        "routes": [{"dst": self.cp_service_cidr()}, {"dst": self.link_cidr}],
                     },
                 },
                 {"type": "portmap", "capabilities": {"portMappings": True}},
@@ -562,11 +594,11 @@ kind: KubeletConfiguration
 failCgroupV1: false
 # containerd 1.6 cannot report its cgroup driver over CRI; the kubelet falls back to this.
 cgroupDriver: cgroupfs
-cgroupRoot: /{CGROUP_NAME}
+cgroupRoot: /{self.cgroup_name}
 cgroupsPerQOS: true
 containerRuntimeEndpoint: unix://{self.socket}
 imageServiceEndpoint: unix://{self.socket}
-address: {NODE_IP}
+address: {self.node_ip}
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -619,8 +651,8 @@ clientConnection:
   kubeconfig: {self.conf / 'kube-proxy.kubeconfig'}
 hostnameOverride: {self.name}
 mode: iptables
-clusterCIDR: {NODE_POD_CIDR}
-nodePortAddresses: ["{NODE_IP}/32"]
+clusterCIDR: {self.pod_cidr}
+nodePortAddresses: ["{self.node_ip}/32"]
 bindAddress: 0.0.0.0
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
@@ -657,7 +689,7 @@ conntrack:
                 f"--config={self.conf / 'kubelet.yaml'}",
                 f"--kubeconfig={self.conf / 'kubelet.kubeconfig'}",
                 f"--hostname-override={self.name}",
-                f"--node-ip={NODE_IP}",
+                f"--node-ip={self.node_ip}",
                 "--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
                 f"--root-dir={self.kubelet_dir}",
                 f"--cert-dir={self.kubelet_dir / 'pki'}",
@@ -670,7 +702,7 @@ conntrack:
     # ------------------------------------------------------------------ processes
     def _make_cgroups(self) -> None:
         root_cpuset = CGROUP_ROOT / "cpuset"
-        for d in node_cgroup_dirs():
+        for d in node_cgroup_dirs(self.cgroup_name):
             d.mkdir(exist_ok=True)
             if d.parent == root_cpuset:
                 # cpuset v1: a new cgroup starts with no CPUs/memory nodes; copy the root's.
@@ -700,27 +732,28 @@ conntrack:
             time.sleep(0.02)
 
     def _setup_network(self, pid: int) -> None:
-        _run("ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", NODE_IF,
-             "netns", str(pid))
+        hif, nif = self.host_if, self.node_if
+        _run("ip", "link", "add", hif, "type", "veth", "peer", "name", nif, "netns", str(pid))
         with contextlib.suppress(OSError):
-            Path(f"/proc/sys/net/ipv6/conf/{HOST_IF}/disable_ipv6").write_text("1")
-        _run("ip", "addr", "add", f"{HOST_IP}/30", "dev", HOST_IF)
-        _run("ip", "link", "set", HOST_IF, "up")
+            Path(f"/proc/sys/net/ipv6/conf/{hif}/disable_ipv6").write_text("1")
+        _run("ip", "addr", "add", f"{self.host_ip}/30", "dev", hif)
+        _run("ip", "link", "set", hif, "up")
         # Replies to pods (they reach the API server through the Service) go back via the node.
-        _run("ip", "route", "add", NODE_POD_CIDR, "via", NODE_IP, "dev", HOST_IF)
+        _run("ip", "route", "add", self.pod_cidr, "via", self.node_ip, "dev", hif)
         ns = ["nsenter", f"--net=/proc/{pid}/ns/net", "--"]
-        _run(*ns, "sysctl", "-q", "-w", f"net.ipv6.conf.{NODE_IF}.disable_ipv6=1", check=False)
-        _run(*ns, "ip", "addr", "add", f"{NODE_IP}/30", "dev", NODE_IF)
-        _run(*ns, "ip", "link", "set", NODE_IF, "up")
+        _run(*ns, "sysctl", "-q", "-w", f"net.ipv6.conf.{nif}.disable_ipv6=1", check=False)
+        _run(*ns, "ip", "addr", "add", f"{self.node_ip}/30", "dev", nif)
+        _run(*ns, "ip", "link", "set", nif, "up")
         # The node itself (hostNetwork pods, kube-proxy's own checks) reaches Service IPs too;
         # kube-proxy's OUTPUT rules rewrite them, this route only lets the packets out.
-        _run(*ns, "ip", "route", "add", self.cp_service_cidr(), "via", HOST_IP, "dev", NODE_IF)
+        _run(*ns, "ip", "route", "add", self.cp_service_cidr(), "via", self.host_ip, "dev", nif)
 
     def _start_forwarder(self) -> None:
         port = self.cp.state["ports"]["apiserver"]
         log = open(self.cp.logs / "node-apiforward.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, str(HERE / "tcpforward.py"), f"{HOST_IP}:{port}", f"127.0.0.1:{port}"],
+            [sys.executable, str(HERE / "tcpforward.py"), f"{self.host_ip}:{port}",
+             f"127.0.0.1:{port}"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -827,7 +860,7 @@ conntrack:
         # whole pid namespace) and the unshare process; repeat until nothing is left.
         deadline = time.monotonic() + 30
         while True:
-            pids = _cgroup_pids()
+            pids = _cgroup_pids(self.cgroup_name)
             if pid and _pid_alive(pid):
                 pids.add(pid)
             if not pids:
@@ -843,32 +876,28 @@ conntrack:
             _reap(pid)
         self.pid_file.unlink(missing_ok=True)
         self.forward_pid_file.unlink(missing_ok=True)
-        self._remove_cgroups()
+        self._remove_cgroups(self.cgroup_name)
         # The veth pair (and with it the node's network namespace) goes once the last
         # reference is gone; the kernel frees namespaces asynchronously.
         deadline = time.monotonic() + 20
-        while HOST_IF in _links() and time.monotonic() < deadline:
+        while self.host_if in _links() and time.monotonic() < deadline:
             time.sleep(0.1)
-        if HOST_IF in _links():
-            _run("ip", "link", "delete", HOST_IF, check=False)
+        if self.host_if in _links():
+            _run("ip", "link", "delete", self.host_if, check=False)
         baseline = self._baseline()
-        if baseline:
+        others = self.other_nodes()
+        if baseline and not others:  # else the last node to stop restores them
             for key, value in baseline["sysctls"].items():
                 if value is not None and _read_sysctl(key) != value:
                     with contextlib.suppress(OSError):
                         Path("/proc/sys", key).write_text(value)
-        with contextlib.suppress(OSError, ValueError):
-            for p in json.loads((self.dir / "created-paths.json").read_text()):
-                with contextlib.suppress(OSError):
-                    os.rmdir(p)
-            (self.dir / "created-paths.json").unlink()
         for stale in (self.socket, Path(f"{self.socket}.ttrpc"), self.dir / "containerd.ready"):
             stale.unlink(missing_ok=True)
         # Pod directories of the dead kubelet (their mounts died with the mount namespace).
         pods_dir = self.kubelet_dir / "pods"
         if pods_dir.exists() and not any(str(pods_dir) in m for m in _mounts()):
             shutil.rmtree(pods_dir, ignore_errors=True)
-        leaks = self.leaks(baseline) if was_up else []
+        leaks = self.leaks(baseline, sysctls=not others) if was_up else []
         if leaks:
             _log("left behind: " + "; ".join(leaks))
         else:
@@ -888,8 +917,8 @@ conntrack:
         _reap(pid)
 
     @staticmethod
-    def _remove_cgroups() -> None:
-        for top in node_cgroup_dirs():
+    def _remove_cgroups(name: str) -> None:
+        for top in node_cgroup_dirs(name):
             if not top.is_dir():
                 continue
             dirs = [Path(dp) for dp, _d, _f in os.walk(top)]
@@ -909,10 +938,11 @@ conntrack:
         except (OSError, ValueError):
             return None
 
-    def leaks(self, baseline: dict[str, Any] | None = None) -> list[str]:
+    def leaks(self, baseline: dict[str, Any] | None = None, sysctls: bool = True) -> list[str]:
         """What the node left on the host: processes, mounts, network namespaces, links
         (veth, bridge), iptables rules, sysctls, cgroups, directories. Compared with the
-        snapshot taken before ``up`` when there is one."""
+        snapshot taken before ``up`` when there is one (sysctls only if ``sysctls``: not
+        while another checkout's node runs, whose kubelet set them too)."""
         out: list[str] = []
         marker = str(self.dir).encode()
         for d in Path("/proc").iterdir():
@@ -922,22 +952,24 @@ conntrack:
                 if not _pid_alive(int(d.name)):  # a zombie holds nothing; its parent reaps it
                     continue
                 argv = (d / "cmdline").read_bytes()
-                if marker in argv or b"tcpforward.py" in argv and HOST_IP.encode() in argv:
+                if marker in argv or b"tcpforward.py" in argv and \
+                        f"{self.host_ip}:".encode() in argv:
                     cmd = argv.replace(b"\0", b" ")[:100].decode(errors="replace")
                     out.append(f"process {d.name}: {cmd}")
-                elif f"/{CGROUP_NAME}".encode() in (d / "cgroup").read_bytes():
-                    out.append(f"process {d.name} in cgroup /{CGROUP_NAME}")
-        out += [f"cgroup {d}" for d in node_cgroup_dirs() if d.exists()]
+                elif re.search(rb":/" + self.cgroup_name.encode() + rb"(/|$)",
+                               (d / "cgroup").read_bytes(), re.M):
+                    out.append(f"process {d.name} in cgroup /{self.cgroup_name}")
+        out += [f"cgroup {d}" for d in node_cgroup_dirs(self.cgroup_name) if d.exists()]
         mounts = _mounts()
         # Ours: under .cluster/node, pod netns bind mounts, the node's tmpfs (spyre-node-*).
         out += [f"mount {m}" for m in mounts
                 if str(self.dir) in m or "/run/netns/cni-" in m or "spyre-node-" in m]
         links = _links()
-        out += [f"link {ln}" for ln in links if ln in (HOST_IF, NODE_IF, BRIDGE)]
+        out += [f"link {ln}" for ln in links if ln in (self.host_if, self.node_if, BRIDGE)]
         if baseline:
             # Other jobs on the machine (buildah, podman) may add their own links, netns and
             # rules meanwhile; count only what can be ours.
-            now = host_snapshot()
+            now = host_snapshot(self.cgroup_name)
             out += [f"netns {n}" for n in sorted(set(now["netns"]) - set(baseline["netns"]))
                     if n.startswith("cni-")]
             ours = ("KUBE-", "CNI-", "10.245.", "10.250.", "10.96.", "spyre")
@@ -946,7 +978,7 @@ conntrack:
                 extra = [ln for ln in lines if ln not in before and any(o in ln for o in ours)]
                 if extra:
                     out.append(f"iptables rules left ({tool}): {extra[:5]}")
-            for k, v in now["sysctls"].items():
+            for k, v in now["sysctls"].items() if sysctls else ():
                 if v != baseline["sysctls"].get(k):
                     out.append(f"sysctl {k} = {v} (was {baseline['sysctls'].get(k)})")
             for p, existed in baseline.get("paths", {}).items():

@@ -9,8 +9,8 @@ namespaces that die with this process:
 * a pid namespace: when this process dies (or ``unshare`` is killed) the kernel kills every
   process of the node, containers included;
 * a private mount namespace: tmpfs on ``/run`` (containerd state, runc, shim sockets, pod
-  network namespaces), ``/var/log`` (pod logs) and ``/var/lib/cni``; a resolv.conf that points
-  nowhere bind-mounted on ``/etc/resolv.conf``; the kubelet's directory on
+  network namespaces), ``/var/log`` (pod logs) and ``/var/lib`` (CNI state); a resolv.conf
+  that points nowhere bind-mounted on ``/etc/resolv.conf``; the kubelet's directory on
   ``/var/lib/kubelet``. Every mount the node makes (overlay rootfs, secret tmpfs, netns bind
   mounts) exists only here and disappears with it;
 * a network namespace: the node's only link is a veth pair to the host (set up from the
@@ -99,10 +99,14 @@ def main() -> None:
     run("mount", "--make-rprivate", "/")
     run("mount", "-t", "tmpfs", "-o", "mode=755,size=1g", "spyre-node-run", "/run")
     run("mount", "-t", "tmpfs", "-o", "mode=755,size=4g", "spyre-node-log", "/var/log")
-    run("mount", "-t", "tmpfs", "-o", "mode=755,size=64m", "spyre-node-cni", "/var/lib/cni")
-    run("mount", "--bind", cfg["resolv_conf"], "/etc/resolv.conf")
-    # The kubelet uses /var/lib/kubelet/device-plugins whatever its --root-dir says.
+    # /var/lib: CNI's cache and IPAM state (/var/lib/cni), and /var/lib/kubelet (the kubelet
+    # uses /var/lib/kubelet/device-plugins whatever its --root-dir says): no mount point on
+    # the host is needed, nothing the node's programs need lives there.
+    run("mount", "-t", "tmpfs", "-o", "mode=755,size=64m", "spyre-node-varlib", "/var/lib")
+    for d in ("/var/lib/cni", "/var/lib/kubelet"):
+        os.makedirs(d)
     run("mount", "--bind", cfg["kubelet_dir"], "/var/lib/kubelet")
+    run("mount", "--bind", cfg["resolv_conf"], "/etc/resolv.conf")
     run("ip", "link", "set", "lo", "up")
     # The host moves one end of a veth pair in here and configures it.
     deadline = time.monotonic() + 30

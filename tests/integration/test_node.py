@@ -8,8 +8,10 @@ The last test stops the node, checks that nothing is left on the host, and start
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,16 +21,15 @@ from typing import Any
 import pytest
 
 from tests.cluster import ociimage
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane, wait_until
+from tests.cluster.controlplane import REPO_ROOT, ControlPlane, node_slot, wait_until
 from tests.cluster.node import (
-    HOST_IF,
-    NODE_IP,
     NODE_LABEL,
     NODE_SELECTOR,
     NODE_TOLERATION,
     SPYRE_CARDS,
     RealNode,
     host_snapshot,
+    running_nodes,
 )
 
 pytestmark = pytest.mark.integration
@@ -131,7 +132,7 @@ def test_node_registers_ready_with_spyre_cards(control_plane: ControlPlane,
         assert n["status"][field]["ibm.com/spyre_vf"] == str(SPYRE_CARDS)
         assert n["status"][field]["ibm.com/spyre_pf"] == str(SPYRE_CARDS)
     addrs = {a["type"]: a["address"] for a in n["status"]["addresses"]}
-    assert addrs["InternalIP"] == NODE_IP
+    assert addrs["InternalIP"] == real_node.node_ip
     info = n["status"]["nodeInfo"]
     assert info["kubeletVersion"] == "v1.36.3"
     assert info["containerRuntimeVersion"].startswith("containerd://1.6")
@@ -148,7 +149,7 @@ def test_pod_runs_and_logs_are_readable(control_plane: ControlPlane, node_ns: st
     st = p["status"]["containerStatuses"][0]
     assert st["containerID"].startswith("containerd://")
     assert st["ready"] is True
-    assert p["status"]["podIP"].startswith("10.245.0.")
+    assert p["status"]["podIP"].startswith(f"10.245.{control_plane.node.slot}.")
     logs = control_plane.kubectl("logs", "-n", node_ns, shell_pod).stdout
     assert "started" in logs
 
@@ -314,24 +315,61 @@ def test_pod_writes_to_a_static_pv(control_plane: ControlPlane, node_ns: str) ->
 
 
 @pytest.mark.slow
-def test_zz_node_down_leaves_nothing_behind(control_plane: ControlPlane, real_node: RealNode,
-                                            shell_pod: str) -> None:
-    """`node-down` (which `down` / `make cluster-down` runs first) with a pod running: no
-    process, mount, network namespace, link, iptables rule, cgroup or sysctl change stays.
-    Then the node is started again for whoever needs it next."""
+def test_zz_down_leaves_nothing_behind(control_plane: ControlPlane, real_node: RealNode,
+                                       shell_pod: str) -> None:
+    """With pods running: (1) `node-down` of the session's node, (2) a whole second cluster
+    with its real node in its own root, stopped by `down` (what `make cluster-down` runs).
+    Neither leaves a process, mount, network namespace, link, iptables rule, cgroup or
+    sysctl change behind. Then the session's node is started again for whoever is next."""
     baseline = json.loads(real_node.baseline_file.read_text())
-    assert HOST_IF in host_snapshot()["links"]
-    res = subprocess.run([sys.executable, str(REPO_ROOT / "tests/cluster/controlplane.py"),
-                          "node-down"], capture_output=True, text=True, timeout=120)
+    assert real_node.host_if in host_snapshot()["links"]
+    script = str(REPO_ROOT / "tests/cluster/controlplane.py")
+
+    def check_clean(node: RealNode, root: Path) -> None:
+        now = host_snapshot(node.cgroup_name)
+        others = node.other_nodes()  # other checkouts' nodes (their kubelets set sysctls too)
+        for key in ("cgroups", "paths") + (() if others else ("sysctls",)):
+            assert now[key] == baseline[key], (key, baseline[key], now[key])
+        # (Other jobs on the machine may add mounts, links or rules meanwhile; leaks()
+        # counts what can be ours: processes, cgroups, mounts, links, netns, iptables,
+        # sysctls, paths.)
+        assert node.leaks(baseline, sysctls=not others) == []
+        assert not {node.host_if, node.node_if, "spyre-cni0"} & set(now["links"])
+        assert not [m for m in now["mounts"] if str(root) in m]
+
+    # (1) the node alone
+    res = subprocess.run([sys.executable, script, "node-down"], capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 0, res.stderr
-    now = host_snapshot()
-    for key in ("sysctls", "cgroups", "paths"):
-        assert now[key] == baseline[key], (key, baseline[key], now[key])
-    # (Other jobs on the machine may add mounts, links or rules meanwhile; leaks() counts
-    # what can be ours: processes, cgroups, mounts, links, netns, iptables, sysctls, paths.)
-    assert real_node.leaks(baseline) == []
-    assert not {HOST_IF, "spyre-n0", "spyre-cni0"} & set(now["links"])
+    check_clean(real_node, control_plane.root)
     assert real_node.pid() is None and real_node.forward_pid() is None
     assert control_plane.kubectl("get", "node", real_node.name, check=False).returncode != 0
+
+    # (2) a second cluster + node in its own (short: unix socket paths) root, then `down`
+    used = {real_node.slot} | {int(c.rsplit("-", 1)[1]) for c in running_nodes()}
+    while True:
+        root = Path(tempfile.mkdtemp(prefix="spyre-cp-", dir="/tmp"))
+        if node_slot(root / ".cluster") not in used:
+            break
+        root.rmdir()
+    other = ControlPlane(root=root)
+    try:
+        res = subprocess.run([sys.executable, script, "--root", str(root), "up", "--with-node"],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        other.apply(pod("p"), "-n", "default")
+        wait_phase(other, "default", "p", ("Running",))
+        assert other.node.owner() == str(other.node.dir)
+        res = subprocess.run([sys.executable, script, "--root", str(root), "down"],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr  # exit 4 would list leftovers
+        check_clean(other.node, root)
+        assert not other.pv_root.exists()
+        assert not any(other.pid(c) for c in ("etcd", "kube-apiserver"))
+    finally:
+        subprocess.run([sys.executable, script, "--root", str(root), "down"],
+                       capture_output=True, timeout=120)
+        shutil.rmtree(root, ignore_errors=True)
+
     real_node.up()
     assert real_node.ready()
