@@ -232,6 +232,12 @@ class Controller:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a worker must survive any single failure
+                if namespace_going_away(e):
+                    # The namespace is gone or terminating: its models' deletion events follow;
+                    # retrying would only load the API server (it did, after test namespaces).
+                    log.info("reconcile %s/%s: namespace is being deleted; not retrying", *key)
+                    self._failures.pop(key, None)
+                    continue
                 self.stats.errors += 1
                 n = self._failures.get(key, 0) + 1
                 self._failures[key] = n
@@ -500,6 +506,8 @@ class Controller:
                 )
             elif isinstance(r, BaseException):
                 raise r
+        if obs.write_errors and all(_terminating(e.message) for e in obs.write_errors):
+            raise RejectedWrites(_write_error_message(obs.write_errors))  # nothing to tell
         if obs.foreign or obs.write_errors:
             again = decide(dict(model), obs, self.clock(), self.policy)
             d.status, d.events = again.status, again.events
@@ -557,6 +565,21 @@ def _rejected(e: ApiError) -> bool:
     """A client error the API server will repeat until something changes (not a race)."""
     code = e.status.code or 0
     return 400 <= code < 500 and code not in (404, 409, 429)
+
+
+def _terminating(message: str) -> bool:
+    return "because it is being terminated" in message
+
+
+def namespace_going_away(e: BaseException) -> bool:
+    """An error that only says the model's namespace is being (or was) deleted."""
+    if isinstance(e, RejectedWrites):
+        return _terminating(str(e))
+    if not isinstance(e, ApiError):
+        return False
+    details = e.status.details
+    gone = e.status.code == 404 and details is not None and details.kind == "namespaces"
+    return gone or (e.status.code == 403 and _terminating(e.status.message or ""))
 
 
 def _write_error_message(errors: list[WriteError]) -> str:

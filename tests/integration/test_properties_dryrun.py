@@ -61,9 +61,17 @@ def test_generated_specs_build_objects_the_api_server_accepts(
               phases=[Phase.explicit, Phase.reuse, Phase.generate],
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(specs())
-    # found by this test: env the CRD admits but the operator sets too (a duplicate key)
+    # found by this test: env the CRD admitted but the operator sets too (a duplicate key);
+    # the CRD now rejects every name the operator sets (api.v1alpha1.OPERATOR_ENV)
     @example({"model": {"uri": "hf://o/m"}, "serving": {"env": [
-        {"name": "HF_HUB_OFFLINE", "value": "0"}, {"name": "HOME", "value": "/home/x"}]}})
+        {"name": "LOG_LEVEL", "value": "0"}, {"name": "DT_OPT", "value": "x"}]}})
+    # the download settings, a single-node cache (pod affinity) and a precompile placement
+    @example({"model": {"uri": "hf://o/m", "tokenSecret": {"name": "hf"},
+                        "downloadEnv": [{"name": "HF_ENDPOINT", "value": "https://m.internal"}],
+                        "caBundle": {"name": "ca"}},
+              "cache": {"volume": {"accessModes": ["ReadWriteOnce"]}},
+              "precompile": {"nodeSelector": {"pool": "cpu"},
+                             "tolerations": [{"key": "cpu", "operator": "Exists"}]}})
     def check(spec: dict[str, Any]) -> None:
         seen["n"] += 1
         model = {"apiVersion": f"{GROUP}/v1alpha1", "kind": "SpyreModel",

@@ -27,7 +27,7 @@ NAME = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
 HF_PART = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,12}", fullmatch=True)
 REVISION = st.from_regex(r"[A-Za-z0-9._-]{1,12}", fullmatch=True)
 POOLING = ("embed", "score", "rerank")
-BACKENDS = ("sendnn", "sendnn_compile_only", "inductor", "eager")
+BACKENDS = ("sendnn", "inductor", "eager")  # sendnn_compile_only cannot serve (CEL)
 IMAGES = ("quay.io/spyre/engine:1.0", "registry.example/engine:2", "registry.example/e@sha256:"
           + "a" * 64)
 #: Environment names that are not compile inputs (and not reserved by the operator).
