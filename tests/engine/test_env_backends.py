@@ -5,6 +5,7 @@ Pure (no vLLM): part of ``make test-unit``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -260,3 +261,33 @@ def test_effective_shape_applies_a_known_configurations_device_env(tmp_path: Pat
     # An inherited limit wins over the registry's (the configurator never overrides).
     shape = effective_shape(s, decoder, {"VLLM_DT_MAX_BATCH_TKV_LIMIT": "1000"}, models=SITE_MODELS)
     assert shape.max_batch_tkv_limit == 1000
+
+
+# ---------------------------------------------------------------- what the plugin logged
+
+
+def test_precompile_records_what_the_plugin_logged_it_configured(tmp_path: Path) -> None:
+    from spyre_engine import catalog
+    from spyre_engine.launch import Child
+    from spyre_engine.precompile import record_what_was_compiled
+
+    line = (
+        "INFO 11-22 15:49:16 [platform.py:414] Configurations for Spyre. max_model_len=32768, "
+        "max_num_seqs=32, block_size=64, max_num_batched_tokens=1024, "
+        "enable_chunked_prefill=True, enable_prefix_caching=True"
+    )
+    child = Child([sys.executable, "-c", f"print({line!r})"], env=dict(os.environ))
+    child.proc.wait(timeout=60)
+    assert child.stop() == 0
+    assert child.spyre_config == {
+        "max_model_len": 32768,
+        "max_num_seqs": 32,
+        "max_num_batched_tokens": 1024,
+    }
+    # A prediction that disagrees with the plugin's own line is corrected to what was compiled.
+    s = _pre(tmp_path, max_model_len=65536, max_num_seqs=64, backend="inductor")
+    data = catalog.entry_data(s, "/m", {}, env={})
+    assert data["VLLM_DT_MAX_CONTEXT_LEN"] == 65536
+    record_what_was_compiled(data, child.spyre_config, pooling=False)
+    assert (data["VLLM_DT_MAX_CONTEXT_LEN"], data["VLLM_DT_MAX_BATCH_SIZE"]) == (32768, 32)
+    assert data["VLLM_DT_CHUNK_LEN"] == 1024
