@@ -68,7 +68,9 @@ def test_generated_specs_build_objects_the_api_server_accepts(
     # the download settings, a single-node cache (pod affinity) and a precompile placement
     @example({"model": {"uri": "hf://o/m", "tokenSecret": {"name": "hf"},
                         "downloadEnv": [{"name": "HF_ENDPOINT", "value": "https://m.internal"}],
-                        "caBundle": {"name": "ca"}},
+                        "caBundle": {"name": "ca", "key": "ca.crt"}},
+              "compile": {"modelConfigFile": {"name": "cfg", "key": "model_configs.yaml"},
+                          "requireKnownConfiguration": False},
               "cache": {"volume": {"accessModes": ["ReadWriteOnce"]}},
               "precompile": {"nodeSelector": {"pool": "cpu"},
                              "tolerations": [{"key": "cpu", "operator": "Exists"}]}})

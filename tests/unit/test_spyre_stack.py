@@ -93,7 +93,7 @@ def test_gated_model_token_and_download_settings_reach_only_the_job() -> None:
                                   "tokenSecret": {"name": "hf", "key": "token"},
                                   "downloadEnv": [{"name": "HF_ENDPOINT",
                                                    "value": "https://mirror.internal"}],
-                                  "caBundle": {"name": "corp-ca"}}}
+                                  "caBundle": {"name": "corp-ca", "key": "ca.crt"}}}
     job, dep = built(spec)
     je, de = env(container(job)), env(container(dep))
     assert je["HF_TOKEN"].valueFrom.secretKeyRef.name == "hf"
@@ -142,3 +142,25 @@ def test_resolved_revision_is_recorded() -> None:
 def test_extended_resource_names_are_validated() -> None:
     with pytest.raises(ValidationError):  # kubernetes.io/... is CEL's (integration tests)
         SpyreModelSpec.model_validate({**GENERATE, "accelerator": {"resourceName": "spyre"}})
+
+
+def test_known_configurations_are_required_unless_opted_out() -> None:
+    job, _ = built(GENERATE)
+    assert "--no-require-known-config" not in container(job).args
+    relaxed = {**GENERATE, "compile": {"requireKnownConfiguration": False}}
+    job, _ = built(relaxed)
+    assert "--no-require-known-config" in container(job).args
+    key = decide(model("m", GENERATE), Observed(), NOW).status["artifact"]["key"]
+    assert decide(model("m", relaxed), Observed(), NOW).status["artifact"]["key"] != key
+
+
+def test_site_model_configs_reach_the_job_and_the_servers() -> None:
+    spec = {**GENERATE, "compile": {"modelConfigFile": {"name": "site-configs",
+                                                        "key": "model_configs.yaml"}}}
+    job, dep = built(spec)
+    for pod in (job, dep):
+        e = env(container(pod))["SENDNN_INFERENCE_MODEL_CONFIG_FILE"].value
+        assert e.endswith("/model_configs.yaml")
+        assert any(v.configMap and v.configMap.name == "site-configs" for v in pod.volumes)
+    key = decide(model("m", GENERATE), Observed(), NOW).status["artifact"]["key"]
+    assert decide(model("m", spec), Observed(), NOW).status["artifact"]["key"] != key

@@ -101,7 +101,7 @@ class ConfigMapKeyRef(ApiModel):
     """A key of a ConfigMap in the SpyreModel's namespace."""
 
     name: str = Field(description="ConfigMap name.", min_length=1, max_length=253)
-    key: str = Field(default="ca.crt", description="Key in the ConfigMap.", min_length=1)
+    key: str = Field(description="Key in the ConfigMap, e.g. ca.crt.", min_length=1)
 
 
 class ModelSource(ApiModel):
@@ -243,6 +243,24 @@ class CompileSpec(ApiModel):
         ),
         max_length=16,
     )
+    require_known_configuration: bool = Field(
+        default=True,
+        description=(
+            "sendnn: compile only model x shape combinations the plugin's model_configs.yaml "
+            "lists (the Job fails with UnsupportedConfiguration, naming the nearest supported "
+            "shapes); false lets the plugin cap an unknown configuration instead. Part of the "
+            "artifact key when false."
+        ),
+    )
+    model_config_file: ConfigMapKeyRef | None = Field(
+        default=None,
+        description=(
+            "A site model_configs.yaml in a ConfigMap key, used instead of the plugin's "
+            "(SENDNN_INFERENCE_MODEL_CONFIG_FILE), mounted in the precompile Job and the "
+            "serving pods. Its name and key are part of the artifact key (its content is not: "
+            "use a new ConfigMap name for new content)."
+        ),
+    )
     backend: Backend = Field(
         default=Backend.SENDNN,
         description=(
@@ -337,6 +355,7 @@ OPERATOR_ENV = (
     "HF_HUB_OFFLINE",
     "HOME",
     "SPYRE_ENGINE_POD_NAME",
+    "SENDNN_INFERENCE_MODEL_CONFIG_FILE",
 )
 
 

@@ -71,6 +71,7 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
             plan.key,
             "--termination-log",
             TERMINATION_LOG,
+            *([] if spec.compile.require_known_configuration else ["--no-require-known-config"]),
         ],  # fmt: skip
         env=env,
         resources=resources(spec.precompile.resources, cards),

@@ -65,7 +65,14 @@ def compile_env(spec: SpyreModelSpec) -> list[EnvVar]:
 def key_inputs(spec: SpyreModelSpec) -> dict[str, Any]:
     """The canonical document the key hashes (also useful to explain a key)."""
     c = spec.compile
+    site: dict[str, Any] = {}
+    # Only when set, so that keys of existing artifacts do not change.
+    if not c.require_known_configuration:
+        site["requireKnownConfiguration"] = False
+    if c.model_config_file is not None:
+        site["modelConfigFile"] = [c.model_config_file.name, c.model_config_file.key]
     return {
+        **({"site": site} if site else {}),
         "schema": KEY_SCHEMA,
         "model": spec.model.uri,
         "task": str(spec.task),

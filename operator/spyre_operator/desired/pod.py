@@ -119,6 +119,7 @@ def shape_args(plan: ModelPlan, backend: str) -> list[str]:
 def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
     """The Spyre plugin's cache settings for the artifact ``key``."""
     return [
+        *model_config_env(plan.spec),
         EnvVar(name="TORCH_SENDNN_CACHE_ENABLE", value="1"),
         EnvVar(name="TORCH_SENDNN_CACHE_DIR", value=plan.artifact_dir(key)),
         EnvVar(name="SENDNN_INFERENCE_DYNAMO_BACKEND", value=backend),
@@ -159,6 +160,29 @@ def download_env(plan: ModelPlan) -> list[EnvVar]:
             EnvVar(name="SSL_CERT_FILE", value=path),
         ]
     return env
+
+
+MODEL_CONFIG_DIR = "/etc/spyre-model-operator/model-configs"
+MODEL_CONFIG_VOLUME = "model-configs"
+
+
+def model_config_env(spec: SpyreModelSpec) -> list[EnvVar]:
+    """SENDNN_INFERENCE_MODEL_CONFIG_FILE for a site model_configs.yaml (Job and servers)."""
+    ref = spec.compile.model_config_file
+    if ref is None:
+        return []
+    path = f"{MODEL_CONFIG_DIR}/{ref.key}"
+    return [EnvVar(name="SENDNN_INFERENCE_MODEL_CONFIG_FILE", value=path)]
+
+
+def model_config_volumes(spec: SpyreModelSpec) -> tuple[list[Volume], list[VolumeMount]]:
+    ref = spec.compile.model_config_file
+    if ref is None:
+        return [], []
+    return (
+        [Volume(name=MODEL_CONFIG_VOLUME, configMap=ConfigMapVolumeSource(name=ref.name))],
+        [VolumeMount(name=MODEL_CONFIG_VOLUME, mountPath=MODEL_CONFIG_DIR, readOnly=True)],
+    )
 
 
 def download_volumes(plan: ModelPlan) -> tuple[list[Volume], list[VolumeMount]]:
@@ -228,7 +252,8 @@ def volumes(plan: ModelPlan, *, read_only: bool) -> tuple[list[Volume], list[Vol
             )
         )
         mounts.append(VolumeMount(name=MODEL_VOLUME, mountPath=MODEL_MOUNT, readOnly=True))
-    return vols, mounts
+    cfg_vols, cfg_mounts = model_config_volumes(plan.spec)
+    return vols + cfg_vols, mounts + cfg_mounts
 
 
 def single_node_cache(plan: ModelPlan) -> bool:
