@@ -461,7 +461,7 @@ class ControlPlane:
         """The real node (tests/cluster/node.py); started only by ``node.up()``."""
         from tests.cluster.node import RealNode
 
-        if getattr(self, "_node", None) is None:
+        if self._node is None:
             self._node = RealNode(self)
         return self._node
 

@@ -116,7 +116,7 @@ def write_oci_archive(
     for digest, data in blobs.items():
         files["blobs/sha256/" + digest.split(":", 1)[1]] = data
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")  # several sessions may build at once
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         for d in ("blobs", "blobs/sha256"):
             ti = tarfile.TarInfo(d)
