@@ -483,11 +483,8 @@ class Controller:
         # The children do not depend on each other: write them concurrently, so a reconcile
         # costs one API round trip rather than one per child (the benchmark is bound by
         # round trips, not CPU). The Job goes first: it is the slow path (the compile).
-        targets: list[tuple[str, str]] = []
-        writes: list[Coroutine[Any, Any, Any]] = []
-        if d.job is not None:
-            targets.append(("Job", str(d.job.metadata.name if d.job.metadata else "")))
-            writes.append(self._ensure_job(ns, name, d.job, obs.job))
+        # Look up absent per-model children first (they may be someone else's), then write.
+        lives: list[tuple[Any, dict[str, Any] | None]] = []
         for obj in d.apply:
             live = live_by_kind.get(obj.kind)
             if live is None and obj.kind in NAMED_CHILDREN:
@@ -496,6 +493,13 @@ class Controller:
                 if why:
                     obs.foreign[obj.kind] = why
                     continue
+            lives.append((obj, live))
+        targets: list[tuple[str, str]] = []
+        writes: list[Coroutine[Any, Any, Any]] = []
+        if d.job is not None:
+            targets.append(("Job", str(d.job.metadata.name if d.job.metadata else "")))
+            writes.append(self._ensure_job(ns, name, d.job, obs.job))
+        for obj, live in lives:
             targets.append((obj.kind, obj.metadata.name))
             writes.append(self.applier.apply(obj, live))
         results = await asyncio.gather(*writes, return_exceptions=True)

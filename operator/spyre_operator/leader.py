@@ -77,6 +77,7 @@ class LeaderElector:
         self.leading = False
         #: When the lease was last acquired or renewed (monotonic clock).
         self.renewed_at: float | None = None
+        self._lease: Lease | None = None
         self._task: asyncio.Task[None] | None = None
 
     def holds(self) -> bool:
@@ -130,6 +131,20 @@ class LeaderElector:
         self._set(acquired and self._fresh())
 
     async def _try_acquire(self) -> bool:
+        if self.leading and self._lease is not None and self._lease.spec is not None:
+            # Renew from the Lease this replica last wrote: one request, not a GET and a PUT.
+            # Its resourceVersion makes the update fail if anyone else wrote in between.
+            self._lease.spec.renewTime = _now()
+            try:
+                self._lease = await self.client.replace(self._lease)
+                return True
+            except ApiError as e:
+                self._lease = None
+                if e.status.code != 409:
+                    raise
+        return await self._acquire()
+
+    async def _acquire(self) -> bool:
         now = _now()
         spec = LeaseSpec(
             holderIdentity=self.identity,
@@ -146,7 +161,7 @@ class LeaderElector:
                 metadata=ObjectMeta(name=LEASE_NAME, namespace=self.namespace), spec=spec
             )
             try:
-                await self.client.create(lease_obj)
+                self._lease = await self.client.create(lease_obj)
             except ApiError as e2:
                 if e2.status.code == 409:
                     return False
@@ -166,7 +181,7 @@ class LeaderElector:
             spec.leaseTransitions = lease.spec.leaseTransitions if lease.spec else None
         lease.spec = spec
         try:
-            await self.client.replace(lease)  # resourceVersion guards against races
+            self._lease = await self.client.replace(lease)  # resourceVersion guards races
         except ApiError as e:
             if e.status.code == 409:
                 return False

@@ -425,7 +425,9 @@ def decide_artifact(
             )
             out.delete_job = True
             return out
-        st = _clean({**base, **_ready_status(plan, obs, job), "claimUID": pvc_uid})
+        st = _clean(
+            {**base, **_ready_status(plan, obs, job), "claimUID": pvc_uid, "attempts": attempts}
+        )
         out = ArtifactOutcome(st, _ready_condition(plan, st))
         out.job = owners_job()
         return out

@@ -94,17 +94,23 @@ object does not exist yet.
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "patch", "delete"]
 # Serving Deployments: watched, server-side applied. Deleted only by the garbage collector.
+# get: before the first write, a same-named Deployment that is not the operator's is looked up
+# (the watch sees only labelled ones) so it is reported, never taken over.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "patch"]
-# Serving Services and the cache PersistentVolumeClaims: watched, server-side applied.
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Serving Services (get: as Deployments) and the cache PVCs: watched, server-side applied.
 - apiGroups: [""]
-  resources: ["services", "persistentvolumeclaims"]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
   verbs: ["list", "watch", "create", "patch"]
-# PodDisruptionBudgets: watched, server-side applied, deleted when replicas drop below 2.
+# PodDisruptionBudgets: watched, server-side applied (get: as Deployments), deleted when
+# replicas drop below 2.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # controller.py: precompile pods' termination messages and serving pods' crash loops
 # (a plain list, no watch).
 - apiGroups: [""]
