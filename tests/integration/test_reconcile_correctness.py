@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from .conftest import Kube, OperatorProcess
 pytestmark = pytest.mark.integration
 
 GROUP = "serving.spyre.dev"
+SAMPLES = Path(__file__).resolve().parents[2] / "operator" / "samples"
 HOLD = {"kwok.spyre.dev/hold": "true"}
 MANAGED = "app.kubernetes.io/managed-by=spyre-model-operator"
 
@@ -82,6 +84,13 @@ def test_rollout_that_can_never_progress_is_rejected_at_admission(kube: Kube, cr
         assert r.returncode != 0 and expect in r.stderr, r.stderr
     doc["spec"] = spec(accelerator={"resourceName": "ibm.com/spyre_pf_tier1"})
     r = kube.try_apply(doc)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.yaml")))
+def test_samples_are_admitted(kube: Kube, crd: Any, sample: str) -> None:
+    r = kube.cp.kubectl("apply", "-n", kube.ns, "--dry-run=server", "-f",
+                        str(SAMPLES / sample), check=False)
     assert r.returncode == 0, r.stderr
 
 

@@ -164,3 +164,19 @@ def test_site_model_configs_reach_the_job_and_the_servers() -> None:
         assert any(v.configMap and v.configMap.name == "site-configs" for v in pod.volumes)
     key = decide(model("m", GENERATE), Observed(), NOW).status["artifact"]["key"]
     assert decide(model("m", spec), Observed(), NOW).status["artifact"]["key"] != key
+
+
+def test_production_sample_compiles_off_the_cards_and_serves_on_them() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "operator" / "samples"
+                          / "granite-production.yaml").read_text())
+    job, dep = built(doc["spec"])
+    assert arg(container(job), "--backend") == "sendnn_compile_only"
+    assert not (container(job).resources.limits or {}).get("ibm.com/spyre_pf")
+    assert job.schedulerName is None and "HF_TOKEN" in env(container(job))
+    assert arg(container(dep), "--backend") == "sendnn"
+    assert container(dep).resources.limits["ibm.com/spyre_pf"] == "4"
+    assert dep.schedulerName == "spyre-scheduler" and "HF_TOKEN" not in env(container(dep))
