@@ -28,12 +28,15 @@ CORE_TEARDOWN = "[shutdown] EngineCore: request processing complete; starting re
 SELF_EXIT = "vLLM process group exited by itself"
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 def test_sigterm_lets_the_engine_core_exit_by_itself(  # type: ignore[no-untyped-def]
-    start_engine, tiny_model: Path, tmp_path: Path
+    start_engine, tiny_model: Path, tmp_path: Path, tp: int
 ) -> None:
     art = tmp_path / "art"
-    precompile_eager(tiny_model, art)
+    precompile_eager(tiny_model, art, "--tensor-parallel-size", str(tp))
     engine: EngineProcess = start_engine(
+        "--tensor-parallel-size",
+        str(tp),
         "--model",
         str(tiny_model),
         "--artifact-dir",
@@ -56,7 +59,7 @@ def test_sigterm_lets_the_engine_core_exit_by_itself(  # type: ignore[no-untyped
     )
     assert resp.status_code == 200, resp.text
     children = engine.descendants_alive()
-    assert len(children) >= 2, children  # vLLM API server and its engine core
+    assert len(children) >= 2 + (tp if tp > 1 else 0), children  # API server, core, workers
     signalled = engine.sigterm()
     code = engine.wait_exit(60)
     elapsed = time.monotonic() - signalled
@@ -66,6 +69,10 @@ def test_sigterm_lets_the_engine_core_exit_by_itself(  # type: ignore[no-untyped
     assert FORCE_KILL not in log, log[-4000:]
     assert CORE_TEARDOWN in log, log[-4000:]
     assert SELF_EXIT in log, log[-4000:]
+    if tp > 1:
+        # The TP workers (on Spyre: the processes holding the cards) stop in order too.
+        assert "[shutdown] Executor: all workers exited gracefully" in log, log[-4000:]
+        assert "workers still running" not in log, log[-4000:]
     time.sleep(0.5)
     assert not engine.still_running(children)
 
