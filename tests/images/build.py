@@ -55,8 +55,9 @@ BASE_RECIPE: dict[str, object] = {
     "include": ["python3", "python3-venv", "ca-certificates", "libgomp1", "libnuma1"],
 }
 #: The CPU engine's extra layer: torch inductor (the CPU compile backend) runs g++ on its
-#: generated kernels, which include <omp.h>; the Spyre base (production) does not need it.
-ENGINE_CPU_PACKAGES = ["g++"]
+#: generated kernels, which include <omp.h> and <Python.h>; the Spyre base (production) does
+#: not need it.
+ENGINE_CPU_PACKAGES = ["g++", "libpython3.11-dev"]
 
 OPERATOR_REPO = "localhost/spyre-model-operator"
 ENGINE_REPO = "localhost/spyre-engine"
@@ -413,10 +414,14 @@ def ensure_image(name: str, *, keep_in_storage: bool = True) -> Image:
 
 def _cleanup(spec: ImageSpec, keep: str | None) -> None:
     """Leave no build container, no dangling layer, and one image per name in storage."""
+    current_bases = {f"localhost/spyre-base:{base_key()}",
+                     f"localhost/spyre-base-engine-cpu:{engine_cpu_key()}"}  # fmt: skip
     out = buildah("images", "--format", "{{.Name}}:{{.Tag}}", "--noheading", capture=True)
     for ref in out.splitlines():
-        if ref.startswith(spec.repo + ":") and ref != keep:
-            subprocess.run([*buildah_cmd(), "rmi", ref], stdout=subprocess.DEVNULL)
+        outdated_base = ref.startswith("localhost/spyre-base") and ref not in current_bases
+        if (ref.startswith(spec.repo + ":") and ref != keep) or outdated_base:
+            subprocess.run([*buildah_cmd(), "rmi", ref], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
     # Dangling = untagged and no child: the old image's own layers go, one level per pass; the
     # layer cache (intermediate images with children, e.g. the engine's dependencies) stays.
     for _ in range(30):

@@ -1,0 +1,306 @@
+"""The operator and engine images, built here (tests/images/build.py) and run without Kubernetes.
+
+Each image is run the way its pod runs it: as the pod's uid/gid, the root filesystem mounted
+read-only, /tmp a fresh tmpfs (the pods' emptyDir), the image's own environment and entrypoint.
+A cold engine build takes ~10-15 min; later runs reuse the cached archives (tests/images/README.md).
+
+    .venv/bin/python -m pytest -m images tests/integration/test_images.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.images import build
+
+# Registered here as well as in pyproject (--strict-markers): selectable with `-m images`.
+_config = getattr(pytest.mark, "_config", None)
+if _config is not None and not any(
+    m.split(":")[0].strip() == "images" for m in _config.getini("markers")
+):
+    _config.addinivalue_line("markers", "images: builds (or reuses) and runs the container images")
+
+pytestmark = [
+    pytest.mark.images,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),  # a cold engine build on 2 busy cores
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("buildah") is None or shutil.which("debootstrap") is None,
+        reason="needs root, buildah and debootstrap (apt-get install buildah debootstrap)",
+    ),
+]
+
+#: Set by the image (ENV) they would beat what the engine derives from its flags (issue 12),
+#: or block precompile downloads (HF_HUB_OFFLINE: serving pods get it from the operator).
+FORBIDDEN_ENGINE_ENV = (
+    "HF_HUB_OFFLINE",
+    "SENDNN_INFERENCE_DYNAMO_BACKEND",
+    "TORCH_SENDNN_CACHE_ENABLE",
+    "MASTER_PORT",
+)
+
+
+@dataclass
+class Rootfs:
+    """A container of an image, mounted, runnable as a pod would run it."""
+
+    ref: str
+    container: str
+    path: Path
+    config: dict  # type: ignore[type-arg]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(e.split("=", 1) for e in self.config.get("Env") or [])
+
+    @property
+    def entrypoint(self) -> list[str]:
+        return list(self.config.get("Entrypoint") or [])
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 600,
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` in the rootfs: read-only root, tmpfs /tmp, as ``user`` (default: image's)."""
+        user = user or self.config.get("User") or "0:0"
+        uid, _, gid = user.partition(":")
+        gid = gid or uid
+        full_env = {**self.env, **(env or {})}
+        script = r"""
+set -e
+root=$1; uid=$2; gid=$3; workdir=$4; shift 4
+mount --bind "$root" "$root"
+mount -o remount,bind,ro "$root"
+mount -t tmpfs -o mode=1777,size=2g tmpfs "$root/tmp"
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+cd "$root"
+exec chroot --userspec="$uid:$gid" --groups="$gid" "$root" /bin/sh -c \
+  'cd "$0" && exec "$@"' "$workdir" /usr/bin/env -i "$@"
+"""
+        workdir = self.config.get("WorkingDir") or "/"
+        cmd = [
+            "unshare", "--mount", "--propagation", "private", "--fork", "--pid", "--mount-proc",
+            "sh", "-c", script, "sh", str(self.path), uid, gid, workdir,
+            *(f"{k}={v}" for k, v in full_env.items()), *argv,
+        ]  # fmt: skip
+        return subprocess.run(cmd, text=True, capture_output=True, timeout=timeout)
+
+    def read(self, rel: str) -> str:
+        return (self.path / rel.lstrip("/")).read_text()
+
+
+@contextmanager
+def mounted(img: build.Image) -> Iterator[Rootfs]:
+    ref = build.in_storage(img)
+    config = json.loads(build.buildah("inspect", "--type", "image", ref, capture=True))
+    cfg = config["OCIv1"]["config"]
+    ctr = build.buildah("from", "--pull=never", ref, capture=True)
+    try:
+        path = Path(build.buildah("mount", ctr, capture=True))
+        yield Rootfs(ref, ctr, path, cfg)
+    finally:
+        subprocess.run([*build.buildah_cmd(), "umount", ctr], capture_output=True)
+        subprocess.run([*build.buildah_cmd(), "rm", ctr], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def operator_image() -> build.Image:
+    return build.ensure_image("operator")
+
+
+@pytest.fixture(scope="session")
+def engine_image() -> build.Image:
+    return build.ensure_image("engine")
+
+
+@pytest.fixture(scope="module")
+def operator_rootfs(operator_image: build.Image) -> Iterator[Rootfs]:
+    with mounted(operator_image) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def engine_rootfs(engine_image: build.Image) -> Iterator[Rootfs]:
+    with mounted(engine_image) as r:
+        yield r
+
+
+def _os_release(r: Rootfs) -> dict[str, str]:
+    out = {}
+    for line in r.read("/etc/os-release").splitlines():
+        k, _, v = line.partition("=")
+        out[k] = v.strip('"')
+    return out
+
+
+# --- both images ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["operator", "engine"])
+def test_base_is_debian_bookworm_python311(which: str, request: pytest.FixtureRequest) -> None:
+    r: Rootfs = request.getfixturevalue(f"{which}_rootfs")
+    rel = _os_release(r)
+    assert rel["ID"] == "debian" and rel["VERSION_CODENAME"] == "bookworm"
+    py = "/opt/venv/bin/python" if which == "operator" else "/opt/engine/bin/python"
+    p = r.run([py, "-c", "import sys; print(sys.version_info[:2], sys.base_prefix)"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "(3, 11) /usr"  # bookworm's python3.11, not a copied-in one
+
+
+def _unchanged(*imgs: build.Image) -> None:
+    """Skip when the sources changed during the session (a rebuild replaced the archive)."""
+    for img in imgs:
+        if build.image(img.name) != img:
+            pytest.skip(f"{img.name}'s inputs changed during the session")
+
+
+def test_a_second_build_with_unchanged_inputs_is_instant(
+    operator_image: build.Image, engine_image: build.Image
+) -> None:
+    _unchanged(operator_image, engine_image)
+    start = time.monotonic()
+    assert build.ensure_image("operator") == operator_image
+    assert build.ensure_image("engine") == engine_image
+    assert time.monotonic() - start < 5
+    cli = subprocess.run(
+        ["python3", str(build.ROOT / "tests/images/build.py"), "all", "--json", "--path-only"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert json.loads(cli.stdout)["engine"] == engine_image.as_dict()
+    for img in (operator_image, engine_image):
+        assert img.archive.is_file() and img.archive.parent == build.cache_dir()
+        assert not str(img.archive).startswith(str(build.ROOT))  # outside the repository
+
+
+def test_archives_are_docker_archives_with_the_reference(
+    operator_image: build.Image, engine_image: build.Image
+) -> None:
+    """What `ctr images import` reads: manifest.json naming the image by its reference."""
+    import tarfile
+
+    _unchanged(operator_image, engine_image)
+    for img in (operator_image, engine_image):
+        with tarfile.open(img.archive) as tar:
+            member = tar.getmember("manifest.json")
+            f = tar.extractfile(member)
+            assert f is not None
+            (manifest,) = json.load(f)
+        assert manifest["RepoTags"] == [img.ref]
+
+
+# --- the operator image ----------------------------------------------------------------------
+
+
+def test_operator_entrypoint_runs_as_65532_read_only(operator_rootfs: Rootfs) -> None:
+    r = operator_rootfs
+    assert r.config["User"] == "65532:65532"
+    assert r.entrypoint == ["spyre-operator"]
+    p = r.run([*r.entrypoint, "--help"])
+    assert p.returncode == 0, p.stderr
+    assert "spyre-operator" in p.stdout
+    p = r.run([*r.entrypoint, "crd"])
+    assert p.returncode == 0, p.stderr
+    assert "kind: CustomResourceDefinition" in p.stdout
+
+
+def test_operator_user_has_a_passwd_entry(operator_rootfs: Rootfs) -> None:
+    """kopf's identity detection calls getpass.getuser(): KeyError without one (issue 10.1)."""
+    p = operator_rootfs.run(
+        ["python3", "-c", "import getpass, os; print(os.getuid(), getpass.getuser())"]
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["65532", "nonroot"]
+
+
+def test_operator_image_has_no_torch(operator_rootfs: Rootfs) -> None:
+    site = operator_rootfs.path / "opt/venv/lib/python3.11/site-packages"
+    assert (site / "kopf").is_dir()
+    assert not (site / "torch").exists() and not (site / "vllm").exists()
+    assert not (operator_rootfs.path / "opt/venv/bin/spyre-engine").exists()
+
+
+# --- the engine image ------------------------------------------------------------------------
+
+
+def test_engine_env_leaves_the_flags_to_the_engine(engine_rootfs: Rootfs) -> None:
+    env = engine_rootfs.env
+    for name in FORBIDDEN_ENGINE_ENV:
+        assert name not in env, f"{name}={env.get(name)} baked into the engine image"
+    assert env["VLLM_PLUGINS"] == "sendnn_inference"
+    assert env["FLEX_COMPUTE"] == "SENTIENT"
+
+
+def test_engine_uid_1001_exists_once(engine_rootfs: Rootfs) -> None:
+    from spyre_operator.desired.pod import ENGINE_UID
+
+    entries = [
+        line.split(":")
+        for line in engine_rootfs.read("/etc/passwd").splitlines()
+        if line.split(":")[2] == str(ENGINE_UID)
+    ]
+    assert len(entries) == 1, entries
+    assert engine_rootfs.config["User"] == f"{ENGINE_UID}:{ENGINE_UID}"
+
+
+def test_engine_entrypoint_runs_as_1001_read_only(engine_rootfs: Rootfs) -> None:
+    """As the operator's pods run it: uid/gid 1001, read-only root, HOME=/tmp (an emptyDir)."""
+    r = engine_rootfs
+    p = r.run([*r.entrypoint, "--help"], user="1001:1001", env={"HOME": "/tmp"})
+    assert p.returncode == 0, p.stderr
+    assert "precompile" in p.stdout and "serve" in p.stdout
+
+
+def test_engine_entrypoint_sources_the_aiu_setup_script(engine_rootfs: Rootfs) -> None:
+    r = engine_rootfs
+    script = "echo sourced > /tmp/marker; export SPYRE_TEST_SETUP=1"
+    p = r.run(
+        ["/bin/sh", "-c", f"echo '{script}' > /tmp/setup.sh && {r.entrypoint[0]} --help >/dev/null"
+         " && cat /tmp/marker"],
+        user="1001:1001", env={"HOME": "/tmp", "SPYRE_AIU_SETUP": "/tmp/setup.sh"},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "sourced"
+
+
+def test_engine_imports_vllm_and_the_plugin(engine_rootfs: Rootfs) -> None:
+    p = engine_rootfs.run(
+        ["python", "-c",
+         "import vllm, sendnn_inference, spyre_engine, torch; "
+         "print(vllm.__version__, torch.__version__, torch.cuda.is_available())"],
+        user="1001:1001", env={"HOME": "/tmp"},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    vllm_version, _torch_version, cuda = p.stdout.split()[-3:]
+    assert vllm_version.startswith("0.") and cuda == "False"
+
+
+def test_engine_compiles_with_inductor_on_cpu(engine_rootfs: Rootfs) -> None:
+    """The CPU backend the tests use: inductor runs g++ on its kernels (the CPU base's layer)."""
+    code = (
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.sin(x) * 2 + 1)\n"
+        "x = torch.arange(8, dtype=torch.float32)\n"
+        "assert torch.allclose(f(x), torch.sin(x) * 2 + 1)\n"
+        "print('ok')\n"
+    )
+    p = engine_rootfs.run(
+        ["python", "-c", code], user="1001:1001",
+        env={"HOME": "/tmp", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().endswith("ok")
