@@ -28,7 +28,6 @@ from spyre_engine.summary import (
     REASON_COMPILE_FAILED,
     REASON_ENGINE_FAILED,
     REASON_INVALID_SETTINGS,
-    REASON_MODEL_NOT_FOUND,
     REASON_TERMINATED,
     FailureSummary,
     write_termination_log,
@@ -258,7 +257,7 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
     try:
         model_path = resolve_model(settings)
     except ModelNotFound as exc:
-        return _fail(settings.termination_log, REASON_MODEL_NOT_FOUND, str(exc))
+        return _fail(settings.termination_log, exc.reason, str(exc))
     t2 = time.monotonic()
     try:
         entry = select_entry(settings, entries, model_path)

@@ -46,6 +46,21 @@ _EXCEPTION_LINE = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception): \S")
 class ModelNotFound(Exception):
     """The model could not be resolved to a local directory with a config.json."""
 
+    reason = "ModelNotFound"
+
+
+class ModelAccessDenied(ModelNotFound):
+    """The hub refused the download (401/403): no or a wrong token, or a gated repo whose terms
+    the token's user has not accepted."""
+
+    reason = "ModelAccessDenied"
+
+
+def model_revision(model_path: str) -> str | None:
+    """The commit a hub snapshot resolved to (``.../snapshots/<commit>``), else None."""
+    path = Path(model_path)
+    return path.name if path.parent.name == "snapshots" else None
+
 
 def package_versions() -> dict[str, str | None]:
     """Versions of the packages compiled graphs depend on (read from metadata, no imports)."""
@@ -100,8 +115,28 @@ def _download_hf(ref: str, cache_dir: Path | None) -> str:
     try:
         return str(snapshot_download(repo_id, revision=revision_or_none, cache_dir=cache_dir))
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelNotFound(f"hf://{ref}: download failed: {first}") from exc
+        raise _download_error(ref, exc) from exc
+
+
+def _download_error(ref: str, exc: Exception) -> ModelNotFound:
+    """ModelAccessDenied for 401/403 and gated repos, else ModelNotFound; one line each."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    detail = next((ln for ln in lines[1:] if "url" in ln.lower() or "access" in ln.lower()), "")
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    gated = type(exc).__name__ == "GatedRepoError"
+    if gated or status in (401, 403):
+        why = (
+            "the repo is gated: accept its terms on the hub with the token's account"
+            if gated
+            else "the repo is private or does not exist: check the name, or set a token "
+            "(HF_TOKEN) that may read it"
+        )
+        return ModelAccessDenied(
+            f"hf://{ref}: access denied ({status or 'gated'}): {why}; {first} {detail}".strip()
+        )
+    return ModelNotFound(f"hf://{ref}: download failed: {first} {detail}".strip())
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -22,6 +22,7 @@ from spyre_engine.launch import (
     Child,
     ModelNotFound,
     free_port,
+    model_revision,
     package_versions,
     plugin_env,
     resolve_model,
@@ -31,7 +32,6 @@ from spyre_engine.settings import PrecompileSettings
 from spyre_engine.summary import (
     REASON_CATALOG_ERROR,
     REASON_COMPILE_FAILED,
-    REASON_MODEL_NOT_FOUND,
     REASON_UNSUPPORTED_CONFIGURATION,
     FailureSummary,
     PrecompileSummary,
@@ -172,7 +172,7 @@ def precompile(settings: PrecompileSettings) -> PrecompileSummary:
     try:
         model_path = resolve_model(settings)
     except ModelNotFound as exc:
-        raise PrecompileError(REASON_MODEL_NOT_FOUND, str(exc)) from exc
+        raise PrecompileError(exc.reason, str(exc)) from exc
     artifact = Path(settings.artifact_dir)
     try:
         artifact.mkdir(parents=True, exist_ok=True)
@@ -211,5 +211,6 @@ def precompile(settings: PrecompileSettings) -> PrecompileSummary:
         path=str(artifact.resolve()),
         compileSeconds=round(compile_seconds, 3),
         sizeBytes=directory_size(artifact),
+        modelRevision=model_revision(model_path),
         versions=Versions(**versions),
     )

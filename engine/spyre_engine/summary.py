@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 # Reasons a failure summary can carry. CamelCase, like Kubernetes condition reasons.
 REASON_INVALID_SETTINGS = "InvalidSettings"
 REASON_MODEL_NOT_FOUND = "ModelNotFound"
+REASON_MODEL_ACCESS_DENIED = "ModelAccessDenied"
 REASON_ARTIFACT_MISMATCH = "ArtifactMismatch"
 REASON_COMPILE_FAILED = "CompileFailed"
 REASON_ENGINE_FAILED = "EngineFailed"
@@ -44,6 +45,11 @@ class PrecompileSummary(BaseModel):
     path: str = Field(description="Artifact directory the graphs and catalog were written to")
     compile_seconds: float = Field(alias="compileSeconds", description="Wall time of the warmup")
     size_bytes: int = Field(alias="sizeBytes", description="Total size of the artifact dir")
+    model_revision: str | None = Field(
+        None,
+        alias="modelRevision",
+        description="Commit an hf:// model resolved to (e.g. for @main), if it came from the hub",
+    )
     versions: Versions = Field(
         default_factory=lambda: Versions.model_validate({}), description="Package versions"
     )
