@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from spyre_engine.settings import SENDNN_BACKENDS, EngineSettings
+from spyre_engine.settings import COMPILE_ONLY_BACKEND, SENDNN_BACKENDS, EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,14 @@ def plugin_env(
             # The plugin raises for a configuration model_configs.yaml does not list, instead
             # of capping it and compiling something nobody asked for.
             forced["SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG"] = "1"
+    if settings.backend == COMPILE_ONLY_BACKEND:
+        # The plugin sets this itself (platform.py); set here too, so every process vLLM
+        # spawns has it whatever the image's FLEX_DEVICE says.
+        forced["FLEX_DEVICE"] = "COMPILE"
+    elif env.get("FLEX_DEVICE") == "COMPILE":
+        # Inherited from a compile-only setup: with it nothing would run on the cards.
+        log.warning("Ignoring inherited FLEX_DEVICE=COMPILE: --backend %s", settings.backend)
+        env.pop("FLEX_DEVICE")
     if settings.backend == "inductor":
         # Inductor keeps its graphs and ~150 MB of generated headers in these; both must live in
         # the artifact for a warm start.

@@ -291,3 +291,13 @@ def test_precompile_records_what_the_plugin_logged_it_configured(tmp_path: Path)
     record_what_was_compiled(data, child.spyre_config, pooling=False)
     assert (data["VLLM_DT_MAX_CONTEXT_LEN"], data["VLLM_DT_MAX_BATCH_SIZE"]) == (32768, 32)
     assert data["VLLM_DT_CHUNK_LEN"] == 1024
+
+
+def test_flex_device_follows_the_backend(tmp_path: Path) -> None:
+    image = {**BAKED, "FLEX_DEVICE": "PF"}
+    pre = _pre(tmp_path, backend="sendnn_compile_only")
+    assert plugin_env(pre, require_precompiled=False, base=image)["FLEX_DEVICE"] == "COMPILE"
+    # The server keeps the image's device, but never a leaked compile-only one.
+    assert plugin_env(_serve(tmp_path), require_precompiled=True, base=image)["FLEX_DEVICE"] == "PF"
+    leaked = {**BAKED, "FLEX_DEVICE": "COMPILE"}
+    assert "FLEX_DEVICE" not in plugin_env(_serve(tmp_path), require_precompiled=True, base=leaked)

@@ -324,9 +324,12 @@ def test_containerfile_refers_to_things_that_exist() -> None:
             for src in words[1:-1]:
                 if not src.startswith("--"):
                     assert (REPO / src).exists(), f"COPY source {src} missing"
-    assert 'ENTRYPOINT ["spyre-engine"]' in text
+    # Either the console script itself or an entrypoint script that execs it.
+    assert 'ENTRYPOINT ["spyre-engine"]' in text or 'exec spyre-engine "$@"' in text
     assert "USER 1001" in text
-    for env in ("VLLM_PLUGINS=sendnn_inference", "MASTER_ADDR", "MASTER_PORT"):
+    # Site defaults only: the backend, the cache switch and MASTER_PORT come from the engine's
+    # flags (launch.plugin_env), whatever the image says.
+    for env in ("VLLM_PLUGINS=sendnn_inference", "MASTER_ADDR"):
         assert env in text
     pyproject = (REPO / "pyproject.toml").read_text()
     assert 'spyre-engine = "spyre_engine.cli:main"' in pyproject
