@@ -800,9 +800,15 @@ conntrack:
         """Names of the images in the node's containerd (as the kubelet sees them)."""
         return self.ctr("images", "list", "-q").stdout.decode().split()
 
-    def import_image(self, archive: Path | str, name: str | None = None) -> list[str]:
+    def import_image(self, archive: Path | str, name: str | None = None,
+                     keep_layers: bool = False) -> list[str]:
         """Import an OCI or docker archive (``buildah push ... oci-archive:X`` or
         ``docker-archive:X``) into the node's containerd; returns the imported image names.
+
+        Unless ``keep_layers``, the layer blobs are dropped from containerd's content store
+        once unpacked (what containerd's ``discard_unpacked_layers`` does for pulls): the
+        snapshots are what containers run from, and it halves the disk an image takes (the
+        9 GB engine: 8.5 GB instead of 17). Such an image cannot be exported again.
 
         ``name`` tags the (single) imported image with that reference as well. Pods use it
         with ``imagePullPolicy: Never`` or ``IfNotPresent`` (there is no registry). Note the
@@ -820,12 +826,28 @@ conntrack:
         names = sorted({m.group(1) for m in re.finditer(r"unpacking (\S+) \(", out)}
                        | (set(self.images()) - before))
         names = [n for n in names if not n.startswith("sha256:")]
+        if not keep_layers:
+            for n in names:
+                self._discard_layers(n)
         if name:
             if len(names) != 1:
                 raise NodeError(f"--name needs exactly one image in {archive}, found {names}")
             self.ctr("images", "tag", "--force", names[0], name)
             names.append(name)
         return names
+
+    def _discard_layers(self, image: str) -> None:
+        rows = [ln.split() for ln in self.ctr("images", "list").stdout.decode().splitlines()[1:]]
+        digest = next((r[2] for r in rows if r and r[0] == image), None)
+        layers: list[str] = []
+        todo = [digest] if digest else []
+        while todo:  # an index lists manifests; a manifest lists layers
+            doc = json.loads(self.ctr("content", "get", todo.pop()).stdout)
+            layers += [d["digest"] for d in doc.get("layers", [])]
+            todo += [m["digest"] for m in doc.get("manifests", [])
+                     if m.get("platform", {}).get("architecture") in (None, "amd64")]
+        if layers:
+            self.ctr("content", "rm", *layers, check=False)
 
     def ensure_base_images(self) -> None:
         """The pause (sandbox) image and the busybox test image, built here if needed."""
