@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -304,3 +305,40 @@ def test_engine_compiles_with_inductor_on_cpu(engine_rootfs: Rootfs) -> None:
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().endswith("ok")
+
+
+def _engine_user_step() -> str:
+    """The engine Containerfile's RUN that creates uid 1001, as the shell runs it."""
+    text = re.sub(r"\\\n", " ", (build.ROOT / "engine/Containerfile").read_text())
+    (step,) = [line.strip()[4:] for line in text.splitlines()
+               if line.startswith("RUN ") and "getent passwd 1001" in line]  # fmt: skip
+    return step
+
+
+@pytest.mark.parametrize("ubi_like", [False, True], ids=["debian", "base-with-uid-1001"])
+def test_engine_user_step_works_whether_the_base_has_uid_1001(ubi_like: bool) -> None:
+    """Failure 2 of issue 10: UBI9 python-311 has uid 1001 (`default`, gid 0) already."""
+    ref = build.ensure_base()
+    ctr = build.buildah("from", "--pull=never", ref, capture=True)
+    try:
+        def sh(cmd: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*build.buildah_cmd(), "run", "--isolation", "chroot", ctr, "--", "sh", "-c", cmd],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+
+        if ubi_like:
+            made = sh("useradd --uid 1001 --gid 0 --home-dir /opt/app-root/src -m default")
+            assert made.returncode == 0, made.stderr
+            # what engine/Containerfile did before: fails on such a base
+            bare = sh("useradd --uid 1001 --gid 0 --home-dir /home/engine --create-home engine")
+            assert bare.returncode != 0 and "not unique" in bare.stderr
+        p = sh(_engine_user_step())
+        assert p.returncode == 0, p.stderr
+        passwd = sh("getent passwd 1001").stdout.strip().splitlines()
+        assert len(passwd) == 1
+        assert passwd[0].split(":")[0] == ("default" if ubi_like else "engine")
+        owner = sh("stat -c %u:%g /home/engine /artifacts /hf-cache").stdout.split()
+        assert owner == ["1001:0"] * 3
+    finally:
+        subprocess.run([*build.buildah_cmd(), "rm", ctr], capture_output=True)
