@@ -503,7 +503,7 @@ current-context: default
             "resolv_conf": str(self.conf / "resolv.conf"),
             "kubelet_dir": str(self.kubelet_dir),
             "containerd_socket": str(self.socket),
-            "cgroup_dirs": [str(d) for d in node_cgroup_dirs(self.cgroup_name)],
+            "cgroup_dirs": [str(d / "system") for d in node_cgroup_dirs(self.cgroup_name)],
             "commands": self._commands(),
         }
         (self.dir / "node.json").write_text(json.dumps(node_cfg, indent=1))
@@ -702,13 +702,16 @@ conntrack:
     # ------------------------------------------------------------------ processes
     def _make_cgroups(self) -> None:
         root_cpuset = CGROUP_ROOT / "cpuset"
-        for d in node_cgroup_dirs(self.cgroup_name):
-            d.mkdir(exist_ok=True)
-            if d.parent == root_cpuset:
-                # cpuset v1: a new cgroup starts with no CPUs/memory nodes; copy the root's.
-                for f in ("cpuset.cpus", "cpuset.mems"):
-                    if not (d / f).read_text().strip():
-                        (d / f).write_text((root_cpuset / f).read_text())
+        for top in node_cgroup_dirs(self.cgroup_name):
+            # <top>: the kubelet's cgroupRoot (kubepods below); <top>/system: the node's own
+            # processes (cgroup v2 allows no processes beside child cgroups with controllers).
+            for d in (top, top / "system"):
+                d.mkdir(exist_ok=True)
+                if top.parent == root_cpuset:
+                    # cpuset v1: a new cgroup starts with no CPUs/memory nodes; copy the root's.
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        if not (d / f).read_text().strip():
+                            (d / f).write_text((root_cpuset / f).read_text())
 
     def _start_namespaces(self) -> int:
         log = open(self.cp.logs / "node-init.log", "ab")  # noqa: SIM115 - handed to the child
