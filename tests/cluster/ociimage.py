@@ -4,9 +4,12 @@ The real node needs two images that exist only on this machine:
 
 * the sandbox ("pause") image containerd starts for every pod: busybox ``sleep`` forever
   (containerd stops sandboxes with SIGKILL, so it needs no signal handling);
-* a test image with a shell and the usual tools (``sh``, ``wget`` with TLS, ``nc``, ...).
+* a test image with a shell and the usual tools (``sh``, ``wget`` for plain HTTP, ``nc``,
+  ``ip``, ...) plus ``/bin/https-get`` (``httpsget/main.go``, a static Go HTTPS client:
+  busybox's TLS shares no cipher suite with the Go API server).
 
-Both share one layer: ``/bin/busybox`` plus one symlink per applet. The archives are written
+Both share one layer: ``/bin/busybox`` plus one symlink per applet; the test image has a
+second one with ``https-get``. The archives are written
 in the OCI image layout (``index.json``, ``oci-layout``, ``blobs/sha256``) with the
 ``io.containerd.image.name`` annotation, so ``ctr images import`` names them, and they are
 byte-for-byte reproducible (fixed mtimes, sorted entries): the same busybox gives the same
@@ -38,6 +41,43 @@ def busybox_version() -> str:
     return "".join(c if c.isalnum() or c in "._" else "-" for c in tag)
 
 
+HTTPSGET_SRC = Path(__file__).resolve().parent / "httpsget" / "main.go"
+
+
+def _tar_adder(tar: tarfile.TarFile):  # type: ignore[no-untyped-def]
+    def add(name: str, kind: bytes, mode: int, payload: bytes = b"", link: str = "") -> None:
+        ti = tarfile.TarInfo(name)
+        ti.type, ti.mode, ti.mtime, ti.uid, ti.gid = kind, mode, 0, 0, 0
+        ti.uname = ti.gname = ""
+        if link:
+            ti.linkname = link
+        ti.size = len(payload)
+        tar.addfile(ti, io.BytesIO(payload) if payload else None)
+
+    return add
+
+
+def _tools_layer(cache_dir: Path) -> bytes:
+    """An uncompressed tar with /bin/https-get, built from httpsget/main.go (static, ~1 s)."""
+    binary = cache_dir / f"https-get-{_tools_hash()}"
+    if not binary.exists():
+        tmp = binary.with_suffix(f".tmp{os.getpid()}")
+        env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
+        subprocess.run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp),
+                        str(HTTPSGET_SRC)], check=True, env=env, cwd=str(cache_dir))
+        os.replace(tmp, binary)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        add = _tar_adder(tar)
+        add("bin", tarfile.DIRTYPE, 0o755)
+        add("bin/https-get", tarfile.REGTYPE, 0o755, binary.read_bytes())
+    return buf.getvalue()
+
+
+def _tools_hash() -> str:
+    return hashlib.sha256(HTTPSGET_SRC.read_bytes()).hexdigest()[:8]
+
+
 def _busybox_layer() -> bytes:
     """An uncompressed tar: /bin/busybox, applet symlinks, /tmp, /etc/{passwd,group}."""
     data = BUSYBOX.read_bytes()
@@ -46,15 +86,7 @@ def _busybox_layer() -> bytes:
     ).stdout.split()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-
-        def add(name: str, kind: bytes, mode: int, payload: bytes = b"", link: str = "") -> None:
-            ti = tarfile.TarInfo(name)
-            ti.type, ti.mode, ti.mtime, ti.uid, ti.gid = kind, mode, 0, 0, 0
-            ti.uname = ti.gname = ""
-            if link:
-                ti.linkname = link
-            ti.size = len(payload)
-            tar.addfile(ti, io.BytesIO(payload) if payload else None)
+        add = _tar_adder(tar)
 
         for d in ("bin", "etc", "tmp"):
             add(d, tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755)
@@ -74,12 +106,14 @@ def _blob(blobs: dict[str, bytes], data: bytes, media_type: str) -> dict[str, An
 
 
 def write_oci_archive(
-    path: Path, name: str, layer_tar: bytes, entrypoint: list[str], cmd: list[str] | None = None
+    path: Path, name: str, layer_tar: bytes | list[bytes], entrypoint: list[str],
+    cmd: list[str] | None = None,
 ) -> Path:
-    """Write a single-layer linux/amd64 image as an OCI layout tar named ``name``."""
+    """Write a linux/amd64 image (one layer per uncompressed tar) as an OCI layout tar."""
     blobs: dict[str, bytes] = {}
-    gz = gzip.compress(layer_tar, compresslevel=6, mtime=0)
-    layer = _blob(blobs, gz, "application/vnd.oci.image.layer.v1.tar+gzip")
+    tars = layer_tar if isinstance(layer_tar, list) else [layer_tar]
+    layers = [_blob(blobs, gzip.compress(t, compresslevel=6, mtime=0),
+                    "application/vnd.oci.image.layer.v1.tar+gzip") for t in tars]
     config = {
         "architecture": "amd64",
         "os": "linux",
@@ -92,14 +126,14 @@ def write_oci_archive(
         },
         "rootfs": {
             "type": "layers",
-            "diff_ids": ["sha256:" + hashlib.sha256(layer_tar).hexdigest()],
+            "diff_ids": ["sha256:" + hashlib.sha256(t).hexdigest() for t in tars],
         },
         "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "tests/cluster/ociimage.py"}],
     }
     cfg = _blob(blobs, json.dumps(config, sort_keys=True).encode(),
                 "application/vnd.oci.image.config.v1+json")
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": cfg, "layers": [layer]}
+                "config": cfg, "layers": layers}
     man = _blob(blobs, json.dumps(manifest, sort_keys=True).encode(),
                 "application/vnd.oci.image.manifest.v1+json")
     man["platform"] = {"architecture": "amd64", "os": "linux"}
@@ -132,18 +166,19 @@ def write_oci_archive(
 
 def busybox_images(cache_dir: Path) -> dict[str, Path]:
     """Build (or reuse) the pause and busybox archives; returns {image name: archive path}."""
-    v = busybox_version()
     images = {
-        f"spyre.local/pause:{v}": (["/bin/sleep", "infinity"], None),
-        f"spyre.local/busybox:{v}": (["/bin/sh"], None),
+        pause_image(): (["/bin/sleep", "infinity"], False),
+        busybox_image(): (["/bin/sh"], True),
     }
     out: dict[str, Path] = {}
     layer: bytes | None = None
-    for name, (entrypoint, cmd) in images.items():
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for name, (entrypoint, tools) in images.items():
         path = cache_dir / (name.split("/", 1)[1].replace(":", "_") + ".oci.tar")
         if not path.exists():
             layer = layer if layer is not None else _busybox_layer()
-            write_oci_archive(path, name, layer, entrypoint, cmd)
+            layers = [layer, _tools_layer(cache_dir)] if tools else [layer]
+            write_oci_archive(path, name, layers, entrypoint)
         out[name] = path
     return out
 
@@ -153,4 +188,5 @@ def pause_image() -> str:
 
 
 def busybox_image() -> str:
-    return f"spyre.local/busybox:{busybox_version()}"
+    """The test image: busybox + /bin/https-get (its tag carries both versions)."""
+    return f"spyre.local/busybox:{busybox_version()}-{_tools_hash()}"

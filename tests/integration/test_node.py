@@ -169,21 +169,24 @@ def test_pod_reaches_api_server_through_kubernetes_service(
     cluster_ip = svc["spec"]["clusterIP"]
     env = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "env").stdout
     assert f"KUBERNETES_SERVICE_HOST={cluster_ip}" in env
-    # Through the ClusterIP (kube-proxy's rules in the node): a TCP connect, then a plain
-    # HTTP request to the TLS port, which only the API server's Go TLS listener answers
-    # with "400 ... Client sent an HTTP request to an HTTPS server". (busybox's built-in TLS
-    # offers no cipher suite Go 1.26 accepts, so a real HTTPS GET needs a real client: the
-    # operator's pod does that.) Its service-account token is mounted for such clients.
+    # Through the ClusterIP (kube-proxy's rules in the node): a TCP connect, then HTTPS GETs
+    # that verify the server against the cluster CA and send the pod's service-account token
+    # (https-get: busybox's own TLS shares no cipher suite with the Go API server).
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    get = f"https-get -cacert {sa}/ca.crt -token {sa}/token https://{cluster_ip}"
     script = (
         f"echo | timeout 5 nc {cluster_ip} 443 >/dev/null && echo tcp-ok; "
-        f"printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc {cluster_ip} 443; "
-        "echo; test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo token-ok"
+        f"{get}/version; {get}/readyz; "
+        f"{get}/api/v1/namespaces/{node_ns}/serviceaccounts/default; echo rc=$?"
     )
     out = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "sh", "-c", script,
                                 timeout=60).stdout
     assert "tcp-ok" in out, out
-    assert "Client sent an HTTP request to an HTTPS server" in out, out
-    assert "token-ok" in out, out
+    assert '"gitVersion": "v1.36.3"' in out, out
+    assert "HTTP 200\nok" in out, out  # /readyz
+    # Authenticated as system:serviceaccount:<ns>:default, which RBAC lets read nothing.
+    assert "HTTP 403" in out and f'system:serviceaccount:{node_ns}:default' in out, out
+    assert out.rstrip().endswith("rc=1"), out
 
 
 def test_pods_have_no_route_off_the_machine(control_plane: ControlPlane, node_ns: str,
