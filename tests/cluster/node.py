@@ -66,8 +66,8 @@ CGROUP_PREFIX = "spyre-node-"  # + slot; the machine-wide names and addresses ca
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CNI_BIN_DIR = "/usr/lib/cni"
 NODE_BINARIES = ("kubelet", "kube-proxy")
-NODE_COMMANDS = ("containerd", "runc", "ctr", "unshare", "ip", "iptables", "conntrack",
-                 "openssl", "busybox")
+NODE_COMMANDS = ("containerd", "runc", "ctr", "unshare", "nsenter", "ip", "iptables",
+                 "conntrack", "openssl", "busybox", "go")
 # Global (not per network namespace) sysctls the node could change; the kubelet sets the
 # first six. Saved before `up`, restored and compared by `down`.
 HOST_SYSCTLS = (
