@@ -89,6 +89,7 @@ mount -o remount,bind,ro "$root"
 mount -t tmpfs -o mode=1777,size=2g tmpfs "$root/tmp"
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
+mount --rbind /sys "$root/sys"
 cd "$root"
 exec chroot --userspec="$uid:$gid" --groups="$gid" "$root" /bin/sh -c \
   'cd "$0" && exec "$@"' "$workdir" /usr/bin/env -i "$@"
@@ -305,6 +306,64 @@ def test_engine_compiles_with_inductor_on_cpu(engine_rootfs: Rootfs) -> None:
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().endswith("ok")
+
+
+_SERVE_CHECK = r"""
+import json, sys, time, urllib.request
+url = sys.argv[1]
+deadline = time.monotonic() + 900
+while True:
+    try:
+        with urllib.request.urlopen(url + "/health/ready", timeout=5) as r:
+            if r.status == 200:
+                break
+    except OSError:
+        pass
+    if time.monotonic() > deadline:
+        sys.exit("not ready")
+    time.sleep(2)
+req = urllib.request.Request(
+    url + "/v1/completions",
+    data=json.dumps({"model": "tiny", "prompt": "hello world", "max_tokens": 5,
+                     "ignore_eos": True}).encode(),
+    headers={"Content-Type": "application/json"},
+)
+with urllib.request.urlopen(req, timeout=120) as r:
+    print(json.dumps(json.load(r)))
+"""
+
+
+def test_engine_precompiles_and_serves_a_tiny_model(engine_rootfs: Rootfs) -> None:
+    """vLLM + the plugin for real in the image, as the operator's Job then Deployment run it:
+    read-only root, uid 1001, HOME=/tmp; the artifact under /tmp (a claim in a pod)."""
+    from tests.cluster.controlplane import free_ports
+
+    (port,) = free_ports(1)
+    r = engine_rootfs
+    shape = "--max-model-len 512 --max-num-seqs 4 --max-num-batched-tokens 128 --backend eager"
+    art = "--model /tmp/model --artifact-dir /tmp/artifact --artifact-key key-abc"
+    script = f"""
+set -e
+python -c 'from spyre_engine.testing.tiny_model import build_tiny_model as b; b("/tmp/model")' \
+  >/dev/null 2>&1
+{r.entrypoint[0]} precompile {art} {shape} --termination-log /tmp/pre.json >/tmp/pre.log 2>&1 \
+  || {{ tail -40 /tmp/pre.log >&2; exit 1; }}
+{r.entrypoint[0]} serve {art} {shape} --served-name tiny --host 127.0.0.1 --port {port} \
+  >/tmp/serve.log 2>&1 &
+server=$!
+cat > /tmp/check.py <<'PY'
+{_SERVE_CHECK}
+PY
+rc=0
+python /tmp/check.py http://127.0.0.1:{port} || rc=$?
+kill -TERM $server; wait $server || true
+[ $rc -eq 0 ] || {{ tail -60 /tmp/serve.log >&2; exit $rc; }}
+"""
+    p = r.run(["/bin/sh", "-c", script], user="1001:1001", env={"HOME": "/tmp"}, timeout=1500)
+    assert p.returncode == 0, p.stderr[-5000:]
+    body = json.loads(p.stdout.strip().splitlines()[-1])
+    assert body["usage"]["completion_tokens"] == 5
+    assert isinstance(body["choices"][0]["text"], str)
 
 
 def _engine_user_step() -> str:
