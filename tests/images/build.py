@@ -283,6 +283,14 @@ def _debootstrap(dest: Path) -> None:
 
 def ensure_base() -> str:
     """The debootstrapped base in buildah's storage; returns its reference."""
+    ref = f"localhost/spyre-base:{base_key()}"
+    if has_image(ref):
+        return ref
+    with locked("base"):
+        return _make_base()
+
+
+def _make_base() -> str:
     key = base_key()
     ref = f"localhost/spyre-base:{key}"
     if has_image(ref):
@@ -330,6 +338,14 @@ def ensure_engine_cpu_base() -> str:
     ref = f"localhost/spyre-base-engine-cpu:{key}"
     if has_image(ref):
         return ref
+    with locked("engine-cpu-base"):
+        if has_image(ref):
+            return ref
+        _make_engine_cpu_base(base, ref)
+    return ref
+
+
+def _make_engine_cpu_base(base: str, ref: str) -> None:
     log(f"engine CPU base: {' '.join(ENGINE_CPU_PACKAGES)} on {base}")
     ctr = buildah("from", "--pull=never", base, capture=True)
     try:
@@ -341,7 +357,6 @@ def ensure_engine_cpu_base() -> str:
         buildah("commit", "--quiet", ctr, ref, stdout=subprocess.DEVNULL)
     finally:
         subprocess.run([*buildah_cmd(), "rm", ctr], stdout=subprocess.DEVNULL)
-    return ref
 
 
 # --- the images ----------------------------------------------------------------------------
