@@ -173,12 +173,15 @@ def test_model_claim_appearing_later_is_noticed(kube: Kube, operator: OperatorPr
     """pvc:// claims were not watched: ClaimNotFound stayed until an unrelated event."""
     kube.apply_model("w", spec(model={"uri": "pvc://weights/granite"}))
     kube.wait_condition("w", "Degraded", "True", reason="ClaimNotFound", timeout=60)
+    # let everything else settle (compile, rollout), so only the claim can wake the operator
+    kube.wait_condition("w", "Ready", "True", timeout=90)
+    time.sleep(3)
     rv = kube.model("w")["metadata"]["resourceVersion"]
     kube.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "weights"},
         "spec": {"accessModes": ["ReadWriteMany"],
                  "resources": {"requests": {"storage": "1Gi"}}}}))
-    kube.wait(lambda: kube.condition("w", "Degraded")["reason"] != "ClaimNotFound", 30,
+    kube.wait(lambda: kube.condition("w", "Degraded")["reason"] != "ClaimNotFound", 10,
               "the model claim noticed")
     assert kube.model("w")["metadata"]["generation"] == 1 and rv  # no edit was needed
 
