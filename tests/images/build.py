@@ -33,6 +33,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -400,6 +401,7 @@ def ensure_image(name: str, *, keep_in_storage: bool = True) -> Image:
         if img.archive.exists():
             return img
         start = time.monotonic()
+        _drop_interrupted_build_containers()
         base = ensure_engine_cpu_base() if spec.base == "engine-cpu" else ensure_base()
         ctx = _tmp() / f"ctx-{name}"
         _stage_context(spec, ctx)
@@ -443,6 +445,14 @@ def _cleanup(spec: ImageSpec, keep: str | None) -> None:
         r = subprocess.run([*buildah_cmd(), "rmi", "--prune"], capture_output=True, text=True)
         if r.returncode != 0 or not r.stdout.strip():
             break
+
+
+def _drop_interrupted_build_containers() -> None:
+    """Intermediate containers that a killed `buildah build` left (each holds a rootfs)."""
+    out = buildah("containers", "--format", "{{.ContainerName}}", "--noheading", capture=True)
+    for name in out.splitlines():
+        if re.fullmatch(r"[0-9a-f]{12}-working-container", name):
+            subprocess.run([*buildah_cmd(), "rm", name], stdout=subprocess.DEVNULL)
 
 
 def _drop_old_archives(name: str, keep: Path) -> None:
