@@ -282,6 +282,11 @@ def test_import_image_cli(control_plane: ControlPlane, real_node: RealNode, node
     assert res.returncode == 0, res.stderr
     assert name in res.stdout.split()
     assert name in real_node.images()
+    # Layer blobs are dropped once unpacked; a second import of the same archive is a no-op.
+    assert real_node.import_image(archive) == [name]
+    assert real_node.import_image(archive, name=name + "-again") == [name, name + "-again"]
+    assert name + "-again" in real_node.images()
+    real_node.ctr("images", "remove", name + "-again")
     spec = pod("imported")
     spec["spec"]["containers"] = [container(image=name)]
     control_plane.apply(spec, "-n", node_ns)
