@@ -82,3 +82,15 @@ def test_urgent_keys_go_first_and_are_not_duplicated() -> None:
         return out
 
     assert asyncio.run(order()) == [("ns", "new"), ("ns", "old-2"), ("ns", "old-1")]
+
+
+def test_model_claim_events_wake_the_models_loading_from_it() -> None:
+    """pvc:// claims were not watched: a claim created later woke nobody (issue 11.8)."""
+    from spyre_operator.handlers import index_model_claim_users
+
+    body = {"metadata": {"namespace": "ns", "name": "w", "uid": "uid-w", "generation": 1},
+            "spec": {"model": {"uri": "pvc://weights/granite"}}}
+    index = {k: [v] for k, v in index_model_claim_users(body=body).items()}
+    c = Controller(client=None, caches=Caches({"model_claim_users": index}))  # type: ignore[arg-type]
+    assert c.models_for_model_claim("ns", "weights") == [("ns", "w")]
+    assert c.models_for_model_claim("ns", "other") == []
