@@ -1,0 +1,686 @@
+"""Reusable helpers for real pods on the real node (no pytest, no fixtures).
+
+Used by ``make demo`` (``tests/realpods/demo.py``), ``tests/integration/test_chart_pod.py`` and
+the contract tests. Everything takes a :class:`~tests.cluster.controlplane.ControlPlane`
+(``cp``) and talks to the cluster with its ``kubectl``/``helm``; nothing leaves the machine.
+
+The pieces, in the order a test uses them::
+
+    cp = ensure_cluster()                         # control plane + real node spyre-real-0
+    refs = ensure_images(cp.node)                 # {"operator": ref, "engine": ref}, imported
+    ensure_namespace(cp, "team-a")                # PodSecurity `restricted`
+    uri = create_model_pvc(cp, "team-a")          # "pvc://models/tiny": the tiny model on a PVC
+    install_operator(cp, "spyre-system", refs["operator"], watch_namespaces=["team-a"])
+    apply_model(cp, "team-a", "tiny", tiny_model_spec(refs["engine"], uri))
+    wait_model_ready(cp, "team-a", "tiny")
+    ensure_client_pod(cp, "team-a", refs["engine"])
+    body = completion(cp, "team-a", "tiny", "hello world")
+    samples = metrics(cp, "team-a", "tiny")       # {"vllm:prefix_cache_hits_total": 3.0, ...}
+    uninstall_operator(cp, "spyre-system")
+
+Design notes:
+
+* Placement: the real node is tainted; :func:`placement` gives the nodeSelector and toleration
+  every real pod needs. A SpyreModel with a CPU backend (``eager``/``inductor``) requests no
+  Spyre cards, so both ``spec.accelerator`` (serving pods) and ``spec.precompile`` (the Job,
+  which compiles off the cards) carry it.
+* Requests reach models through their Service's ClusterIP from a small client pod in the same
+  namespace (``kubectl exec`` + Python's urllib in the engine image): there is no cluster DNS
+  and the host has no route to the Service range.
+* The chart is installed with ``crds.install=false`` by default and the CRD applied with
+  ``kubectl apply --server-side`` (as the test session's ``crd`` fixture does), so the CRD is
+  never owned by a Helm release that a test or ``make demo-down`` later removes or re-adopts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spyre_operator.desired import names
+
+from tests.cluster.controlplane import ControlPlane, KubectlError, wait_until
+from tests.cluster.node import NODE_NAME, NODE_SELECTOR, NODE_TOLERATION, RealNode
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "spyre-model-operator"
+CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
+CRD_NAME = "spyremodels.serving.spyre.dev"
+
+#: Helm release name of the operator (the Deployment and ServiceAccount get this name).
+RELEASE = "spyre-model-operator"
+#: The model claim and the directory in it that holds the tiny model: ``pvc://models/tiny``.
+MODEL_CLAIM = "models"
+MODEL_PATH = "tiny"
+#: The name clients send in OpenAI requests.
+SERVED_NAME = "tiny"
+#: The tiny shape the engine tests use: small enough for 2 shared CPU cores, chunk % 64 == 0.
+TINY_SHAPE: dict[str, int] = {"maxModelLen": 512, "maxNumSeqs": 4, "maxNumBatchedTokens": 128}
+#: The in-cluster HTTP client pod (see :func:`ensure_client_pod`).
+CLIENT_POD = "spyre-client"
+#: Field manager of the objects applied here.
+FIELD_MANAGER = "spyre-realpods"
+#: Where the tiny models are built once (outside the repository, like the images).
+TINY_MODEL_CACHE = Path(
+    os.environ.get("SPYRE_TINY_MODEL_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "spyre-model-operator" / "tiny-models"
+)
+
+Log = Callable[[str], None]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def _stderr(msg: str) -> None:
+    print(f"[realpods] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- cluster + images
+
+
+def ensure_cluster(root: Path | str | None = None, with_node: bool = True,
+                   log: Log = _stderr) -> ControlPlane:
+    """Start the local control plane (or reuse a healthy one) and, with ``with_node``, the real
+    node ``spyre-real-0`` (or reuse it). Returns the :class:`ControlPlane`; ``cp.node`` is the
+    :class:`RealNode`. Never stops anything: callers own the lifetime (``cp.down()``)."""
+    cp = ControlPlane(root)
+    cp.check_binaries()
+    t0 = time.monotonic()
+    cp.up()
+    if with_node:
+        cp.node.check_prerequisites()
+        cp.node.up()
+    log(f"cluster{' + real node' if with_node else ''} up in {time.monotonic() - t0:.1f}s")
+    return cp
+
+
+def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
+                  log: Log = _stderr) -> dict[str, str]:
+    """Build each image unless its archive is cached (``tests/images/build.py``), import it into
+    the real node's containerd unless it is there already, and return ``{name: ref}``, e.g.
+    ``{"operator": "localhost/spyre-model-operator:<hash>", "engine": "localhost/spyre-engine:
+    <hash>"}``. Use the refs with ``imagePullPolicy: IfNotPresent`` (nothing can be pulled).
+    Cold: ~10 min for both (engine build) + 2-3 min engine import; warm: ~1 s."""
+    from tests.images import build
+
+    refs: dict[str, str] = {}
+    for name in which:
+        t0 = time.monotonic()
+        img = build.ensure_image(name)
+        t1 = time.monotonic()
+        imported = node.import_image(img.archive)
+        if img.ref not in imported and img.ref not in node.images():
+            node.import_image(img.archive, name=img.ref, force=True)
+        t2 = time.monotonic()
+        log(f"image {img.ref}: build/reuse {t1 - t0:.1f}s, import {t2 - t1:.1f}s")
+        refs[name] = img.ref
+    return refs
+
+
+def ensure_crd(cp: ControlPlane) -> None:
+    """Apply the SpyreModel CRD server-side (as the test session does) and wait Established."""
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+
+
+def ensure_namespace(cp: ControlPlane, namespace: str, restricted: bool = True,
+                     labels: Mapping[str, str] | None = None) -> None:
+    """Create (or update) ``namespace``; with ``restricted`` it enforces, warns and audits the
+    `restricted` Pod Security level. Waits for its ``default`` ServiceAccount."""
+    lab: dict[str, str] = dict(labels or {})
+    if restricted:
+        for mode in ("enforce", "warn", "audit"):
+            lab[f"pod-security.kubernetes.io/{mode}"] = "restricted"
+            lab[f"pod-security.kubernetes.io/{mode}-version"] = "latest"
+    cp.apply({"apiVersion": "v1", "kind": "Namespace",
+              "metadata": {"name": namespace, "labels": lab}})
+    wait_until(lambda: cp.kubectl("get", "serviceaccount", "default", "-n", namespace,
+                                  check=False).returncode == 0,
+               30, f"the default ServiceAccount in {namespace}")
+
+
+def placement() -> dict[str, Any]:
+    """``{"nodeSelector": ..., "tolerations": [...]}`` that put a pod on the real node."""
+    return {"nodeSelector": dict(NODE_SELECTOR), "tolerations": [dict(NODE_TOLERATION)]}
+
+
+def restricted_security() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod securityContext, container securityContext) passing PodSecurity `restricted`
+    as uid/gid 1001 (the engine image's user)."""
+    pod = {"runAsNonRoot": True, "runAsUser": 1001, "runAsGroup": 1001,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                 "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+# ---------------------------------------------------------------------------- the tiny model
+
+
+def tiny_model_dir(arch: str = "granite") -> Path:
+    """The tiny HF-format model (``spyre_engine.testing.tiny_model``), built once into
+    ``~/.cache/spyre-model-operator/tiny-models/<arch>`` in a subprocess (it imports torch)."""
+    path = TINY_MODEL_CACHE / arch
+    if not (path / ".tiny-model-complete").exists():
+        subprocess.run([sys.executable, "-m", "spyre_engine.testing.tiny_model", str(path), arch],
+                       check=True, capture_output=True, text=True)
+    return path
+
+
+def _copy_readable(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` (replacing it) with dirs 0755 and files 0644, so any uid
+    (the engine's 1001) reads it; hostPath volumes ignore fsGroup."""
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    for d, _dirs, files in os.walk(tmp):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
+def create_model_pvc(cp: ControlPlane, namespace: str, claim: str = MODEL_CLAIM,
+                     path: str = MODEL_PATH, arch: str = "granite", size: str = "1Gi",
+                     model_dir: Path | None = None, timeout: float = 60) -> str:
+    """Create the PVC ``claim`` (StorageClass ``local``, ReadWriteMany), wait until it is
+    bound to a static hostPath PV, and write the tiny model (or ``model_dir``) into
+    ``<pv dir>/<path>`` from the host, readable by every uid. Idempotent. Returns the
+    model URI ``pvc://<claim>/<path>`` for ``spec.model.uri``."""
+    src = model_dir or tiny_model_dir(arch)
+    cp.apply({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace,
+                     "labels": {"spyre.dev/realpods": "model"}},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "local",
+                 "resources": {"requests": {"storage": size}}},
+    })
+
+    def bound() -> str | None:
+        pvc = cp.kubectl_json("get", "pvc", claim, "-n", namespace)
+        if pvc.get("status", {}).get("phase") == "Bound":
+            return str(pvc["spec"]["volumeName"])
+        return None
+
+    pv_name = wait_until(bound, timeout, f"PVC {namespace}/{claim} Bound", interval=0.5)
+    pv = cp.kubectl_json("get", "pv", pv_name)
+    host_dir = Path(pv["spec"]["hostPath"]["path"])
+    host_dir.mkdir(parents=True, exist_ok=True)
+    host_dir.chmod(0o777)
+    dest = host_dir / path
+    marker = dest / ".tiny-model-complete"
+    if not (marker.exists() and (src / ".tiny-model-complete").exists()
+            and marker.read_text() == (src / ".tiny-model-complete").read_text()):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _copy_readable(src, dest)
+    return f"pvc://{claim}/{path}"
+
+
+# ---------------------------------------------------------------------------- SpyreModels
+
+
+def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with ``override`` merged in (dicts recursively; other values replace)."""
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def tiny_model_spec(engine_image: str, model_uri: str = f"pvc://{MODEL_CLAIM}/{MODEL_PATH}", *,
+                    backend: str = "eager", served_name: str = SERVED_NAME,
+                    shape: Mapping[str, int] | None = None, prefix_caching: bool = True,
+                    replicas: int = 1, grace_seconds: int = 10,
+                    override: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A SpyreModel ``spec`` for the tiny model on the real node with a CPU backend.
+
+    TP 1 and :data:`TINY_SHAPE` (maxModelLen 512, maxNumSeqs 4, chunk 128) unless ``shape``;
+    ``eager`` starts fastest, ``inductor`` really compiles into the artifact (minutes).
+    The serving pods (``accelerator``) and the precompile Job (``precompile``, used because a
+    CPU backend compiles off the cards) both select and tolerate the real node. The engine
+    image is used with ``IfNotPresent``. ``override`` is deep-merged last."""
+    spec: dict[str, Any] = {
+        "model": {"uri": model_uri, "servedName": served_name},
+        "compile": {"backend": backend, "tensorParallelSize": 1, **(shape or TINY_SHAPE)},
+        "replicas": replicas,
+        "serving": {"prefixCaching": prefix_caching, "shutdownGracePeriodSeconds": grace_seconds},
+        "engine": {"image": engine_image, "imagePullPolicy": "IfNotPresent"},
+        "accelerator": placement(),
+        "precompile": placement(),
+    }
+    return deep_merge(spec, override or {})
+
+
+def apply_model(cp: ControlPlane, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
+    """Server-side apply the SpyreModel ``name`` with ``spec`` (field manager spyre-realpods)."""
+    doc = {"apiVersion": "serving.spyre.dev/v1alpha1", "kind": "SpyreModel",
+           "metadata": {"name": name, "namespace": namespace}, "spec": dict(spec)}
+    cp.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "--force-conflicts",
+               "-f", "-", input=json.dumps(doc))
+
+
+def get_model(cp: ControlPlane, namespace: str, name: str) -> dict[str, Any] | None:
+    """The SpyreModel object, or None."""
+    r = cp.kubectl("get", "spyremodel", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def condition(model: Mapping[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    """The condition ``type_`` of a SpyreModel object, or None."""
+    for c in ((model or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+#: Ready reasons after which waiting longer is pointless (the spec or the engine is broken).
+FATAL_REASONS = ("PrecompileFailed", "InvalidSpec", "NameConflict", "ClaimNotFound")
+
+
+@dataclass
+class Timeline:
+    """Monotonic seconds since ``start`` at which each milestone was first seen."""
+
+    start: float
+    job_complete: float | None = None
+    pod_ready: float | None = None
+    model_ready: float | None = None
+
+    def since(self, t: float | None) -> str:
+        return "-" if t is None else f"{t - self.start:.1f}s"
+
+
+def jobs(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    """The precompile Jobs in ``namespace``."""
+    sel = f"{names.COMPONENT}={names.COMPONENT_PRECOMPILE}"
+    return list(cp.kubectl_json("get", "jobs", "-n", namespace, "-l", sel)["items"])
+
+
+def server_pods(cp: ControlPlane, namespace: str, model: str) -> list[dict[str, Any]]:
+    """The serving pods of SpyreModel ``model``."""
+    sel = ",".join(f"{k}={v}" for k, v in names.server_selector(model).items())
+    return list(cp.kubectl_json("get", "pods", "-n", namespace, "-l", sel)["items"])
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _job_complete(job: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Complete" and c.get("status") == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+def wait_model_ready(cp: ControlPlane, namespace: str, name: str, timeout: float = 1800,
+                     timeline: Timeline | None = None, on_change: Log | None = None,
+                     fatal: Iterable[str] = FATAL_REASONS, interval: float = 1.0
+                     ) -> dict[str, Any]:
+    """Poll until the SpyreModel's ``Ready`` condition is True; returns the model.
+
+    Records in ``timeline`` (if given) when a precompile Job completed, a serving pod became
+    Ready and the model became Ready. ``on_change`` gets each new ``kubectl get`` style line
+    (phase changes) as it happens. Raises ``AssertionError`` with the status, the Job and
+    serving pods and the recent Events after ``timeout`` or on a ``fatal`` Ready reason."""
+    tl = timeline or Timeline(time.monotonic())
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        now = time.monotonic()
+        m = get_model(cp, namespace, name)
+        ready = condition(m, "Ready")
+        if tl.job_complete is None and any(_job_complete(j) for j in jobs(cp, namespace)):
+            tl.job_complete = now
+        if tl.pod_ready is None and any(pod_ready(p) for p in server_pods(cp, namespace, name)):
+            tl.pod_ready = now
+        line = (f"Ready={ready['status']}/{ready['reason']}" if ready else "no status yet")
+        art = ((m or {}).get("status") or {}).get("artifact") or {}
+        if art.get("phase"):
+            line += f"  artifact={art['phase']}"
+        if on_change and line != last:
+            on_change(f"{now - tl.start:6.1f}s  {line}")
+        last = line
+        if ready and ready["status"] == "True":
+            tl.model_ready = now
+            if tl.pod_ready is None:
+                tl.pod_ready = now
+            return m  # type: ignore[return-value]
+        if ready and ready.get("reason") in set(fatal):
+            raise AssertionError(f"{namespace}/{name} failed: {ready}\n"
+                                 + describe(cp, namespace, name))
+        if now > deadline:
+            raise AssertionError(f"{namespace}/{name} not Ready after {timeout:.0f}s\n"
+                                 + describe(cp, namespace, name))
+        time.sleep(interval)
+
+
+def describe(cp: ControlPlane, namespace: str, name: str, log_lines: int = 30) -> str:
+    """Diagnostics for a model that did not get Ready: status, pods, events, container logs."""
+    out = []
+    m = get_model(cp, namespace, name)
+    out.append("status: " + json.dumps((m or {}).get("status"), indent=1))
+    r = cp.kubectl("get", "jobs,pods,pvc", "-n", namespace, "-o", "wide", check=False)
+    out.append(r.stdout + r.stderr)
+    r = cp.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)
+    out.append("\n".join(r.stdout.splitlines()[-25:]))
+    for pod in cp.kubectl_json("get", "pods", "-n", namespace)["items"]:
+        pn = pod["metadata"]["name"]
+        r = cp.kubectl("logs", "-n", namespace, pn, "--all-containers", f"--tail={log_lines}",
+                       check=False)
+        out.append(f"--- logs {pn}\n{r.stdout}{r.stderr}")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- Helm + operator
+
+
+def helm(cp: ControlPlane, *args: str, timeout: float = 600,
+         check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the pinned helm (``cp.bin_dir/helm``) with the admin kubeconfig and its caches in
+    ``.cluster/helm``. Raises ``RuntimeError`` with helm's output when ``check`` and it fails."""
+    home = cp.state_dir / "helm"
+    env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
+           "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+           "HELM_DATA_HOME": str(home / "data")}
+    res = subprocess.run([str(cp.bin_dir / "helm"), *args], capture_output=True, text=True,
+                         env=env, timeout=timeout)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+def operator_values(operator_image: str, watch_namespaces: Iterable[str] | None = None,
+                    install_crd: bool = False,
+                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Chart values for the local operator image on the real node: ``image.repository/tag``
+    split from the ref, ``pullPolicy: IfNotPresent``, the real node's nodeSelector and
+    toleration, ``crds.install`` = ``install_crd``, and ``watch``: every namespace when
+    ``watch_namespaces`` is None, else only those (a Role in each). ``extra`` is merged last."""
+    repo, _, tag = operator_image.rpartition(":")
+    if not repo or "/" in tag:
+        raise ValueError(f"operator image {operator_image!r} needs a tag (repository:tag)")
+    vals: dict[str, Any] = {
+        "image": {"repository": repo, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "crds": {"install": install_crd},
+        **placement(),
+    }
+    ns = list(watch_namespaces) if watch_namespaces is not None else None
+    vals["watch"] = ({"allNamespaces": True} if ns is None
+                     else {"allNamespaces": False, "namespaces": ns})
+    return deep_merge(vals, extra or {})
+
+
+def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
+                     release: str = RELEASE, watch_namespaces: Iterable[str] | None = None,
+                     install_crd: bool = False, values: Mapping[str, Any] | None = None,
+                     timeout: float = 300, log: Log = _stderr) -> dict[str, Any]:
+    """``helm upgrade --install`` the chart into ``namespace`` (created, PodSecurity
+    `restricted`) with :func:`operator_values`, then wait until the operator pod is Ready.
+    Without ``install_crd`` the CRD is applied with kubectl first (:func:`ensure_crd`).
+    Returns the Ready operator pod. Raises ``AssertionError`` with the pod's state and logs
+    if it is not Ready within ``timeout`` (e.g. a crash loop)."""
+    ensure_namespace(cp, namespace)
+    if not install_crd:
+        ensure_crd(cp)
+    vals = operator_values(operator_image, watch_namespaces, install_crd, values)
+    vfile = cp.state_dir / "helm" / f"values-{namespace}-{release}.json"
+    vfile.parent.mkdir(parents=True, exist_ok=True)
+    vfile.write_text(json.dumps(vals, indent=1))
+    t0 = time.monotonic()
+    # No `--wait`: a crash-looping pod should fail fast with its logs, not after helm's timeout.
+    helm(cp, "upgrade", "--install", release, str(CHART), "--namespace", namespace,
+         "-f", str(vfile), "--timeout", f"{int(timeout)}s")
+    pod = wait_operator_ready(cp, namespace, release, timeout=timeout)
+    log(f"operator {pod['metadata']['name']} Ready in {time.monotonic() - t0:.1f}s")
+    return pod
+
+
+def operator_pods(cp: ControlPlane, namespace: str, release: str = RELEASE
+                  ) -> list[dict[str, Any]]:
+    """The release's operator pods (newest first)."""
+    sel = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+    items = cp.kubectl_json("get", "pods", "-n", namespace, "-l", sel)["items"]
+    return sorted(items, key=lambda p: p["metadata"]["creationTimestamp"], reverse=True)
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    return sum(int(s.get("restartCount", 0))
+               for s in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def wait_operator_ready(cp: ControlPlane, namespace: str, release: str = RELEASE,
+                        timeout: float = 300, max_restarts: int = 1) -> dict[str, Any]:
+    """Wait until the release's Deployment is rolled out and its newest pod Ready; fail early
+    (with the previous container's log) once the pod restarted more than ``max_restarts``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dep = cp.kubectl("get", "deployment", "-n", namespace, "-l",
+                         f"app.kubernetes.io/instance={release}", "-o", "json", check=False)
+        pods = operator_pods(cp, namespace, release)
+        if dep.returncode == 0 and pods:
+            d = json.loads(dep.stdout)["items"]
+            done = all((x.get("status") or {}).get("updatedReplicas") == x["spec"]["replicas"]
+                       and (x.get("status") or {}).get("readyReplicas") == x["spec"]["replicas"]
+                       for x in d) and bool(d)
+            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            if done and live and pod_ready(live[0]):
+                return live[0]
+            if live and _restarts(live[0]) > max_restarts:
+                raise AssertionError("the operator pod restarts:\n"
+                                     + operator_diagnostics(cp, namespace, release))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the operator pod is not Ready after {timeout:.0f}s:\n"
+                                 + operator_diagnostics(cp, namespace, release))
+        time.sleep(1)
+
+
+def operator_diagnostics(cp: ControlPlane, namespace: str, release: str = RELEASE,
+                         tail: int = 40) -> str:
+    """Pod states, events and (previous) logs of the release's operator pods."""
+    out = []
+    for pod in operator_pods(cp, namespace, release):
+        pn = pod["metadata"]["name"]
+        out.append(f"pod {pn}: phase={pod['status'].get('phase')} restarts={_restarts(pod)} "
+                   f"containers={json.dumps(pod['status'].get('containerStatuses'))[:1500]}")
+        for prev in ("--previous", ""):
+            r = cp.kubectl("logs", "-n", namespace, pn, f"--tail={tail}",
+                           *([prev] if prev else []), check=False)
+            if r.stdout.strip():
+                out.append(f"--- logs {pn} {prev}\n{r.stdout}")
+    r = cp.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False)
+    out.append("\n".join(r.stdout.splitlines()[-15:]))
+    return "\n".join(out)
+
+
+def operator_logs(cp: ControlPlane, namespace: str, release: str = RELEASE,
+                  tail: int = 200) -> str:
+    """The newest operator pod's log (last ``tail`` lines)."""
+    pods = operator_pods(cp, namespace, release)
+    if not pods:
+        return ""
+    return cp.kubectl("logs", "-n", namespace, pods[0]["metadata"]["name"], f"--tail={tail}",
+                      check=False).stdout
+
+
+def uninstall_operator(cp: ControlPlane, namespace: str, release: str = RELEASE,
+                       wait: bool = True, timeout: float = 120) -> bool:
+    """``helm uninstall`` the release if it exists (the CRD and SpyreModels stay). With
+    ``wait`` also waits until its pods are gone, so no operator of it writes any more.
+    Returns whether a release was removed."""
+    r = helm(cp, "status", release, "--namespace", namespace, check=False)
+    if r.returncode != 0:
+        return False
+    helm(cp, "uninstall", release, "--namespace", namespace, "--timeout", f"{int(timeout)}s")
+    if wait:
+        wait_until(lambda: not operator_pods(cp, namespace, release), timeout,
+                   f"the {release} pods in {namespace} to go", interval=0.5)
+    return True
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+_CLIENT_SCRIPT = r"""
+import json, sys, time, urllib.error, urllib.request
+url, body, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+req = urllib.request.Request(url, data=body.encode() if body else None,
+                             headers={"Content-Type": "application/json"} if body else {})
+t0 = time.monotonic()
+try:
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        status, text = r.status, r.read().decode(errors="replace")
+except urllib.error.HTTPError as e:
+    status, text = e.code, e.read().decode(errors="replace")
+except Exception as e:
+    status, text = 0, f"{type(e).__name__}: {e}"
+print(json.dumps({"status": status, "text": text, "seconds": time.monotonic() - t0}))
+"""
+
+
+def ensure_client_pod(cp: ControlPlane, namespace: str, image: str, name: str = CLIENT_POD,
+                      timeout: float = 180) -> str:
+    """A pod on the real node that idles, for in-cluster HTTP requests (:func:`http`).
+    ``image`` needs ``python3`` on its PATH (the engine or operator image). Passes PodSecurity
+    `restricted`. Returns its name once Running."""
+    if cp.kubectl("get", "pod", name, "-n", namespace, check=False).returncode != 0:
+        pod_sc, c_sc = restricted_security()
+        cp.apply({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"spyre.dev/realpods": "client"}},
+            "spec": {
+                **placement(),
+                "automountServiceAccountToken": False,
+                "enableServiceLinks": False,
+                "terminationGracePeriodSeconds": 1,
+                "securityContext": pod_sc,
+                "containers": [{
+                    "name": "client", "image": image, "imagePullPolicy": "IfNotPresent",
+                    "command": ["python3", "-c",
+                                "import signal, sys, time\n"
+                                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+                                "while True: time.sleep(3600)\n"],
+                    "securityContext": c_sc,
+                    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                }],
+            },
+        })
+    cp.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace,
+               f"--timeout={int(timeout)}s", timeout=timeout + 10)
+    return name
+
+
+@dataclass
+class HttpResult:
+    """One in-cluster HTTP exchange: status (0: no response), body text, seconds taken."""
+
+    status: int
+    text: str
+    seconds: float
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def http(cp: ControlPlane, namespace: str, url: str, body: Any = None,
+         client: str = CLIENT_POD, timeout: float = 120) -> HttpResult:
+    """GET ``url`` (or POST ``body`` as JSON) from the client pod (:func:`ensure_client_pod`)."""
+    payload = "" if body is None else json.dumps(body)
+    r = cp.kubectl("exec", "-n", namespace, client, "--", "python3", "-c", _CLIENT_SCRIPT, url,
+                   payload, str(timeout), timeout=timeout + 30)
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    return HttpResult(int(d["status"]), str(d["text"]), float(d["seconds"]))
+
+
+def service_url(cp: ControlPlane, namespace: str, model: str) -> str:
+    """``http://<ClusterIP>:<port>`` of the SpyreModel's Service (no DNS here: by IP)."""
+    svc = cp.kubectl_json("get", "service", names.server_name(model), "-n", namespace)
+    port = next((p["port"] for p in svc["spec"]["ports"] if p.get("name") == "http"),
+                svc["spec"]["ports"][0]["port"])
+    return f"http://{svc['spec']['clusterIP']}:{port}"
+
+
+def completion(cp: ControlPlane, namespace: str, model: str, prompt: str, max_tokens: int = 16,
+               served_name: str = SERVED_NAME, client: str = CLIENT_POD, timeout: float = 300,
+               **params: Any) -> dict[str, Any]:
+    """POST ``/v1/completions`` through the model's Service; returns the response JSON with
+    ``_seconds`` (time inside the cluster) added. Raises ``AssertionError`` unless 200."""
+    body = {"model": served_name, "prompt": prompt, "max_tokens": max_tokens, **params}
+    res = http(cp, namespace, service_url(cp, namespace, model) + "/v1/completions", body,
+               client=client, timeout=timeout)
+    if res.status != 200:
+        raise AssertionError(f"completion: HTTP {res.status}: {res.text[:2000]}")
+    out: dict[str, Any] = res.json()
+    out["_seconds"] = res.seconds
+    return out
+
+
+def metrics_text(cp: ControlPlane, namespace: str, model: str,
+                 client: str = CLIENT_POD) -> str:
+    """The raw Prometheus text of ``/metrics`` through the model's Service."""
+    res = http(cp, namespace, service_url(cp, namespace, model) + "/metrics", client=client,
+               timeout=60)
+    if res.status != 200:
+        raise AssertionError(f"/metrics: HTTP {res.status}: {res.text[:2000]}")
+    return res.text
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """``{"name{labels}": value}`` for every sample line of a Prometheus text exposition."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            try:
+                out[k] = float(v)
+            except ValueError:
+                continue
+    return out
+
+
+def metric(samples: Mapping[str, float], name: str) -> float:
+    """The sum of every sample of metric ``name`` (any labels)."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def metrics(cp: ControlPlane, namespace: str, model: str,
+            client: str = CLIENT_POD) -> dict[str, float]:
+    """The model's ``/metrics`` through its Service, parsed (:func:`parse_metrics`)."""
+    return parse_metrics(metrics_text(cp, namespace, model, client))
+
+
+def metric_lines(text: str, wanted: Iterable[str]) -> list[str]:
+    """The sample lines of ``text`` whose metric name is one of ``wanted``."""
+    want = tuple(wanted)
+    return [ln for ln in text.splitlines()
+            if ln and not ln.startswith("#") and ln.split("{")[0].split(" ")[0] in want]
+
+
+__all__ = [
+    "CHART", "CLIENT_POD", "CRD_FILE", "CRD_NAME", "FATAL_REASONS", "MODEL_CLAIM", "MODEL_PATH",
+    "NODE_NAME", "RELEASE", "SERVED_NAME", "TINY_SHAPE", "HttpResult", "KubectlError",
+    "Timeline", "apply_model", "completion", "condition", "create_model_pvc", "deep_merge",
+    "describe", "ensure_client_pod", "ensure_cluster", "ensure_crd", "ensure_images",
+    "ensure_namespace", "get_model", "helm", "http", "install_operator", "jobs", "metric",
+    "metric_lines", "metrics", "metrics_text", "operator_diagnostics", "operator_logs",
+    "operator_pods", "operator_values", "parse_metrics", "placement", "pod_ready",
+    "restricted_security", "server_pods", "service_url", "tiny_model_dir", "tiny_model_spec",
+    "uninstall_operator", "wait_model_ready", "wait_operator_ready",
+]
