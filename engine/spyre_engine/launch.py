@@ -30,10 +30,13 @@ log = logging.getLogger(__name__)
 
 # Seconds vLLM may take to stop its engine core and workers after SIGTERM (``--shutdown-timeout``),
 # and how long the engine waits for the whole process group before SIGKILL (a bit longer, so vLLM's
-# own escalation runs first). An idle TP=1 engine core on a loaded 2-core CPU took ~10 s to exit
-# (3 s distributed teardown, then interpreter exit); it normally takes 1-3 s.
-VLLM_SHUTDOWN_TIMEOUT = 10
-STOP_GRACE = VLLM_SHUTDOWN_TIMEOUT + 2.0
+# own escalation runs first). Inside it, the engine core gives its TP workers
+# VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then SIGTERM and 4 s, then SIGKILL; the API server's
+# budget must cover that plus the core's own teardown (about 3 s) and exit. An idle engine core
+# normally exits in 1-3 s; on the loaded 2-core test machine TP=1 took ~10 s, TP=2 more.
+VLLM_SHUTDOWN_TIMEOUT = 15
+WORKER_SHUTDOWN_TIMEOUT = 6
+STOP_GRACE = VLLM_SHUTDOWN_TIMEOUT + 3.0
 
 # platform.py logs the configuration it settled on (after capping unknown configurations).
 _SPYRE_CONFIG_LINE = re.compile(
@@ -170,6 +173,7 @@ def plugin_env(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
+        "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": str(WORKER_SHUTDOWN_TIMEOUT),
     }
     # Derived from the flags: an inherited value would run another backend than --backend, cache
     # nothing while precompile records a catalog entry, or share a port with another engine.

@@ -89,7 +89,7 @@ ENGINE_ERROR_EVENT = (
 ABORT_GRACE = 2.0
 CHILD_STOP_GRACE = STOP_GRACE
 HTTP_STOP_GRACE = 1.0
-# Exit even if something above hangs (drain + 17 s); the operator allows drain timeout + 20 s.
+# Exit even if something above hangs (drain + 24 s); the operator allows drain timeout + 25 s.
 HARD_EXIT_AFTER_DEADLINE = ABORT_GRACE + CHILD_STOP_GRACE + HTTP_STOP_GRACE + 2.0
 
 

@@ -16,9 +16,9 @@ from .sse import TIMEOUT, stream_completion
 pytestmark = pytest.mark.engine
 
 MODEL = "tiny"
-# Exit must come before drain timeout + this (the operator's grace period is drain + 20 s): abort
-# grace 2 s, vLLM's own shutdown of its engine core and workers (up to 12 s), HTTP close 1 s.
-EXIT_SLACK = 17.0
+# Exit must come before drain timeout + this (the operator's grace period is drain + 25 s): abort
+# grace 2 s, vLLM's own shutdown of its engine core and workers (up to 18 s), HTTP close 1 s.
+EXIT_SLACK = 24.0
 # A long context so the "long" stream outlasts the drain even on a fast machine (~100 tok/s),
 # while the short one fits it on a loaded one (~5 tok/s).
 SHAPE = ["--max-model-len", "2048", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]

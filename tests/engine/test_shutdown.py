@@ -65,14 +65,15 @@ def test_sigterm_lets_the_engine_core_exit_by_itself(  # type: ignore[no-untyped
     elapsed = time.monotonic() - signalled
     log = engine.log_path.read_text(errors="replace")
     assert code == 0, engine.log_tail(80)
-    assert elapsed < 2 + 17, elapsed
+    assert elapsed < 2 + 24, elapsed
     assert FORCE_KILL not in log, log[-4000:]
     assert CORE_TEARDOWN in log, log[-4000:]
     assert SELF_EXIT in log, log[-4000:]
     if tp > 1:
-        # The TP workers (on Spyre: the processes holding the cards) stop in order too.
-        assert "[shutdown] Executor: all workers exited gracefully" in log, log[-4000:]
-        assert "workers still running" not in log, log[-4000:]
+        # The TP workers (on Spyre: the processes holding the cards) stop in order too: by
+        # themselves, or after the engine core's SIGTERM when slow, never by SIGKILL.
+        assert "[shutdown] Executor: waiting for worker exit" in log, log[-4000:]
+        assert "still running after SIGTERM; sending SIGKILL" not in log, log[-4000:]
     time.sleep(0.5)
     assert not engine.still_running(children)
 
@@ -107,10 +108,10 @@ def test_precompile_exits_promptly_on_sigterm(tiny_model: Path, tmp_path: Path) 
         time.sleep(3)
         children = proc.descendants_alive()
         signalled = proc.sigterm()
-        code = proc.wait_exit(30)
+        code = proc.wait_exit(40)
         elapsed = time.monotonic() - signalled
         assert code == 128 + 15, (code, proc.log_tail(60))
-        assert elapsed < 15, elapsed  # vLLM's shutdown bound (12 s), not a grace period
+        assert elapsed < 21, elapsed  # vLLM's shutdown bound (18 s), not a grace period
         result = json.loads(term.read_text())
         assert result["reason"] == "Terminated", result
         assert "SIGTERM" in result["message"]
