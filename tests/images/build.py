@@ -198,6 +198,8 @@ def image(name: str) -> Image:
 
 
 def run(argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    """``argv``, checked; its output goes to stderr (stdout carries only what main prints)."""
+    kw.setdefault("stdout", sys.stderr)
     return subprocess.run(list(argv), check=True, text=True, **kw)  # type: ignore[call-overload,no-any-return]
 
 
