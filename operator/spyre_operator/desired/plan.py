@@ -16,8 +16,11 @@ CACHE_MOUNT = "/cache"
 MODEL_MOUNT = "/models"
 #: Hugging Face downloads of hf:// models, inside the cache claim.
 HF_CACHE_DIR = f"{CACHE_MOUNT}/hub"
-#: Margin between the engine's drain deadline and the kubelet's SIGKILL.
-TERMINATION_MARGIN_SECONDS = 15
+#: Margin between the engine's drain deadline and the kubelet's SIGKILL: after the drain the
+#: engine gives vLLM's engine core and tensor-parallel workers (the processes holding the
+#: cards) up to ~18 s to exit by themselves, and its watchdog fires at drain + 24 s
+#: (engine/spyre_engine/serve.py). The kubelet must not SIGKILL before that.
+TERMINATION_MARGIN_SECONDS = 25
 
 
 @dataclass(frozen=True)
