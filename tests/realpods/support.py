@@ -120,13 +120,31 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
         t0 = time.monotonic()
         img = build.ensure_image(name)
         t1 = time.monotonic()
-        imported = node.import_image(img.archive)
+        imported = _import(node, img.archive, log)
         if img.ref not in imported and img.ref not in node.images():
             node.import_image(img.archive, name=img.ref, force=True)
         t2 = time.monotonic()
         log(f"image {img.ref}: build/reuse {t1 - t0:.1f}s, import {t2 - t1:.1f}s")
         refs[name] = img.ref
     return refs
+
+
+def _import(node: RealNode, archive: Path, log: Log, attempts: int = 3) -> list[str]:
+    """``node.import_image`` with retries: two processes importing the same archive at once
+    (e.g. ``make demo`` beside a test session) can make ``ctr import`` fail with "failed to
+    resolve layers ... not found" while the other drops the unpacked layer blobs; once the
+    other import finished, a retry finds the image and returns at once."""
+    from tests.cluster.node import NodeError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return node.import_image(archive)
+        except NodeError as e:
+            if attempt == attempts or "not found" not in str(e):
+                raise
+            log(f"import of {archive.name} raced with another import ({e}); retrying")
+            time.sleep(10 * attempt)
+    raise AssertionError("unreachable")
 
 
 def ensure_crd(cp: ControlPlane) -> None:
