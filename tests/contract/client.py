@@ -1,0 +1,128 @@
+"""An HTTP client for the real-pod tests, run inside the real node's network namespace.
+
+There is no cluster DNS and the host has no route to the Service range, so the tests run this
+script in a client pod on the real node (``kubectl exec ... python3 -c <this file>``,
+:class:`tests.contract.realpods.Client`). Standard library only, no proxy: every request goes
+to the Service's ClusterIP, through kube-proxy.
+
+Modes (every result is one JSON line on stdout, or in ``--out``):
+
+``once URL BODY``
+    One POST; prints ``{"status", "body"}``.
+``steady URL BODY``
+    POSTs one after another until stdin is closed (``kubectl exec -i``); one line per request
+    with its start and end (``time.time()``), status, and error (a reset, a refused
+    connection, a timeout).
+``stream URL BODY``
+    One streaming POST; prints ``started`` at its first event, then
+    ``{"status", "events", "done", "error_event", "error", ...}``: how the stream ended,
+    ``error`` being a transport failure (a reset connection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+
+def _post(url: str, body: str, timeout: float) -> tuple[http.client.HTTPConnection, Any]:
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    conn.request("POST", u.path, body=body, headers={"Content-Type": "application/json"})
+    return conn, conn.getresponse()
+
+
+def once(url: str, body: str, timeout: float) -> dict[str, Any]:
+    t0 = time.time()
+    try:
+        conn, resp = _post(url, body, timeout)
+        text = resp.read().decode(errors="replace")
+        conn.close()
+        return {"t0": t0, "t1": time.time(), "status": resp.status, "body": text}
+    except (OSError, http.client.HTTPException) as exc:
+        return {"t0": t0, "t1": time.time(), "status": 0, "error": repr(exc)}
+
+
+def steady(url: str, body: str, timeout: float, pause: float) -> None:
+    stop = threading.Event()
+
+    def watch_stdin() -> None:
+        while sys.stdin.buffer.read(4096):
+            pass
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    while not stop.is_set():
+        r = once(url, body, timeout)
+        if r.get("status") == 200:
+            r.pop("body", None)  # keep the output small
+        sys.stdout.write(json.dumps(r) + "\n")
+        sys.stdout.flush()
+        time.sleep(pause)
+
+
+def stream(url: str, body: str, timeout: float) -> dict[str, Any]:
+    t0 = time.time()
+    out: dict[str, Any] = {"t0": t0, "events": 0, "done": False, "error_event": None,
+                           "error": None, "status": 0, "first_event_at": None}
+    try:
+        conn, resp = _post(url, body, timeout)
+        out["status"] = resp.status
+        if resp.status != 200:
+            out["body"] = resp.read().decode(errors="replace")
+            return out
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            text = line.decode(errors="replace").strip()
+            if not text.startswith("data:"):
+                continue
+            data = text[5:].strip()
+            if data == "[DONE]":
+                out["done"] = True
+                continue
+            event = json.loads(data)
+            if "error" in event:
+                out["error_event"] = event["error"]
+                continue
+            out["events"] += 1
+            if out["first_event_at"] is None:
+                out["first_event_at"] = time.time()
+                sys.stdout.write("started\n")
+                sys.stdout.flush()
+            fr = (event.get("choices") or [{}])[0].get("finish_reason")
+            if fr:
+                out["finish_reason"] = fr
+        conn.close()
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        out["error"] = repr(exc)
+    out["t1"] = time.time()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["once", "steady", "stream"])
+    p.add_argument("url")
+    p.add_argument("body")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--pause", type=float, default=0.2)
+    a = p.parse_args()
+    if a.mode == "steady":
+        steady(a.url, a.body, a.timeout, a.pause)
+        return 0
+    result = once(a.url, a.body, a.timeout) if a.mode == "once" else stream(
+        a.url, a.body, a.timeout)
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Helpers for the contract and real-pod tests, on top of ``tests/realpods/support.py``.
+
+The operator runs as a local process (as in the integration tests) against the local control
+plane; the precompile Jobs and serving Deployments it writes run on ``spyre-real-0`` with the
+engine image built by ``tests/images`` (real vLLM + the Spyre plugin, CPU backend ``eager``).
+
+- :class:`RealEnv` / :func:`real_env_fixture`: a module's PodSecurity-restricted namespace, the
+  engine image imported, the ``models`` claim (``pvc://models/tiny`` and a weightless
+  ``pvc://models/no-weights``), an operator watching only that namespace, and a client pod.
+- :func:`model_spec`: support's tiny-model spec with small resource requests (two engine pods
+  fit on the node's 2 CPUs) and ``maxSurge: 1``.
+- :class:`Client`: ``client.py`` run in the client pod (``kubectl exec``): Service ClusterIPs
+  route through kube-proxy from there (no cluster DNS; the host is outside the node's network).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.controlplane import ControlPlane
+from tests.cluster.node import RealNode
+from tests.integration.conftest import CRD_FILE, Kube, OperatorProcess
+from tests.realpods import support
+
+CLIENT_SRC = (Path(__file__).resolve().parent / "client.py").read_text()
+MODEL_CLAIM = support.MODEL_CLAIM
+MODEL_PATH = support.MODEL_PATH
+#: A model directory with config and tokenizer but no weights: the precompile really fails.
+NO_WEIGHTS_PATH = "no-weights"
+SERVED_NAME = support.SERVED_NAME
+#: Job or pod start-up on 2 shared cores (image in containerd): vLLM boots in 30 s - 3 min.
+READY_TIMEOUT = 900.0
+#: Small requests: the node has 2 CPUs; with maxSurge 1 two engine pods run at once.
+SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
+
+
+def start_operator(cp: ControlPlane, namespace: str) -> OperatorProcess:
+    """The operator (and its CRD) as a local process, watching only ``namespace``."""
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+               "crd/spyremodels.serving.spyre.dev")  # fmt: skip
+    op = OperatorProcess(
+        cp.kubeconfig, cp.root / ".cluster" / "logs", args=["--namespace", namespace],
+        # No automatic retry of a failed compile during a test (it would reset the failure).
+        env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900"},
+    )
+    op.start()
+    return op
+
+
+def _no_weights_dir() -> Path:
+    src = support.tiny_model_dir()
+    dest = src.parent / f"{src.name}-{NO_WEIGHTS_PATH}"
+    if not dest.exists():
+        tmp = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+        os.replace(tmp, dest)
+    return dest
+
+
+def model_spec(image: str, path: str = MODEL_PATH, **override: Any) -> dict[str, Any]:
+    """A SpyreModel spec for the real node (support's), small requests, ``maxSurge: 1``,
+    a 10 s drain; ``override`` is deep-merged last."""
+    return support.tiny_model_spec(
+        image, f"pvc://{MODEL_CLAIM}/{path}",
+        shape={"maxModelLen": 256, "maxNumSeqs": 2, "maxNumBatchedTokens": 128},
+        override=support.deep_merge({
+            "serving": {"resources": SMALL, "rollout": {"maxSurge": 1, "maxUnavailable": 0}},
+            "precompile": {"resources": SMALL, "backoffLimit": 0},
+        }, override),
+    )  # fmt: skip
+
+
+def completion_body(max_tokens: int = 8, stream: bool = False, prompt: str = "hello world") -> str:
+    return json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                       "ignore_eos": True, "stream": stream})  # fmt: skip
+
+
+class Client:
+    """``client.py`` in the namespace's client pod (support.ensure_client_pod)."""
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.cp, self.ns = cp, namespace
+        self.base = [str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig),
+                     "exec", "-n", namespace]  # fmt: skip
+
+    def _argv(self, *args: str, stdin: bool = False) -> list[str]:
+        return [*self.base, *(["-i"] if stdin else []), support.CLIENT_POD, "--",
+                "python3", "-c", CLIENT_SRC, *args]  # fmt: skip
+
+    def run(self, *args: str, timeout: float = 300) -> dict[str, Any]:
+        r = subprocess.run(self._argv(*args), capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"client failed ({r.returncode}): {r.stderr[-2000:]}"
+        return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    def complete(self, url: str, max_tokens: int = 8) -> dict[str, Any]:
+        return self.run("once", f"{url}/v1/completions", completion_body(max_tokens))
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        """A long-running client; it stops when its stdin is closed."""
+        return subprocess.Popen(self._argv(*args, stdin=True), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stream(self, url: str, max_tokens: int) -> StreamCall:
+        return StreamCall(self, url, max_tokens)
+
+
+class StreamCall:
+    """One streaming completion in the background; :meth:`result` waits for its end."""
+
+    def __init__(self, client: Client, url: str, max_tokens: int) -> None:
+        self.proc = client.start("stream", f"{url}/v1/completions",
+                                 completion_body(max_tokens, stream=True))  # fmt: skip
+        self.started = threading.Event()
+        self.lines: list[str] = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("started"):
+                self.started.set()
+            else:
+                self.lines.append(line)
+
+    def result(self, timeout: float = 300) -> dict[str, Any]:
+        self.t.join(timeout)
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        assert self.lines, f"no result from the stream client: {self.proc.stderr.read()[-2000:]}"  # type: ignore[union-attr]
+        return json.loads(self.lines[-1])  # type: ignore[no-any-return]
+
+
+class Steady:
+    """A client sending completions through a Service one after another, the whole time."""
+
+    def __init__(self, client: Client, url: str, max_tokens: int = 4, pause: float = 0.1) -> None:
+        self.proc = client.start("steady", f"{url}/v1/completions", completion_body(max_tokens),
+                                 "--timeout", "60", "--pause", str(pause))  # fmt: skip
+        self._results: list[dict[str, Any]] = []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip().startswith("{"):
+                self._results.append(json.loads(line))
+
+    def results(self) -> list[dict[str, Any]]:
+        return list(self._results)
+
+    def wait_successes(self, n: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(r.get("status") == 200 for r in self._results) < n:
+            assert self.proc.poll() is None, f"steady client died: {self.proc.stderr.read()}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, f"no {n} answers in {timeout}s: {self._results}"
+            time.sleep(0.5)
+
+    def stop(self) -> list[dict[str, Any]]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.t.join(10)
+        return self.results()
+
+
+def failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in results if r.get("status") != 200]
+
+
+def longest_gap(results: list[dict[str, Any]]) -> float:
+    """The longest time without a successful answer (between two successes' ends)."""
+    ok = sorted(r["t1"] for r in results if r.get("status") == 200)
+    return max((b - a for a, b in zip(ok, ok[1:], strict=False)), default=0.0)
+
+
+def server_pods(kube: Kube, model: str) -> list[dict[str, Any]]:
+    return support.server_pods(kube.cp, kube.ns, model)
+
+
+def wait_ready(kube: Kube, model: str, timeout: float = READY_TIMEOUT) -> dict[str, Any]:
+    """Wait for Ready=True (support's poll: fails early on a fatal reason, with diagnostics)."""
+    return support.wait_model_ready(kube.cp, kube.ns, model, timeout=timeout)
+
+
+def describe_pods(kube: Kube) -> str:
+    out = []
+    for p in kube.items("pods"):
+        st = [{k: c.get(k) for k in ("ready", "restartCount", "state", "lastState")}
+              for c in p.get("status", {}).get("containerStatuses") or []]  # fmt: skip
+        out.append(f"{p['metadata']['name']} {p['status'].get('phase')} {json.dumps(st)[:600]}")
+    return "\n".join(out)
+
+
+def claim_host_dir(cp: ControlPlane, kube: Kube, claim: str) -> Path:
+    pvc = kube.get("pvc", claim)
+    assert pvc and pvc["spec"].get("volumeName"), f"claim {claim} not bound"
+    pv = cp.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
+    return Path(pv["spec"]["hostPath"]["path"])
+
+
+def artifact_host_dir(cp: ControlPlane, kube: Kube, model: dict[str, Any]) -> Path:
+    """The artifact's directory on the cache claim's PV, from ``status.artifact``."""
+    art = model["status"]["artifact"]
+    path = art["path"]
+    assert path.startswith("/cache/"), path
+    return claim_host_dir(cp, kube, art["claim"]) / path[len("/cache/"):]
+
+
+class RealEnv:
+    """One namespace with its operator, the model claim and a client pod."""
+
+    def __init__(self, cp: ControlPlane, node: RealNode, prefix: str) -> None:
+        self.cp, self.node = cp, node
+        t0 = time.monotonic()
+        self.image = support.ensure_images(node, ("engine",))["engine"]
+        cp.recycle_pvs()
+        self.ns = f"t-{prefix}-{uuid.uuid4().hex[:6]}"
+        support.ensure_namespace(cp, self.ns, labels={"spyre.dev/test-namespace": "true"})
+        self.kube = Kube(cp, self.ns)
+        support.create_model_pvc(cp, self.ns)
+        support.create_model_pvc(cp, self.ns, path=NO_WEIGHTS_PATH, model_dir=_no_weights_dir())
+        self.op = start_operator(cp, self.ns)
+        support.ensure_client_pod(cp, self.ns, self.image)
+        self.client = Client(cp, self.ns)
+        print(f"[{prefix}] namespace {self.ns} ready in {time.monotonic() - t0:.1f}s")
+
+    def close(self) -> None:
+        self.op.stop()
+        if os.environ.get("SPYRE_KEEP_REALPODS"):
+            print(f"namespace {self.ns} kept (SPYRE_KEEP_REALPODS)")
+            return
+        self.cp.kubectl("delete", "namespace", self.ns, "--wait=false", "--ignore-not-found",
+                        check=False, timeout=30)  # fmt: skip
+
+
+def real_env_fixture(prefix: str) -> Any:
+    """A module-scoped ``env`` fixture (:class:`RealEnv`) for a test module."""
+    import pytest
+
+    @pytest.fixture(scope="module", name="env")
+    def _env(control_plane: ControlPlane, kubeconfig: Path, real_node: RealNode) -> Any:
+        env = RealEnv(control_plane, real_node, prefix)
+        yield env
+        env.close()
+
+    return _env
