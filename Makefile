@@ -9,6 +9,7 @@ UV      := $(VENV)/bin/uv
 CLUSTER := $(PY) tests/cluster/controlplane.py
 PYTEST_ARGS ?=
 
+.PHONY: images test-images images-prune
 .PHONY: help deps install binaries cluster-up cluster-down test test-unit test-integration \
         demo bench bench-engine crds lint clean
 
@@ -45,8 +46,17 @@ lint: install ## ruff + mypy
 	$(VENV)/bin/ruff check operator engine tests
 	$(VENV)/bin/mypy operator/spyre_operator
 
-deps: ## install + binaries, in parallel (pip downloads overlap the Go build)
-	$(MAKE) --no-print-directory -j2 install binaries
+deps: ## install + binaries + images, in parallel (pip downloads and images overlap the Go build)
+	$(MAKE) --no-print-directory -j2 binaries images
+
+images: install ## Build (or reuse) the operator and engine images (docker-archives in ~/.cache/spyre-model-operator/images)
+	tests/images/build.sh all >/dev/null
+
+test-images: install ## Build (or reuse) the images and run them as their pods would, without Kubernetes
+	$(PY) -m pytest -m images tests/integration/test_images.py $(PYTEST_ARGS)
+
+images-prune: ## Drop outdated image archives and the images' buildah storage
+	python3 tests/images/build.py prune
 
 test: deps ## Everything: unit, golden, engine, integration (real control plane)
 	# The session fixture starts the control plane (or reuses one from `make cluster-up`)
