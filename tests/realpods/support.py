@@ -448,13 +448,24 @@ def operator_values(operator_image: str, watch_namespaces: Iterable[str] | None 
 def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
                      release: str = RELEASE, watch_namespaces: Iterable[str] | None = None,
                      install_crd: bool = False, values: Mapping[str, Any] | None = None,
-                     timeout: float = 300, log: Log = _stderr) -> dict[str, Any]:
+                     dns_stand_in: bool = True, timeout: float = 300,
+                     log: Log = _stderr) -> dict[str, Any]:
     """``helm upgrade --install`` the chart into ``namespace`` (created, PodSecurity
-    `restricted`) with :func:`operator_values`, then wait until the operator pod is Ready.
+    `restricted`, as are missing ``watch_namespaces``) with :func:`operator_values`, then wait
+    until the operator pod is Ready.
     Without ``install_crd`` the CRD is applied with kubectl first (:func:`ensure_crd`).
     Returns the Ready operator pod. Raises ``AssertionError`` with the pod's state and logs
-    if it is not Ready within ``timeout`` (e.g. a crash loop)."""
+    if it is not Ready within ``timeout`` (e.g. a crash loop).
+
+    ``dns_stand_in``: this cluster has no DNS, and kopf's built-in in-cluster login connects to
+    ``https://kubernetes.default.svc`` (a name, not ``KUBERNETES_SERVICE_HOST``), so without
+    DNS the operator pod starts, takes its Lease (lightkube uses the env vars) but never
+    watches. :func:`add_apiserver_host_alias` gives the pod what cluster DNS would answer."""
     ensure_namespace(cp, namespace)
+    for ns in watch_namespaces or ():
+        # The chart puts a Role in each watched namespace: it must exist first.
+        if cp.kubectl("get", "namespace", ns, check=False).returncode != 0:
+            ensure_namespace(cp, ns)
     if not install_crd:
         ensure_crd(cp)
     vals = operator_values(operator_image, watch_namespaces, install_crd, values)
@@ -465,9 +476,28 @@ def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
     # No `--wait`: a crash-looping pod should fail fast with its logs, not after helm's timeout.
     helm(cp, "upgrade", "--install", release, str(CHART), "--namespace", namespace,
          "-f", str(vfile), "--timeout", f"{int(timeout)}s")
+    if dns_stand_in:
+        add_apiserver_host_alias(cp, namespace, release)
     pod = wait_operator_ready(cp, namespace, release, timeout=timeout)
     log(f"operator {pod['metadata']['name']} Ready in {time.monotonic() - t0:.1f}s")
     return pod
+
+
+def add_apiserver_host_alias(cp: ControlPlane, namespace: str, release: str = RELEASE) -> None:
+    """Patch the release's Deployment with a ``hostAliases`` entry mapping
+    ``kubernetes.default.svc`` (and its other names) to the ``kubernetes`` Service's ClusterIP:
+    the stand-in for cluster DNS (the API server's certificate covers these names)."""
+    ip = cp.kubectl_json("get", "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+    alias = {"hostAliases": [{"ip": ip, "hostnames": [
+        "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local"]}]}
+    deps = cp.kubectl_json("get", "deployment", "-n", namespace, "-l",
+                           f"app.kubernetes.io/instance={release}")["items"]
+    for d in deps:
+        if d["spec"]["template"]["spec"].get("hostAliases") != alias["hostAliases"]:
+            cp.kubectl("patch", "deployment", d["metadata"]["name"], "-n", namespace,
+                       "--type=merge", "-p",
+                       json.dumps({"spec": {"template": {"spec": alias}}}))
 
 
 def operator_pods(cp: ControlPlane, namespace: str, release: str = RELEASE
@@ -494,10 +524,13 @@ def wait_operator_ready(cp: ControlPlane, namespace: str, release: str = RELEASE
         pods = operator_pods(cp, namespace, release)
         if dep.returncode == 0 and pods:
             d = json.loads(dep.stdout)["items"]
-            done = all((x.get("status") or {}).get("updatedReplicas") == x["spec"]["replicas"]
+            done = all((x.get("status") or {}).get("observedGeneration", 0)
+                       >= x["metadata"]["generation"]
+                       and (x.get("status") or {}).get("updatedReplicas") == x["spec"]["replicas"]
                        and (x.get("status") or {}).get("readyReplicas") == x["spec"]["replicas"]
                        for x in d) and bool(d)
-            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                    and (p.get("status") or {}).get("phase") in ("Pending", "Running")]
             if done and live and pod_ready(live[0]):
                 return live[0]
             if live and _restarts(live[0]) > max_restarts:
@@ -694,7 +727,8 @@ def metric_lines(text: str, wanted: Iterable[str]) -> list[str]:
 __all__ = [
     "CHART", "CLIENT_POD", "CRD_FILE", "CRD_NAME", "FATAL_REASONS", "MODEL_CLAIM", "MODEL_PATH",
     "NODE_NAME", "RELEASE", "SERVED_NAME", "TINY_SHAPE", "HttpResult", "KubectlError",
-    "Timeline", "apply_model", "completion", "condition", "create_model_pvc", "deep_merge",
+    "Timeline", "add_apiserver_host_alias", "apply_model", "completion", "condition",
+    "create_model_pvc", "deep_merge",
     "describe", "ensure_client_pod", "ensure_cluster", "ensure_crd", "ensure_images",
     "ensure_namespace", "get_model", "helm", "http", "install_operator", "jobs", "metric",
     "metric_lines", "metrics", "metrics_text", "operator_diagnostics", "operator_logs",
