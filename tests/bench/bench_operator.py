@@ -44,6 +44,39 @@ sys.path.insert(0, str(ROOT))
 from tests.cluster.controlplane import ControlPlane, wait_until  # noqa: E402
 from tests.integration.conftest import CRD_FILE, OperatorProcess  # noqa: E402
 
+BASELINE = Path(__file__).resolve().parent / "baseline.py"
+#: What watches a namespace in one measurement: the operator, or tests/bench/baseline.py (the
+#: same objects written directly by one client) without Events, with Events as the operator
+#: posts them (one per transition), or with one Event per status write.
+MODES = {
+    "operator": None,
+    "baseline": "none",
+    "baseline+events": "each",
+    "baseline+events-per-write": "per-write",
+}
+
+
+class BaselineProcess(OperatorProcess):
+    """tests/bench/baseline.py as a child process, with the operator's metric names."""
+
+    def __init__(self, *a: Any, events: str = "none", **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.events = events
+
+    def start(self, timeout: float = 60) -> None:
+        self.starts += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"baseline-{os.getpid()}-{self.starts}.log"
+        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(BASELINE), *self.args, "--events", self.events,
+             "--metrics-port", str(self.metrics_port),
+             "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+        wait_until(self._healthy, timeout, "the baseline's health endpoint")
+
 GROUP = "serving.spyre.dev"
 BENCH_NODE_LABEL = "spyre.dev/bench-node"
 CARDS_PER_NODE = 256
@@ -216,15 +249,69 @@ def sum_prefix(m: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in m.items() if k.startswith(prefix))
 
 
-def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Benchmark N models in a fresh namespace with a fresh operator."""
+def _event_time(e: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    t = e.get("eventTime") or e.get("firstTimestamp") or e["metadata"]["creationTimestamp"]
+    t = t.replace("Z", "+00:00")
+    return datetime.fromisoformat(t).timestamp()
+
+
+def coalesced(times: list[float], window: float) -> int:
+    """Events left if each object's Events within ``window`` s of a group's first become one."""
+    groups, start = 0, None
+    for t in sorted(times):
+        if start is None or t - start > window:
+            groups, start = groups + 1, t
+    return groups
+
+
+def namespace_events(cp: ControlPlane, ns: str, path: Path) -> dict[str, Any]:
+    """The Events on SpyreModels in ``ns``: by reason, and what aggregating them would leave.
+
+    ``distinct``: what client-go's EventCorrelator would still create (it turns an Event
+    identical in object, type, reason and message into a PATCH of the first one's count, which
+    is still one request, and only combines >10 similar ones in 10 min). ``coalesced_Ns``:
+    one Event per model per N-second window (timestamps have 1 s resolution).
+    """
+    try:
+        items = cp.kubectl_json("get", "events", "-n", ns)["items"]
+    except Exception as e:  # noqa: BLE001 - informational
+        return {"error": str(e)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(items))
+    ours = [e for e in items if (e.get("involvedObject") or {}).get("kind") == "SpyreModel"]
+    by_reason: dict[str, int] = {}
+    per_model: dict[str, list[float]] = {}
+    keys = set()
+    for e in ours:
+        by_reason[e.get("reason", "")] = by_reason.get(e.get("reason", ""), 0) + 1
+        obj = e["involvedObject"]["name"]
+        per_model.setdefault(obj, []).append(_event_time(e))
+        keys.add((obj, e.get("type"), e.get("reason"), e.get("message")))
+    return {
+        "on_models": len(ours),
+        "other": len(items) - len(ours),
+        "by_reason": dict(sorted(by_reason.items(), key=lambda kv: -kv[1])),
+        "distinct": len(keys),
+        **{f"coalesced_{w}s": sum(coalesced(t, w) for t in per_model.values())
+           for w in (1, 2, 5, 10)},
+    }
+
+
+def run_one(cp: ControlPlane, n: int, args: argparse.Namespace,
+            mode: str = "operator") -> dict[str, Any]:
+    """Benchmark N models in a fresh namespace with a fresh operator (or the baseline)."""
     ns = f"bench-{n}-{uuid.uuid4().hex[:5]}"
     cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     wait_until(lambda: cp.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
                30, "the default ServiceAccount")
-    op = OperatorProcess(cp.kubeconfig, cp.root / ".cluster" / "logs",
-                         args=["--namespace", ns, "--workers", str(args.workers),
-                               "--log-level", "warning"])
+    op_args = ["--namespace", ns, "--workers", str(args.workers), "--log-level", "warning"]
+    if MODES[mode] is None:
+        op = OperatorProcess(cp.kubeconfig, cp.root / ".cluster" / "logs", args=op_args)
+    else:
+        op = BaselineProcess(cp.kubeconfig, cp.root / ".cluster" / "logs", args=op_args,
+                             events=MODES[mode])
     op.start()
     assert op.proc is not None
     pid = op.proc.pid
@@ -269,6 +356,7 @@ def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any
         ready_count = len(tl.model_ready)
     time.sleep(args.settle)
     m_busy = scrape(op)
+    t_busy = time.monotonic()
     busy = proc_stats(pid)
     cp_busy = {}
     for c, cpid in components.items():
@@ -310,7 +398,14 @@ def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any
         k[len("spyre_operator_api_requests_total"):]: v - m0.get(k, 0)
         for k, v in m_busy.items() if k.startswith("spyre_operator_api_requests_total")
     }
+    lease = sum(v for k, v in by_kind.items() if 'resource="leases"' in k)
+    transitions = {
+        k[len("baseline_transitions_total"):]: v
+        for k, v in m_busy.items() if k.startswith("baseline_transitions_total")
+    }
+    events = namespace_events(cp, ns, Path(args.out) / f"events-{mode}-{ns}.json")
     result = {
+        "mode": mode,
         "models": n,
         "namespace": ns,
         "workers": args.workers,
@@ -323,8 +418,18 @@ def run_one(cp: ControlPlane, n: int, args: argparse.Namespace) -> dict[str, Any
         "api_requests": requests,
         "api_requests_per_model": round(requests / n, 2),
         "api_requests_by_kind": by_kind,
+        "lease_requests": lease,
+        "api_requests_ex_lease": requests - lease,
+        "api_requests_ex_lease_per_model": round((requests - lease) / n, 2),
+        "events": events,
+        "transitions": transitions,
         "writes": writes,
         "writes_per_model": round(writes / n, 2),
+        "writes_by_kind": {
+            k[len("spyre_operator_writes_total"):]: v - m0.get(k, 0)
+            for k, v in m_busy.items() if k.startswith("spyre_operator_writes_total")
+        },
+        "busy_seconds": round(t_busy - t_start, 2),
         "reconciles": m_busy.get("spyre_operator_reconciles_total", 0)
         - m0.get("spyre_operator_reconciles_total", 0),
         "reconcile_errors": m_busy.get("spyre_operator_reconcile_errors_total", 0),
@@ -384,6 +489,70 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def comparison(results: list[dict[str, Any]]) -> str:
+    """Operator vs baseline (and Event variants) per N: medians over rounds, and ratios."""
+    lines = [
+        "| N | mode | runs | all Ready s | apply → Ready p50 s | requests / model (ex. Lease) "
+        "| writes / model | Events / model | Lease requests | CPU s (process / apiserver) "
+        "| load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = []
+    for n in sorted({r["models"] for r in results}):
+        rows = [r for r in results if r["models"] == n]
+        med: dict[str, dict[str, float]] = {}
+        for mode in MODES:
+            rs = [r for r in rows if r["mode"] == mode]
+            if not rs:
+                continue
+            m = {
+                "ready": _median([r["all_ready_seconds"] or float("nan") for r in rs]),
+                "p50": _median([r["apply_to_ready"]["p50"] or float("nan") for r in rs]),
+                "req": _median([r["api_requests_ex_lease_per_model"] for r in rs]),
+                "writes": _median([r["writes_per_model"] for r in rs]),
+                "events": _median([(r["events"].get("on_models") or 0) / n for r in rs]),
+                "lease": _median([r["lease_requests"] for r in rs]),
+                "cpu": _median([r["cpu_seconds"] for r in rs]),
+                "api": _median([r["control_plane_cpu_seconds"].get("kube-apiserver") or 0
+                                for r in rs]),
+            }
+            med[mode] = m
+            loads = ", ".join(f"{r['load_before']:.1f}" for r in rs)
+            lines.append(
+                f"| {n} | {mode} | {len(rs)} | {m['ready']:.1f} | {m['p50']:.1f} | "
+                f"{m['req']:.2f} | {m['writes']:.2f} | {m['events']:.2f} | {m['lease']:.0f} | "
+                f"{m['cpu']:.1f} / {m['api']:.0f} | {loads} |"
+            )
+        if "operator" in med and "baseline" in med:
+            o, b = med["operator"], med["baseline"]
+            per_round = []
+            for rnd in sorted({r["round"] for r in rows}):
+                ro = [r for r in rows if r["round"] == rnd and r["mode"] == "operator"]
+                rb = [r for r in rows if r["round"] == rnd and r["mode"] == "baseline"]
+                to, tb = (ro[0]["all_ready_seconds"] if ro else None,
+                          rb[0]["all_ready_seconds"] if rb else None)
+                if to and tb:
+                    per_round.append(f"{to / tb:.2f}")
+            ratios.append(
+                f"| {n} | {o['ready'] / b['ready']:.2f}x ({', '.join(per_round)}) | "
+                f"{o['req'] / b['req']:.2f}x | {o['writes'] / b['writes']:.2f}x | "
+                f"{o['cpu'] / b['cpu']:.1f}x / {o['api'] / max(b['api'], 1e-9):.2f}x |"
+            )
+    if ratios:
+        lines += [
+            "",
+            "| N | operator / baseline: all Ready time (per round) | requests (ex. Lease) "
+            "| writes | CPU (process / apiserver) |",
+            "|---|---|---|---|---|",
+            *ratios,
+        ]
+    return "\n".join(lines)
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -395,18 +564,23 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
 
 
-def write_markdown(text: str, stamp: str, args: argparse.Namespace) -> None:
-    """Replace the "## Latest run" section of RESULTS.md (the analysis around it stays)."""
+BASELINE_SECTION = "Against the API server's limit: latest run"
+
+
+def write_markdown(text: str, stamp: str, args: argparse.Namespace,
+                   section: str = "Latest run") -> None:
+    """Replace the "## <section>" of RESULTS.md (the analysis around it stays)."""
+    title = section
     section = (
-        f"## Latest run\n\nRun {stamp} on {machine()}, operator `--workers {args.workers}`."
+        f"## {title}\n\nRun {stamp} on {machine()}, operator `--workers {args.workers}`."
         + (f" {args.note}" if args.note else "")
         + "\n\n"
         + text
         + "\n"
     )
     old = MARKDOWN.read_text() if MARKDOWN.exists() else "# Operator benchmark results\n\n"
-    if "## Latest run" in old:
-        before, rest = old.split("## Latest run", 1)
+    if f"## {title}\n" in old:
+        before, rest = old.split(f"## {title}\n", 1)
         after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
         MARKDOWN.write_text(before + section + ("\n" + after if after else ""))
     else:
@@ -425,6 +599,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true",
                         help=f"write the table to {MARKDOWN.relative_to(ROOT)}")
     parser.add_argument("--note", default="", help="a line for the markdown (what changed)")
+    parser.add_argument("--modes", default="operator,baseline",
+                        help=f"comma-separated, run side by side per N: {', '.join(MODES)}")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat each N; the order of the modes alternates (ABBA)")
     args = parser.parse_args(argv)
     ns_list = [int(x) for x in args.models.split(",") if x.strip()]
 
@@ -437,14 +615,28 @@ def main(argv: list[str] | None = None) -> int:
                "crd/spyremodels.serving.spyre.dev")
     cp.recycle_pvs()
     nodes = bench_nodes(cp, 2 * max(ns_list) + 16)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        parser.error(f"unknown --modes {sorted(unknown)}; known: {sorted(MODES)}")
     results = []
+    runs = 0
     try:
         for n in ns_list:
-            print(f"--- {n} models", flush=True)
-            r = run_one(cp, n, args)
-            results.append(r)
-            print(json.dumps(r, indent=1), flush=True)
-            cp.recycle_pvs()
+            for rnd in range(args.rounds):
+                # Alternate the order (ABBA...) so drifting machine load hits every mode alike.
+                order = modes if runs % 2 == 0 else modes[::-1]
+                runs += 1
+                for mode in order:
+                    print(f"--- {n} models, {mode}, round {rnd + 1}", flush=True)
+                    load0 = os.getloadavg()[0]
+                    r = run_one(cp, n, args, mode)
+                    r["round"] = rnd + 1
+                    r["load_before"] = round(load0, 2)
+                    r["load_after"] = round(os.getloadavg()[0], 2)
+                    results.append(r)
+                    print(json.dumps(r, indent=1), flush=True)
+                    cp.recycle_pvs()
     finally:
         cp.kubectl("delete", "node", *nodes, "--wait=false", check=False)
     out = Path(args.out)
@@ -453,11 +645,17 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"machine": machine(), "when": stamp, "note": args.note, "results": results}
     path = out / f"operator-{stamp}.json"
     path.write_text(json.dumps(doc, indent=1))
-    text = table(results)
+    op_results = [r for r in results if r["mode"] == "operator"]
+    text = table(op_results) if op_results else ""
+    cmp_text = comparison(results)
     print(text)
+    print()
+    print(cmp_text)
     print(f"\nwritten to {path}")
     if args.markdown:
-        write_markdown(text, stamp, args)
+        if op_results:
+            write_markdown(text, stamp, args)
+        write_markdown(cmp_text, stamp, args, section=BASELINE_SECTION)
         print(f"and {MARKDOWN}")
     return 0 if all(r["ready"] == r["models"] for r in results) else 1
 
