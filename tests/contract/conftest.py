@@ -1,8 +1,10 @@
-"""Fixtures of the contract tests: one SpyreModel whose Job and Deployment run on the real node.
+"""Fixtures of the contract tests: SpyreModels whose Job and Deployment run on the real node.
 
-The operator (a local process, this module's namespace only) reconciles a generate model on the
-tiny model (``pvc://models/tiny``) with the CPU backend ``eager``; the precompile Job and the
-serving pod it writes run for real on ``spyre-real-0`` from the engine image.
+The operator (a local process, this module's namespace only) reconciles generate models on the
+tiny model (``pvc://models/tiny``): ``gen`` with the CPU backend ``eager`` (compiles nothing,
+records the shape) and ``gen-inductor`` (really compiles into the artifact; marked ``slow``).
+The precompile Jobs and serving pods the operator writes run for real on ``spyre-real-0`` from
+the engine image, all on one cache claim.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from .realpods import RealEnv, model_spec, real_env_fixture, wait_ready
 
 env = real_env_fixture("contract")
 
-MODEL = "gen"
+#: name -> spec override. The inductor model really compiles (a minute or more on 2 cores).
+CASES: dict[str, dict[str, Any]] = {
+    "gen": {},
+    "gen-inductor": {"compile": {"backend": "inductor"}},
+}
+SLOW = {"gen-inductor"}
+PARAMS = [pytest.param(c, marks=[pytest.mark.slow] if c in SLOW else [], id=c) for c in CASES]
 
 
 @dataclass
 class Served:
-    """The contract model once Ready, and what the operator wrote for it."""
+    """A contract model once Ready, and what the operator wrote for it."""
 
     name: str
     model: dict[str, Any]
@@ -31,10 +39,25 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(env: RealEnv) -> Iterator[Served]:
+def served_models(env: RealEnv, request: pytest.FixtureRequest) -> dict[str, Served]:
+    """Every case selected in this session, applied at once (their Jobs run side by side)."""
+    wanted = {c for c in CASES if any(
+        getattr(item, "callspec", None) and item.callspec.params.get("served") == c
+        for item in request.session.items)} | {"gen"}  # fmt: skip
     t0 = time.monotonic()
-    env.kube.apply_model(MODEL, model_spec(env.image))
-    model = wait_ready(env.kube, MODEL)
-    took = time.monotonic() - t0
-    print(f"{MODEL}: apply -> Ready in {took:.0f}s")
-    yield Served(MODEL, model, took)
+    for name in CASES:
+        if name in wanted:
+            env.kube.apply_model(name, model_spec(env.image, **CASES[name]))
+    out = {}
+    for name in CASES:
+        if name in wanted:
+            model = wait_ready(env.kube, name)
+            took = time.monotonic() - t0
+            print(f"{name}: apply -> Ready in {took:.0f}s")
+            out[name] = Served(name, model, took)
+    return out
+
+
+@pytest.fixture
+def served(served_models: dict[str, Served], request: pytest.FixtureRequest) -> Iterator[Served]:
+    yield served_models[getattr(request, "param", None) or "gen"]
