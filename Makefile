@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: images test-images images-prune
 .PHONY: help deps install binaries cluster-up cluster-down test test-unit test-integration \
-        demo bench bench-engine crds lint clean
+        demo demo-down demo-kwok bench bench-engine crds lint clean
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -34,7 +34,7 @@ binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside t
 cluster-up: install binaries ## Start the local control plane (SPYRE_REAL_NODE=1: with the real node)
 	$(CLUSTER) up
 
-cluster-down: ## Stop the local control plane (and the demo's operator); leaves no process behind
+cluster-down: ## Stop the local control plane (the demos with it); leaves no process behind
 	@if [ -f .cluster/operator-demo.pid ]; then kill $$(cat .cluster/operator-demo.pid) 2>/dev/null || true; rm -f .cluster/operator-demo.pid; fi
 	@if [ -x $(PY) ]; then $(CLUSTER) down; else echo "no venv, nothing to stop"; fi
 
@@ -59,6 +59,9 @@ images-prune: ## Drop outdated image archives and the images' buildah storage
 	python3 tests/images/build.py prune
 
 test: deps ## Everything: unit, golden, engine, integration (real control plane)
+	# A demo left running (`make demo`/`demo-kwok`) would reconcile beside the tests' operators
+	# and hold the real node's CPU: stop it first (a no-op when none runs).
+	operator/scripts/demo.sh down --quiet
 	# The session fixture starts the control plane (or reuses one from `make cluster-up`)
 	# and stops it at the end if it started it.
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -66,8 +69,14 @@ test: deps ## Everything: unit, golden, engine, integration (real control plane)
 test-unit: install ## Only the tests that need neither the cluster nor vLLM
 	$(PY) -m pytest -m 'not integration and not engine and not contract' $(PYTEST_ARGS)
 
-demo: deps ## Local control plane + operator + a sample SpyreModel reaching Ready
-	operator/scripts/demo.sh
+demo: deps ## Real pods: chart-installed operator, tiny model compiled and served, a completion
+	operator/scripts/demo.sh up $(DEMO_ARGS)
+
+demo-down: ## Stop the demo: helm uninstall the operator, delete namespace spyre-demo
+	@if [ -x $(PY) ]; then operator/scripts/demo.sh down; else echo "no venv, nothing to stop"; fi
+
+demo-kwok: deps ## kwok only (no images, no real pods): operator + a sample SpyreModel to Ready
+	operator/scripts/demo-kwok.sh
 
 bench: install binaries ## Operator benchmark on the local control plane
 	$(CLUSTER) up
