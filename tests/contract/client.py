@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 def _post(url: str, body: str, timeout: float) -> tuple[http.client.HTTPConnection, Any]:
     u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port or 80, timeout=timeout)
     conn.request("POST", u.path, body=body, headers={"Content-Type": "application/json"})
     return conn, conn.getresponse()
 

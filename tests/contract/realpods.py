@@ -48,7 +48,10 @@ def start_operator(cp: ControlPlane, namespace: str) -> OperatorProcess:
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                "crd/spyremodels.serving.spyre.dev")  # fmt: skip
     op = OperatorProcess(
-        cp.kubeconfig, cp.root / ".cluster" / "logs", args=["--namespace", namespace, "--no-leader-elect"],
+        cp.kubeconfig, cp.root / ".cluster" / "logs",
+        # Its own namespace only, so no leader election: the Lease is one per cluster, and
+        # operators of other namespaces (other modules, a demo) would block this one.
+        args=["--namespace", namespace, "--no-leader-elect"],
         # No automatic retry of a failed compile during a test (it would reset the failure).
         env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900"},
     )

@@ -127,7 +127,7 @@ def test_the_sendnn_pods_differ_from_the_pods_run_here_only_in_backend_and_cards
     assert {k for k in job_diff if not k.startswith(f"{j}.args[")} == {
         f"{j}.env[SENDNN_INFERENCE_DYNAMO_BACKEND].value"
     }, job_diff
-    assert sorted(v for _, v in job_diff.values()) == sorted(
+    assert sorted(str(v) for _, v in job_diff.values()) == sorted(
         ["sendnn_compile_only", "sendnn_compile_only"]
     ), job_diff
     dep_diff = diff(cpu_dep, card_dep)

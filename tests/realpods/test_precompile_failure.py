@@ -26,7 +26,8 @@ env = real_env_fixture("pcfail")
 
 def test_a_precompile_without_weights_fails_with_the_engines_reason(env: RealEnv) -> None:
     t0 = time.monotonic()
-    env.kube.apply_model("broken", model_spec(env.image, path=NO_WEIGHTS_PATH, compile={"backend": "inductor"}))
+    spec = model_spec(env.image, path=NO_WEIGHTS_PATH, compile={"backend": "inductor"})
+    env.kube.apply_model("broken", spec)
     degraded = env.kube.wait_condition("broken", "Degraded", "True", C.PRECOMPILE_FAILED, 600)
     print(f"broken: apply -> Degraded PrecompileFailed in {time.monotonic() - t0:.0f}s")
 

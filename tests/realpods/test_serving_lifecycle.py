@@ -1,0 +1,357 @@
+"""A served model's life on the real node, with a client sending requests the whole time.
+
+One SpyreModel (tiny model, CPU backend ``eager``, small requests so two engine pods fit on the
+node's 2 CPUs) goes through, in this order (each test starts from where the last one left it):
+
+1. a compile-affecting edit with ``maxSurge: 1``: the new artifact compiles while the old pod
+   serves (``Ready=True ServingPreviousArtifact``), the switch completes, no request fails;
+2. the same with one replica and ``maxSurge: 0``: reported (failed requests, longest gap), not
+   asserted: that roll has to stop the only pod;
+3. deleting a serving pod mid-stream: the stream completes, or past the drain deadline ends
+   with the engine's error event and ``[DONE]``, never a reset; the pod leaves the Service's
+   endpoints before the engine stops accepting (no request through the Service is refused);
+4. switching ``cache.volume.name`` (issue 10, failure 4): the pods keep serving from the old
+   claim until the artifact exists on the new claim (``ServingPreviousArtifact`` meanwhile),
+   then move, and a completion succeeds.
+
+Requests go through the model's Service from a client pod (``tests/contract/client.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+import pytest
+from spyre_engine import catalog
+from spyre_operator import conditions as C
+from spyre_operator.desired import names
+
+from tests.contract.realpods import (
+    RealEnv,
+    Steady,
+    claim_host_dir,
+    describe_pods,
+    failures,
+    longest_gap,
+    model_spec,
+    real_env_fixture,
+    server_pods,
+    wait_ready,
+)
+from tests.realpods import support
+
+pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout(1500)]
+
+env = real_env_fixture("life")
+
+MODEL = "life"
+def _spec(env: RealEnv, **override: Any) -> dict[str, Any]:
+    return model_spec(env.image, **override)
+
+
+@pytest.fixture(scope="module")
+def served(env: RealEnv) -> dict[str, Any]:
+    t0 = time.monotonic()
+    env.kube.apply_model(MODEL, _spec(env))
+    model = wait_ready(env.kube, MODEL)
+    print(f"{MODEL}: apply -> Ready in {time.monotonic() - t0:.0f}s")
+    return model
+
+
+def _ready(model: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in model["status"]["conditions"] if c["type"] == "Ready")
+
+
+def _deployment(env: RealEnv) -> dict[str, Any]:
+    dep = env.kube.get("deployment", names.server_name(MODEL))
+    assert dep
+    return dep  # type: ignore[no-any-return]
+
+
+def _rolled_out(env: RealEnv, replicas: int) -> bool:
+    dep = _deployment(env)
+    st = dep.get("status") or {}
+    pods = [p for p in server_pods(env.kube, MODEL) if not p["metadata"].get("deletionTimestamp")]
+    return (
+        st.get("observedGeneration") == dep["metadata"]["generation"]
+        and st.get("updatedReplicas") == replicas
+        and st.get("availableReplicas") == replicas
+        and st.get("replicas") == replicas
+        and len(pods) == replicas
+        and all(support.pod_ready(p) for p in pods)
+    )
+
+
+def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900) -> dict[str, Any]:
+    """Apply ``spec`` (a compile-affecting edit) and follow the model until the Deployment
+    serves the new artifact; returns what was seen on the way."""
+    old = env.kube.model(MODEL)
+    old_key = old["status"]["servingArtifactKey"]
+    t0 = time.monotonic()
+    env.kube.apply_model(MODEL, spec)
+    seen: dict[str, Any] = {"reasons": [], "not_ready": [], "new_key": None}
+    deadline = t0 + timeout
+    while time.monotonic() < deadline:
+        m = env.kube.model(MODEL)
+        st = m.get("status") or {}
+        if st.get("observedGeneration") != m["metadata"]["generation"]:
+            time.sleep(0.5)
+            continue
+        ready = _ready(m)
+        if not seen["reasons"] or seen["reasons"][-1] != ready["reason"]:
+            seen["reasons"].append(ready["reason"])
+        if ready["status"] != "True":
+            seen["not_ready"].append((round(time.monotonic() - t0, 1), ready["reason"]))
+        key = st.get("artifact", {}).get("key")
+        if key != old_key:
+            seen["new_key"] = key
+        if (key != old_key and st.get("servingArtifactKey") == key
+                and ready["reason"] == C.SERVING and _rolled_out(env, spec["replicas"])):
+            seen["seconds"] = time.monotonic() - t0
+            print(f"{what}: switched to {key[:12]} in {seen['seconds']:.0f}s; "
+                  f"Ready reasons {seen['reasons']}")
+            return seen
+        time.sleep(1)
+    raise AssertionError(f"{what}: no switch in {timeout:.0f}s; seen {seen}\n"
+                         f"{support.describe(env.cp, env.ns, MODEL)}")
+
+
+# --------------------------------------------------------------------------- 1. maxSurge 1
+
+
+def test_compile_affecting_edit_under_steady_traffic_loses_no_request(
+    env: RealEnv, served: dict[str, Any]
+) -> None:
+    url = support.service_url(env.cp, env.ns, MODEL)
+    steady = Steady(env.client, url)
+    try:
+        steady.wait_successes(3)
+        spec = _spec(env, compile={"maxNumSeqs": 3})
+        seen = _switch(env, spec, "maxSurge 1")
+        n = len(steady.results())
+        steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3)
+    finally:
+        results = steady.stop()
+    print(f"maxSurge 1: {len(results)} requests, {len(failures(results))} failed, "
+          f"longest gap {longest_gap(results):.1f}s")
+    # The old pod served while the new artifact compiled (the model said so), and kept Ready.
+    assert C.SERVING_PREVIOUS_ARTIFACT in seen["reasons"], seen
+    assert not seen["not_ready"], seen
+    assert n > 3, "the client sent no requests during the switch"
+    assert not failures(results), _explain(failures(results))
+
+
+def _explain(bad: list[dict[str, Any]]) -> str:
+    draining = [r for r in bad if "shutting down" in r.get("body", "")]
+    why = (" (a request reached a terminating pod after its engine stopped accepting: the pod "
+           "was still a Service endpoint in kube-proxy's rules)") if draining else ""
+    return f"{len(bad)} requests failed{why}: {bad[:5]}"
+
+
+# --------------------------------------------------------------------------- 2. maxSurge 0
+
+
+def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str, Any]) -> None:
+    """Reported, not asserted: the roll must stop the only pod before its successor starts."""
+    url = support.service_url(env.cp, env.ns, MODEL)
+    steady = Steady(env.client, url)
+    try:
+        steady.wait_successes(3)
+        spec = _spec(env, compile={"maxNumSeqs": 4},
+                     serving={"rollout": {"maxSurge": 0, "maxUnavailable": 1}})
+        seen = _switch(env, spec, "maxSurge 0")
+        steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3, 300)
+    finally:
+        results = steady.stop()
+    bad = failures(results)
+    kinds: dict[str, int] = {}
+    for r in bad:
+        k = str(r.get("status")) if r.get("status") else (r.get("error") or "?")[:60]
+        kinds[k] = kinds.get(k, 0) + 1
+    print(f"COST maxSurge 0, 1 replica: {len(results)} requests, {len(bad)} failed {kinds}, "
+          f"longest gap without an answer {longest_gap(results):.1f}s, "
+          f"Ready not True for {seen['not_ready'][:1]}..{seen['not_ready'][-1:]}")
+    assert C.SERVING_PREVIOUS_ARTIFACT in seen["reasons"], seen
+
+
+# --------------------------------------------------------------------------- 3. delete mid-stream
+
+
+class EndpointWatch:
+    """Polls the Service's EndpointSlices: when did ``ip`` stop being a ready endpoint."""
+
+    def __init__(self, env: RealEnv, service: str, ip: str) -> None:
+        self.env, self.service, self.ip = env, service, ip
+        self.not_ready_at: float | None = None
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _ready(self) -> bool:
+        slices = self.env.kube.items(
+            "endpointslices", f"kubernetes.io/service-name={self.service}")
+        for s in slices:
+            for ep in s.get("endpoints") or []:
+                if self.ip in ep.get("addresses", []):
+                    return bool((ep.get("conditions") or {}).get("ready"))
+        return False
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            t = time.time()
+            if not self._ready():
+                self.not_ready_at = t
+                return
+            time.sleep(0.1)
+
+
+def _sigterm_at(log: str) -> float | None:
+    """When the engine logged the signal (kubectl logs --timestamps), as epoch seconds."""
+    for line in log.splitlines():
+        if "Received SIGTERM" in line:
+            stamp = line.split(" ", 1)[0]
+            # RFC 3339 with nanoseconds: keep microseconds for fromisoformat.
+            head, _, frac = stamp.partition(".")
+            frac = frac.rstrip("Z")[:6]
+            return datetime.fromisoformat(f"{head}.{frac}+00:00").timestamp()
+    return None
+
+
+def test_deleting_a_serving_pod_mid_stream(env: RealEnv, served: dict[str, Any]) -> None:
+    env.kube.apply_model(MODEL, _spec(env, compile={"maxNumSeqs": 4}, replicas=2))
+    env.kube.wait(lambda: _rolled_out(env, 2), 600, "two serving pods Ready")
+    pods = server_pods(env.kube, MODEL)
+    victim = pods[0]
+    name, ip = victim["metadata"]["name"], victim["status"]["podIP"]
+    grace = int(victim["spec"]["terminationGracePeriodSeconds"])
+    port = victim["spec"]["containers"][0]["ports"][0]["containerPort"]
+    svc = names.server_name(MODEL)
+    url = support.service_url(env.cp, env.ns, MODEL)
+
+    logs = subprocess.Popen(
+        [str(env.cp.bin_dir / "kubectl"), "--kubeconfig", str(env.cp.kubeconfig), "logs", "-f",
+         "--timestamps", "-n", env.ns, name],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    steady = Steady(env.client, url, pause=0.05)
+    try:
+        steady.wait_successes(3)
+        # A long stream straight to the victim (its pod IP), so it is the one in flight there.
+        stream = env.client.stream(f"http://{ip}:{port}", max_tokens=240)
+        assert stream.started.wait(120), "the stream never started"
+        watch = EndpointWatch(env, svc, ip)
+        t_delete = time.time()
+        env.kube.kubectl("delete", "pod", name, "--wait=false")
+        result = stream.result(grace + 60)
+        env.kube.wait(lambda: not env.kube.get("pod", name), grace + 30, f"{name} gone")
+        gone_after = time.time() - t_delete
+        watch.stop.set()
+        time.sleep(2)  # requests after the removal, on the other pod
+    finally:
+        results = steady.stop()
+        logs.terminate()
+    log = logs.communicate(timeout=30)[0]
+    print(f"stream: {json.dumps(result)[:400]}; pod gone after {gone_after:.1f}s (grace {grace}s)")
+
+    # The stream: completed, or cut at the drain deadline with the engine's error and [DONE].
+    assert result["status"] == 200 and result["error"] is None, result  # never a reset
+    assert result["done"], result
+    if result["error_event"] is None:
+        assert result.get("finish_reason") == "length" and result["events"] > 0, result
+    else:
+        assert "drain deadline" in result["error_event"]["message"], result
+    assert gone_after < grace + 5, f"the pod took {gone_after:.1f}s (grace {grace}s)"
+
+    # The pod left the Service's endpoints before the engine stopped accepting.
+    sigterm = _sigterm_at(log)
+    assert sigterm is not None, log[-2000:]
+    assert watch.not_ready_at is not None
+    print(f"endpoint not ready {watch.not_ready_at - t_delete:+.2f}s, engine SIGTERM "
+          f"{sigterm - t_delete:+.2f}s after the delete")
+    around = [r for r in results if r["t0"] >= t_delete - 1]
+    assert around, "no request through the Service during the deletion"
+    assert not failures(around), _explain(failures(around))
+    # (The order the control plane saw: the EndpointSlice marked it not ready, then the kubelet
+    # sent SIGTERM. Without a preStop delay these are a fraction of a second apart, and
+    # kube-proxy may reprogram only after the engine refuses; the requests above are the proof.)
+    assert watch.not_ready_at <= sigterm, (watch.not_ready_at - t_delete, sigterm - t_delete)
+
+    # Back to one replica for the next test (the replacement pod goes first).
+    env.kube.apply_model(MODEL, _spec(env, compile={"maxNumSeqs": 4}))
+    env.kube.wait(lambda: _rolled_out(env, 1), 300, "one serving pod")
+
+
+# --------------------------------------------------------------------------- 4. cache claim
+
+
+def _pod_claims(env: RealEnv) -> set[str]:
+    out = set()
+    for p in server_pods(env.kube, MODEL):
+        if not support.pod_ready(p):
+            continue
+        for v in p["spec"]["volumes"]:
+            if v.get("name") == "compile-cache":
+                out.add(v["persistentVolumeClaim"]["claimName"])
+    return out
+
+
+def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_the_artifact(
+    env: RealEnv, served: dict[str, Any]
+) -> None:
+    before = env.kube.model(MODEL)
+    old_claim = before["status"]["artifact"]["claim"]
+    key = before["status"]["servingArtifactKey"]
+    new_claim = "cache-b"
+    assert old_claim != new_claim
+    url = support.service_url(env.cp, env.ns, MODEL)
+    steady = Steady(env.client, url)
+    t0 = time.monotonic()
+    reasons: list[str] = []
+    early_moves: list[str] = []
+    try:
+        steady.wait_successes(3)
+        env.kube.apply_model(MODEL, _spec(env, compile={"maxNumSeqs": 4},
+                                          cache={"volume": {"name": new_claim}}))
+        while True:
+            assert time.monotonic() - t0 < 900, (
+                f"no move to {new_claim}: {reasons}\n{support.describe(env.cp, env.ns, MODEL)}")
+            m = env.kube.model(MODEL)
+            st = m.get("status") or {}
+            if st.get("observedGeneration") != m["metadata"]["generation"]:
+                time.sleep(0.5)
+                continue
+            ready = _ready(m)
+            if not reasons or reasons[-1] != f"{ready['status']}/{ready['reason']}":
+                reasons.append(f"{ready['status']}/{ready['reason']}")
+            claims = _pod_claims(env)
+            if new_claim in claims:
+                # A pod on the new claim: the artifact must be there already.
+                art = claim_host_dir(env.cp, env.kube, new_claim) / "artifacts" / key
+                if not catalog.catalog_path(art).exists():
+                    early_moves.append(f"{time.monotonic() - t0:.0f}s: {claims}")
+            art_st = st.get("artifact") or {}
+            if (art_st.get("claim") == new_claim and art_st.get("phase") == "Ready"
+                    and ready["reason"] == C.SERVING and claims == {new_claim}
+                    and _rolled_out(env, 1)):
+                break
+            time.sleep(1)
+        steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3)
+    finally:
+        results = steady.stop()
+    print(f"claim switch in {time.monotonic() - t0:.0f}s; Ready {reasons}; "
+          f"{len(results)} requests, {len(failures(results))} failed")
+    assert f"True/{C.SERVING_PREVIOUS_ARTIFACT}" in reasons, reasons
+    assert all(r.startswith("True/") for r in reasons), reasons
+    assert not early_moves, f"pods moved to {new_claim} before its artifact existed: {early_moves}"
+    assert not failures(results), _explain(failures(results))
+    # After the move: it serves from the new claim.
+    r = env.client.complete(url, max_tokens=8)
+    assert r["status"] == 200, r
+    dep = _deployment(env)
+    vols = dep["spec"]["template"]["spec"]["volumes"]
+    assert any(v.get("persistentVolumeClaim", {}).get("claimName") == new_claim for v in vols)
+    assert describe_pods(env.kube)
