@@ -1,0 +1,150 @@
+"""The operator installed by the Helm chart runs in a real pod on the real node (issue 10, part 4).
+
+Everything is real: the operator image built here (tests/images), installed by the chart with
+its RBAC and its restricted pod (uid 65532, read-only root), on the real node; it reconciles a
+tiny-model SpyreModel (CPU backend ``eager``, TP 1) whose precompile Job and serving pod run
+the engine image there too, and the model answers through its Service.
+
+Failure 1 of issue 10 (the image crash-looped: kopf's ``getpass.getuser()`` raised
+``KeyError: 'getpwuid(): uid not found: 65532'``) is covered twice: with the chart's uid 65532
+(the image now has a passwd entry for it) and with a uid that has none (65533, as OpenShift's
+arbitrary uids), which only the code fix (an explicit identity for kopf) survives.
+
+The session's host operator (``operator`` fixture), if an earlier test started it, watches
+every namespace and may reconcile this model too; the test therefore checks that the chart's
+pod holds its Lease and reconciled the model itself (its own /metrics), not merely that the
+model got Ready.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from spyre_operator.desired.pod import CACHE_VOLUME
+
+from tests.cluster.controlplane import ControlPlane
+from tests.cluster.node import NODE_NAME, RealNode
+from tests.realpods import support as s
+
+pytestmark = [pytest.mark.integration, pytest.mark.realpods, pytest.mark.slow,
+              # Cold: the engine image build (~10 min) + import (~3 min) + a compile and a
+              # vLLM start on 2 shared cores. Warm: ~3-5 min.
+              pytest.mark.timeout(3600)]
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def images(real_node: RealNode) -> dict[str, str]:
+    """Both images built (or reused) and imported into the real node."""
+    return s.ensure_images(real_node)
+
+
+@pytest.fixture
+def operator_namespace(control_plane: ControlPlane, namespace: str) -> Iterator[str]:
+    """A namespace for the release (PodSecurity restricted), removed with the release."""
+    name = f"{namespace[:50]}-op"
+    s.ensure_namespace(control_plane, name)
+    yield name
+    s.uninstall_operator(control_plane, name, wait=False)
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
+                          check=False)
+
+
+def _pod_metrics(cp: ControlPlane, namespace: str, pod: dict[str, Any]) -> dict[str, float]:
+    """The operator pod's own /metrics (port `metrics`), fetched from the client pod."""
+    port = next(p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
+                if p["name"] == "metrics")
+    res = s.http(cp, namespace, f"http://{pod['status']['podIP']}:{port}/metrics", timeout=30)
+    assert res.status == 200, res.text
+    return s.parse_metrics(res.text)
+
+
+def _check_operator_pod(cp: ControlPlane, ns: str, pod: dict[str, Any], uid: int) -> None:
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    assert pod["spec"]["securityContext"]["runAsUser"] == uid
+    c = pod["spec"]["containers"][0]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["image"].startswith("localhost/spyre-model-operator:")
+    st = pod["status"]["containerStatuses"][0]
+    assert st["restartCount"] == 0, s.operator_diagnostics(cp, ns)
+    log = s.operator_logs(cp, ns)
+    assert "getpwuid" not in log and "Traceback" not in log, log[-3000:]
+    # The pod, not some other operator, holds the release's Lease.
+    holder = lambda: cp.kubectl_json(  # noqa: E731
+        "get", "lease", s.RELEASE, "-n", ns)["spec"].get("holderIdentity")
+    deadline = time.monotonic() + 60
+    while holder() != pod["metadata"]["name"] and time.monotonic() < deadline:
+        time.sleep(1)
+    assert holder() == pod["metadata"]["name"], s.operator_diagnostics(cp, ns)
+
+
+def test_chart_operator_pod_reconciles_a_real_model(
+    control_plane: ControlPlane, images: dict[str, str], namespace: str,
+    operator_namespace: str,
+) -> None:
+    cp, ns, op_ns = control_plane, namespace, operator_namespace
+    pod = s.install_operator(cp, op_ns, images["operator"], watch_namespaces=[ns], timeout=240)
+    _check_operator_pod(cp, op_ns, pod, 65532)
+
+    uri = s.create_model_pvc(cp, ns)
+    s.apply_model(cp, ns, MODEL, s.tiny_model_spec(images["engine"], uri, backend="eager"))
+    tl = s.Timeline(time.monotonic())
+    model = s.wait_model_ready(cp, ns, MODEL, timeout=1500, timeline=tl)
+    art = model["status"]["artifact"]
+    assert art["phase"] == "Ready" and art["claim"], art
+
+    # The precompile Job's pod and the serving pod ran on the real node, for real.
+    job_pods = cp.kubectl_json("get", "pods", "-n", ns, "-l", "job-name")["items"]
+    assert job_pods and all(p["spec"]["nodeName"] == NODE_NAME for p in job_pods)
+    assert any(p["status"]["phase"] == "Succeeded" for p in job_pods)
+    servers = s.server_pods(cp, ns, MODEL)
+    assert servers and all(p["spec"]["nodeName"] == NODE_NAME for p in servers)
+    assert any(s.pod_ready(p) for p in servers)
+    # ... loading the artifact from the cache claim, mounted read-only.
+    cache = [v for v in servers[0]["spec"]["containers"][0]["volumeMounts"]
+             if v["name"] == CACHE_VOLUME]
+    assert cache and all(v.get("readOnly") for v in cache), cache
+
+    # It answers through its Service.
+    s.ensure_client_pod(cp, ns, images["engine"])
+    body = s.completion(cp, ns, MODEL, "hello world, what is the capital of france",
+                        max_tokens=4, ignore_eos=True)
+    assert body["usage"]["completion_tokens"] == 4, body
+
+    # The chart's pod did the reconciling (its own counters), kept its Lease and never
+    # restarted, all along.
+    pod_now = s.operator_pods(cp, op_ns)[0]
+    assert pod_now["metadata"]["name"] == pod["metadata"]["name"]
+    assert pod_now["status"]["containerStatuses"][0]["restartCount"] == 0
+    m = _pod_metrics(cp, ns, pod_now)
+    assert m.get("spyre_operator_leader") == 1.0, m
+    assert m.get("spyre_operator_reconciles_total", 0) > 0, m
+    job = s.jobs(cp, ns)[0]["status"]
+    print(f"Job {job.get('startTime')} -> {job.get('completionTime')}; "
+          f"apply -> Job complete {tl.since(tl.job_complete)}, -> pod Ready "
+          f"{tl.since(tl.pod_ready)}, -> Ready {tl.since(tl.model_ready)}; operator writes "
+          f"{s.metric(m, 'spyre_operator_writes_total'):.0f}")
+
+
+def test_chart_operator_pod_runs_as_a_uid_without_passwd_entry(
+    control_plane: ControlPlane, images: dict[str, str], namespace: str,
+    operator_namespace: str,
+) -> None:
+    """As OpenShift's restricted SCC does (an arbitrary uid): no passwd entry for it in the
+    image. Before the identity fix kopf's getpass.getuser() crashed the pod at start."""
+    cp, op_ns = control_plane, operator_namespace
+    pod = s.install_operator(
+        cp, op_ns, images["operator"], watch_namespaces=[namespace], timeout=180,
+        values={"podSecurityContext": {"runAsUser": 65533, "runAsGroup": 65533,
+                                       "fsGroup": 65533}},
+    )
+    _check_operator_pod(cp, op_ns, pod, 65533)
+    # Still Ready, no restart, 20 s on (a crash after start-up would show by now).
+    time.sleep(20)
+    pod_now = s.operator_pods(cp, op_ns)[0]
+    assert s.pod_ready(pod_now), s.operator_diagnostics(cp, op_ns)
+    assert pod_now["status"]["containerStatuses"][0]["restartCount"] == 0
