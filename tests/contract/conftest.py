@@ -2,7 +2,8 @@
 
 The operator (a local process, this module's namespace only) reconciles generate models on the
 tiny model (``pvc://models/tiny``): ``gen`` with the CPU backend ``eager`` (compiles nothing,
-records the shape) and ``gen-inductor`` (really compiles into the artifact; marked ``slow``).
+records the shape), ``gen-inductor`` (really compiles into the artifact; marked ``slow``) and
+``embed``, a pooling model with warmup shapes.
 The precompile Jobs and serving pods the operator writes run for real on ``spyre-real-0`` from
 the engine image, all on one cache claim.
 """
@@ -24,6 +25,8 @@ env = real_env_fixture("contract")
 CASES: dict[str, dict[str, Any]] = {
     "gen": {},
     "gen-inductor": {"compile": {"backend": "inductor"}},
+    # A pooling model compiled for static warmup shapes.
+    "embed": {"task": "embed", "compile": {"warmupShapes": [{"promptLen": 64, "batchSize": 4}]}},
 }
 SLOW = {"gen-inductor"}
 PARAMS = [pytest.param(c, marks=[pytest.mark.slow] if c in SLOW else [], id=c) for c in CASES]

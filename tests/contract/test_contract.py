@@ -30,6 +30,7 @@ from tests.realpods import support
 
 from .conftest import PARAMS, Served
 from .realpods import (
+    SERVED_NAME,
     RealEnv,
     artifact_host_dir,
     describe_pods,
@@ -110,8 +111,13 @@ def test_precompile_job_fills_the_artifact_and_the_operator_reads_its_summary(
              if a.startswith("--")}  # fmt: skip
     data = entries[0]["data"]
     assert data["NUM_AIUS"] == int(shape["tensor-parallel-size"])
-    assert data["VLLM_DT_MAX_CONTEXT_LEN"] == int(shape["max-model-len"])
-    assert data["VLLM_DT_MAX_BATCH_SIZE"] == int(shape["max-num-seqs"])
+    if "warmup-shapes" in shape:
+        lens, sizes = zip(*(s.split("x") for s in shape["warmup-shapes"].split(",")), strict=True)
+        assert data["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] == ",".join(lens)
+        assert data["SENDNN_INFERENCE_WARMUP_BATCH_SIZES"] == ",".join(sizes)
+    else:
+        assert data["VLLM_DT_MAX_CONTEXT_LEN"] == int(shape["max-model-len"])
+        assert data["VLLM_DT_MAX_BATCH_SIZE"] == int(shape["max-num-seqs"])
     if shape["backend"] == "inductor":
         # Inductor really compiled: its graphs are in the artifact, on the claim.
         assert _files(art / "inductor"), f"no inductor cache in {art}"
@@ -144,10 +150,17 @@ def test_deployment_serves_from_the_read_only_artifact(env: RealEnv, served: Ser
 
     # A completion through the Service (ClusterIP, kube-proxy), as a client in the cluster.
     url = support.service_url(env.cp, env.ns, served.name)
-    r = env.client.complete(url, max_tokens=24)
-    assert r["status"] == 200, r
-    body = json.loads(r["body"])
-    assert body["usage"]["completion_tokens"] == 24
+    pooling = served.model["spec"].get("task", "generate") != "generate"
+    if pooling:
+        r = env.client.run("once", f"{url}/v1/embeddings", json.dumps(
+            {"model": SERVED_NAME, "input": "spyre accelerators serve large language models"}))
+        assert r["status"] == 200, r
+        vec = json.loads(r["body"])["data"][0]["embedding"]
+        assert len(vec) > 0 and all(isinstance(x, float) for x in vec)
+    else:
+        r = env.client.complete(url, max_tokens=24)
+        assert r["status"] == 200, r
+        assert json.loads(r["body"])["usage"]["completion_tokens"] == 24
     assert served.model["status"]["endpoint"].endswith(f":{port['containerPort']}/v1")
 
     # It serves the operator's artifact, by key and directory.
@@ -163,7 +176,8 @@ def test_deployment_serves_from_the_read_only_artifact(env: RealEnv, served: Ser
     log = env.kube.kubectl("logs", pod["metadata"]["name"])
     assert "[PRECOMPILED_WARN] Provided vllm configuration doesn't match" not in log
     assert "but the pre-compiled model config has name" not in log
-    assert "[PRECOMPILED_WARN] Setting DISABLE_COMPILATION" in log
+    if not pooling:
+        assert "[PRECOMPILED_WARN] Setting DISABLE_COMPILATION" in log
 
     # The cache claim and the root filesystem are read-only in the pod (as uid 1001).
     for path in ("/cache/artifacts/probe", "/probe"):
