@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Pod, Service
-from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.resources.core_v1 import Pod
 
 from . import conditions as C
 from .api.v1alpha1 import SpyreModelSpec
@@ -44,13 +42,6 @@ ERROR_BACKOFF_MAX = 300.0
 SERVER_PODS_TTL = 5.0
 #: Events posted concurrently in the background.
 EVENT_CONCURRENCY = 8
-#: Per-model children looked up by name before the first write (the watch only sees the
-#: operator's own, labelled objects): a same-named object that is not ours is never taken over.
-NAMED_CHILDREN: dict[str, type] = {
-    "Deployment": Deployment,
-    "Service": Service,
-    "PodDisruptionBudget": PodDisruptionBudget,
-}
 #: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
 #: coroutines keep throughput up (the benchmark at 500 models; see tests/bench/RESULTS.md).
 DEFAULT_WORKERS = 32
@@ -361,14 +352,16 @@ class Controller:
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
         )
-        for kind, live in (
-            ("Deployment", obs.deployment),
-            ("Service", obs.service),
-            ("PodDisruptionBudget", obs.pdb),
+        for kind, attr in (
+            ("Deployment", "deployment"),
+            ("Service", "service"),
+            ("PodDisruptionBudget", "pdb"),
         ):
+            live = getattr(obs, attr)
             why = foreign_owner(kind, live, name) if live is not None else None
             if why:
                 obs.foreign[kind] = why
+                setattr(obs, attr, None)  # not ours: neither written nor read as ours
         return obs
 
     async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
@@ -483,17 +476,9 @@ class Controller:
         # The children do not depend on each other: write them concurrently, so a reconcile
         # costs one API round trip rather than one per child (the benchmark is bound by
         # round trips, not CPU). The Job goes first: it is the slow path (the compile).
-        # Look up absent per-model children first (they may be someone else's), then write.
-        lives: list[tuple[Any, dict[str, Any] | None]] = []
-        for obj in d.apply:
-            live = live_by_kind.get(obj.kind)
-            if live is None and obj.kind in NAMED_CHILDREN:
-                live = await self._lookup(obj.kind, obj.metadata.name, ns)
-                why = foreign_owner(obj.kind, live, name) if live is not None else None
-                if why:
-                    obs.foreign[obj.kind] = why
-                    continue
-            lives.append((obj, live))
+        # Same-named children that are not ours were found in observe() (obs.foreign); decide()
+        # writes none of them.
+        lives = [(obj, live_by_kind.get(obj.kind)) for obj in d.apply]
         targets: list[tuple[str, str]] = []
         writes: list[Coroutine[Any, Any, Any]] = []
         if d.job is not None:
@@ -525,16 +510,6 @@ class Controller:
         self._expire_deleted_jobs()
         if obs.write_errors:
             raise RejectedWrites(_write_error_message(obs.write_errors))
-
-    async def _lookup(self, kind: str, name: str, ns: str) -> dict[str, Any] | None:
-        """GET a child the watch cache does not have (it may be someone else's)."""
-        try:
-            obj: Any = await self.client.get(NAMED_CHILDREN[kind], name, namespace=ns)
-        except ApiError as e:
-            if e.status.code == 404:
-                return None
-            raise
-        return obj.to_dict()  # type: ignore[no-any-return]
 
     async def _ensure_job(
         self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None

@@ -230,13 +230,31 @@ def index_model_claim_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")
-@kopf.index("apps", "v1", "deployments", labels=MANAGED, id="deployments")
-@kopf.index("", "v1", "services", labels=MANAGED, id="services")
-@kopf.index("policy", "v1", "poddisruptionbudgets", labels=MANAGED, id="pdbs")
 @kopf.index("", "v1", "persistentvolumeclaims", id="pvcs")
 def index_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """Children (and every PVC, for existing cache claims) by (namespace, name)."""
     return {(namespace, name): slim(body)}
+
+
+@kopf.index("apps", "v1", "deployments", id="deployments")
+@kopf.index("", "v1", "services", id="services")
+@kopf.index("policy", "v1", "poddisruptionbudgets", id="pdbs")
+def index_named_children(
+    namespace: str, name: str, body: kopf.Body, **_: Any
+) -> dict[Any, Any]:
+    """Deployments, Services and PDBs by (namespace, name): the operator's in full, others as
+    a stub (name, labels, ownerReferences).
+
+    A same-named object that is not the operator's must be seen before the first write, so it
+    is reported and never taken over. Indexing all of them (kopf receives their events anyway:
+    it filters labels on its side) costs memory for stubs instead of a GET per child and model.
+    """
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    if labels.get(names.MANAGED_BY) == names.MANAGED_BY_VALUE:
+        return {(namespace, name): slim(body)}
+    meta = body.get("metadata") or {}
+    stub = {k: meta.get(k) for k in ("name", "namespace", "labels", "ownerReferences")}
+    return {(namespace, name): {"kind": body.get("kind"), "metadata": stub}}
 
 
 # ------------------------------------------------------------------------------ routing
@@ -270,6 +288,17 @@ async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
         for cond in (body.get("status") or {}).get("conditions") or []
     ) and body.get("kind") == "Job"
     c.enqueue(c.models_for_owner_refs(namespace, body), urgent=finished)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={names.MANAGED_BY: kopf.ABSENT})
+@kopf.on.event("", "v1", "services", labels={names.MANAGED_BY: kopf.ABSENT})
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={names.MANAGED_BY: kopf.ABSENT})
+async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A same-named object that is not ours appeared, changed or went: re-check the model."""
+    c = _controller(memo)
+    models = c.caches.indices.get("models") or {}
+    if (namespace, name) in models:
+        c.enqueue([(namespace, name)])
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")

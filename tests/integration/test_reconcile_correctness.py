@@ -167,6 +167,11 @@ def test_same_named_service_that_is_not_ours_is_not_taken_over(
     after = kube.get("service", "taken")
     assert after["spec"]["selector"] == before["spec"]["selector"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    # once it is gone, the model proceeds without any edit
+    kube.kubectl("delete", "service", "taken")
+    kube.wait_condition("taken", "Ready", timeout=90)
+    assert kube.get("service", "taken")["metadata"]["labels"][
+        "app.kubernetes.io/managed-by"] == "spyre-model-operator"
 
 
 def test_model_claim_appearing_later_is_noticed(kube: Kube, operator: OperatorProcess) -> None:

@@ -93,24 +93,20 @@ object does not exist yet.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Serving Deployments: watched, server-side applied. Deleted only by the garbage collector.
-# get: before the first write, a same-named Deployment that is not the operator's is looked up
-# (the watch sees only labelled ones) so it is reported, never taken over.
+# Serving Deployments: watched (all of them, so a same-named one that is not the operator's
+# is reported, never taken over), server-side applied. Deleted only by the garbage collector.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-# Serving Services (get: as Deployments) and the cache PVCs: watched, server-side applied.
-- apiGroups: [""]
-  resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-- apiGroups: [""]
-  resources: ["persistentvolumeclaims"]
   verbs: ["list", "watch", "create", "patch"]
-# PodDisruptionBudgets: watched, server-side applied (get: as Deployments), deleted when
-# replicas drop below 2.
+# Serving Services (watched as Deployments) and the cache PVCs: server-side applied.
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["list", "watch", "create", "patch"]
+# PodDisruptionBudgets: watched (as Deployments), server-side applied, deleted when replicas
+# drop below 2.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # controller.py: precompile pods' termination messages and serving pods' crash loops
 # (a plain list, no watch).
 - apiGroups: [""]
