@@ -10,9 +10,12 @@ from lightkube.models.core_v1 import (
     ContainerPort,
     EnvVar,
     HTTPGetAction,
+    Lifecycle,
+    LifecycleHandler,
     PodSpec,
     PodTemplateSpec,
     Probe,
+    SleepAction,
 )
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
@@ -21,7 +24,7 @@ from ..api.v1alpha1 import SpyreModelSpec
 from . import names
 from .job import TERMINATION_LOG
 from .owners import controller_ref
-from .plan import ModelPlan
+from .plan import ENDPOINT_GRACE_SECONDS, ModelPlan
 from .pod import (
     cache_affinity,
     cache_claim_labels,
@@ -136,6 +139,10 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
         livenessProbe=_probe(LIVE_PATH, 10, 6),
         terminationMessagePath=TERMINATION_LOG,
         terminationMessagePolicy="FallbackToLogsOnError",
+        # Stay in service until the endpoint removal has reached every kube-proxy, then drain.
+        lifecycle=Lifecycle(
+            preStop=LifecycleHandler(sleep=SleepAction(seconds=ENDPOINT_GRACE_SECONDS))
+        ),
     )
     rollout = spec.serving.rollout
     return Deployment(

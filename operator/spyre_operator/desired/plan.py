@@ -21,6 +21,11 @@ HF_CACHE_DIR = f"{CACHE_MOUNT}/hub"
 #: cards) up to ~18 s to exit by themselves, and its watchdog fires at drain + 24 s
 #: (engine/spyre_engine/serve.py). The kubelet must not SIGKILL before that.
 TERMINATION_MARGIN_SECONDS = 25
+#: A terminating serving pod keeps accepting requests this long before the engine is told to
+#: drain (a preStop sleep): the pod leaves the Service's endpoints at once, but kube-proxy on
+#: every node needs a moment to stop sending it new connections. Without it a rollout under
+#: traffic lost requests (tests/realpods).
+ENDPOINT_GRACE_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ class ModelPlan:
 
     @property
     def termination_grace_seconds(self) -> int:
-        return self.drain_seconds + TERMINATION_MARGIN_SECONDS
+        return ENDPOINT_GRACE_SECONDS + self.drain_seconds + TERMINATION_MARGIN_SECONDS
 
 
 def default_served_name(uri: str) -> str:
