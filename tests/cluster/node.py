@@ -857,6 +857,7 @@ conntrack:
         if not keep_layers:
             for n in names:
                 self._discard_layers(n)
+        self._drop_older_tags(names)
         have = self.image_digests()
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({n: have[n] for n in names if n in have}))
@@ -866,6 +867,18 @@ conntrack:
             self.ctr("images", "tag", "--force", names[0], name)
             names.append(name)
         return names
+
+    def _drop_older_tags(self, names: list[str]) -> None:
+        """Remove other tags of the imported repositories (``localhost/spyre-engine:<old>``).
+
+        The images are tagged with the hash of their inputs, so every engine change imports
+        another 9 GB; without this the node's containerd kept every one of them, the disk filled
+        up and the kubelet's image GC removed the pause and busybox images as well."""
+        repos = {n.rsplit(":", 1)[0] for n in names if ":" in n}
+        stale = [i for i in self.images()
+                 if ":" in i and i.rsplit(":", 1)[0] in repos and i not in names]
+        if stale:
+            self.ctr("images", "rm", *stale, check=False)
 
     def _discard_layers(self, image: str) -> None:
         rows = [ln.split() for ln in self.ctr("images", "list").stdout.decode().splitlines()[1:]]
