@@ -25,10 +25,12 @@ def _run(args: argparse.Namespace) -> int:
     OperatorConfig.workers = args.workers
     OperatorConfig.metrics_port = args.metrics_port
     OperatorConfig.leader_election = args.leader_elect
-    # One Lease per cluster by default (not per watched namespace), so two operators with
-    # different scopes (a forgotten demo, a second install) still never write at once.
+    # The Lease lives in the operator's own namespace (POD_NAMESPACE, set by the chart); run
+    # outside a pod, in the first watched namespace, or in `default` with --all-namespaces.
+    # Operators with the same scope share it and never write at once; operators watching
+    # other namespaces (another team's install) do not block each other.
     OperatorConfig.leader_election_namespace = args.leader_election_namespace or (
-        os.environ.get("POD_NAMESPACE") or "default"
+        os.environ.get("POD_NAMESPACE") or (args.namespace[0] if args.namespace else "default")
     )
     OperatorConfig.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     logging.basicConfig(
