@@ -75,7 +75,7 @@ demo: deps ## Real pods: chart-installed operator, tiny model compiled and serve
 demo-down: ## Stop the demo: helm uninstall the operator, delete namespace spyre-demo
 	@if [ -x $(PY) ]; then operator/scripts/demo.sh down; else echo "no venv, nothing to stop"; fi
 
-demo-kwok: deps ## kwok only (no images, no real pods): operator + a sample SpyreModel to Ready
+demo-kwok: install binaries ## kwok only (no images, no real pods): operator + a sample SpyreModel to Ready
 	operator/scripts/demo-kwok.sh
 
 bench: install binaries ## Operator benchmark on the local control plane

@@ -10,6 +10,10 @@ Failure 1 of issue 10 (the image crash-looped: kopf's ``getpass.getuser()`` rais
 (the image now has a passwd entry for it) and with a uid that has none (65533, as OpenShift's
 arbitrary uids), which only the code fix (an explicit identity for kopf) survives.
 
+Checked against the code before the fix: the same image, uid 65533, with ``kopf.operator``
+called without ``identity`` (as cli.py did before) exits at once with ``KeyError: 'getpwuid():
+uid not found: 65533'``; the fixed entry point keeps running (see the report of issue 10).
+
 The session's host operator (``operator`` fixture), if an earlier test started it, watches
 every namespace and may reconcile this model too; the test therefore checks that the chart's
 pod holds its Lease and reconciled the model itself (its own /metrics), not merely that the
@@ -143,6 +147,10 @@ def test_chart_operator_pod_runs_as_a_uid_without_passwd_entry(
                                        "fsGroup": 65533}},
     )
     _check_operator_pod(cp, op_ns, pod, 65533)
+    # The premise: in this pod getpass.getuser() fails as it did for kopf before the fix.
+    r = cp.kubectl("exec", "-n", op_ns, pod["metadata"]["name"], "--", "python", "-c",
+                   "import getpass; getpass.getuser()", check=False)
+    assert r.returncode != 0 and "uid not found: 65533" in r.stderr, (r.stdout, r.stderr)
     # Still Ready, no restart, 20 s on (a crash after start-up would show by now).
     time.sleep(20)
     pod_now = s.operator_pods(cp, op_ns)[0]
