@@ -12,6 +12,7 @@ the group's annotation prefix for any future handler).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -132,6 +133,32 @@ def policy_from_env(env: Any) -> Policy:
 
 
 # ------------------------------------------------------------------------------ settings
+
+
+def in_cluster_server(env: Any) -> str | None:
+    """The API server as client-go's in-cluster config finds it: the Service's IP and port."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod, log in with the service account at KUBERNETES_SERVICE_HOST:PORT; else use the
+    kubeconfig.
+
+    kopf's own service-account login connects to https://kubernetes.default.svc, which needs
+    cluster DNS: without it the operator took its Lease (lightkube uses the IP) and passed its
+    liveness probe while never watching anything (found on the local cluster, which has no
+    DNS). lightkube and client-go use the Service's IP from the environment; so does this.
+    """
+    info = kopf.login_with_service_account(**kwargs)
+    server = in_cluster_server(os.environ)
+    if info is not None and server:
+        return dataclasses.replace(info, server=server)
+    return info or kopf.login_with_kubeconfig(**kwargs)
+
 
 
 @kopf.on.startup()

@@ -448,7 +448,7 @@ def operator_values(operator_image: str, watch_namespaces: Iterable[str] | None 
 def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
                      release: str = RELEASE, watch_namespaces: Iterable[str] | None = None,
                      install_crd: bool = False, values: Mapping[str, Any] | None = None,
-                     dns_stand_in: bool = True, timeout: float = 300,
+                     dns_stand_in: bool = False, timeout: float = 300,
                      log: Log = _stderr) -> dict[str, Any]:
     """``helm upgrade --install`` the chart into ``namespace`` (created, PodSecurity
     `restricted`, as are missing ``watch_namespaces``) with :func:`operator_values`, then wait
@@ -457,10 +457,11 @@ def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
     Returns the Ready operator pod. Raises ``AssertionError`` with the pod's state and logs
     if it is not Ready within ``timeout`` (e.g. a crash loop).
 
-    ``dns_stand_in``: this cluster has no DNS, and kopf's built-in in-cluster login connects to
-    ``https://kubernetes.default.svc`` (a name, not ``KUBERNETES_SERVICE_HOST``), so without
-    DNS the operator pod starts, takes its Lease (lightkube uses the env vars) but never
-    watches. :func:`add_apiserver_host_alias` gives the pod what cluster DNS would answer."""
+    ``dns_stand_in``: this cluster has no DNS. kopf's built-in in-cluster login connected to
+    ``https://kubernetes.default.svc`` (a name, not ``KUBERNETES_SERVICE_HOST``), so the
+    operator pod took its Lease but never watched; the operator's own login handler now uses
+    the Service IP (handlers.login), so the stand-in (:func:`add_apiserver_host_alias`, what
+    cluster DNS would answer) is off by default and the tests prove the pod needs no DNS."""
     ensure_namespace(cp, namespace)
     for ns in watch_namespaces or ():
         # The chart puts a Role in each watched namespace: it must exist first.
