@@ -478,15 +478,14 @@ class Controller:
         # round trips, not CPU). The Job goes first: it is the slow path (the compile).
         # Same-named children that are not ours were found in observe() (obs.foreign); decide()
         # writes none of them.
-        lives = [(obj, live_by_kind.get(obj.kind)) for obj in d.apply]
         targets: list[tuple[str, str]] = []
         writes: list[Coroutine[Any, Any, Any]] = []
         if d.job is not None:
             targets.append(("Job", str(d.job.metadata.name if d.job.metadata else "")))
             writes.append(self._ensure_job(ns, name, d.job, obs.job))
-        for obj, live in lives:
+        for obj in d.apply:
             targets.append((obj.kind, obj.metadata.name))
-            writes.append(self.applier.apply(obj, live))
+            writes.append(self.applier.apply(obj, live_by_kind.get(obj.kind)))
         results = await asyncio.gather(*writes, return_exceptions=True)
         for (kind, obj_name), r in zip(targets, results, strict=True):
             if isinstance(r, ApiError) and _rejected(r):

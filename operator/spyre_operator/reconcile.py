@@ -313,14 +313,15 @@ class ArtifactOutcome:
         return str(self.status["phase"])
 
 
-def _summary(plan: ModelPlan, obs: Observed) -> ArtifactSummary | EngineFailure | None:
+def _summary(obs: Observed) -> ArtifactSummary | EngineFailure | None:
     term = _latest_termination(obs.job_pods)
     return parse_termination_message(term.get("message")) if term else None
 
 
-def _failure_message(plan: ModelPlan, obs: Observed, job: dict[str, Any]) -> str:
+def _failure_message(
+    obs: Observed, job: dict[str, Any], parsed: ArtifactSummary | EngineFailure | None
+) -> str:
     term = _latest_termination(obs.job_pods)
-    parsed = _summary(plan, obs)
     if isinstance(parsed, EngineFailure):
         msg = f"{parsed.reason}: {parsed.message}" if parsed.message else parsed.reason
     elif term and term.get("exitCode") not in (None, 0):
@@ -339,7 +340,7 @@ def _ready_status(plan: ModelPlan, obs: Observed, job: dict[str, Any]) -> dict[s
         "completedAt": st.get("completionTime"),
         "compileSeconds": _seconds_between(st.get("startTime"), st.get("completionTime")),
     }
-    parsed = _summary(plan, obs)
+    parsed = _summary(obs)
     if isinstance(parsed, ArtifactSummary):
         if parsed.compile_seconds is not None:
             out["compileSeconds"] = round(parsed.compile_seconds, 3)
@@ -441,7 +442,8 @@ def decide_artifact(
         elif current >= due:
             reason = "retrying after backoff"
         else:
-            msg = _failure_message(plan, obs, job)
+            parsed = _summary(obs)
+            msg = _failure_message(obs, job, parsed)
             st = _clean(
                 {**base, **carry, "phase": FAILED, "message": msg, "nextRetryAt": _fmt_time(due)}
             )
@@ -449,7 +451,6 @@ def decide_artifact(
                 f"{msg}; attempt {attempts}, next retry at {_fmt_time(due)} (or set the "
                 f"annotation {RETRY_ANNOTATION} to a new value to retry now)"
             )
-            parsed = _summary(plan, obs)
             reason = (
                 parsed.reason
                 if isinstance(parsed, EngineFailure) and parsed.reason in C.ENGINE_COMPILE_REASONS
