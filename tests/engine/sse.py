@@ -42,8 +42,18 @@ class StreamResult:
 
     @property
     def text_chunks(self) -> int:
-        """Number of completion chunks received."""
-        return sum(1 for e in self.events if e.startswith("{") and '"choices"' in e)
+        """Number of chunks that carried text. vLLM may put several tokens in one chunk when the
+        reader falls behind, so this is at most the number of tokens, not equal to it."""
+        return sum(1 for d in self._chunks() if d.get("choices"))
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """Tokens generated, from the final usage chunk (``stream_options.include_usage``)."""
+        usage = [d["usage"] for d in self._chunks() if d.get("usage")]
+        return int(usage[-1]["completion_tokens"]) if usage else None
+
+    def _chunks(self) -> list[dict[str, object]]:
+        return [json.loads(e) for e in self.events if e.startswith("{")]
 
 
 def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> StreamResult:
@@ -57,6 +67,7 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> Str
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "stream": True,
+            "stream_options": {"include_usage": True},
         }
         try:
             with httpx.Client(timeout=httpx.Timeout(120.0, connect=5.0)) as client:
