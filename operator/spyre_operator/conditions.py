@@ -21,7 +21,18 @@ DEGRADED = "Degraded"
 # Progressing and Degraded so GitOps tools need no custom health check.
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
-TYPES = (READY, CACHE_VOLUME_READY, ARTIFACT_READY, PROGRESSING, DEGRADED, RECONCILING, STALLED)
+#: Only with spec.autoscaling: what the HorizontalPodAutoscaler says.
+AUTOSCALING = "Autoscaling"
+TYPES = (
+    READY,
+    CACHE_VOLUME_READY,
+    ARTIFACT_READY,
+    PROGRESSING,
+    DEGRADED,
+    RECONCILING,
+    STALLED,
+    AUTOSCALING,
+)
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 
@@ -61,6 +72,12 @@ AS_EXPECTED = "AsExpected"
 INVALID_SPEC = "InvalidSpec"
 ENGINE_FAILED = "EngineFailed"
 ROLLOUT_STALLED = "RolloutStalled"
+#: Progressing: replicas are missing because no node has the cards (or CPU, memory) they
+#: need; the model keeps serving on the others.
+INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+# Autoscaling
+AUTOSCALER_PENDING = "AutoscalerPending"
+AUTOSCALER_ACTIVE = "ScalingActive"
 #: A write the API server rejected (the message carries the server's).
 RECONCILE_ERROR = "ReconcileError"
 #: A Deployment, Service or PDB with the model's name exists and is not the operator's.

@@ -346,6 +346,7 @@ class Controller:
             deployment=self.caches.one("deployments", (ns, names.server_name(name))),
             service=self.caches.one("services", (ns, names.server_name(name))),
             pdb=self.caches.one("pdbs", (ns, names.server_name(name))),
+            hpa=self.caches.one("hpas", (ns, names.server_name(name))),
             job_owners=sorted(
                 {o for o in self.caches.all("artifact_users", (ns, plan_claim, key))},
                 key=lambda o: (o.name, o.uid),
@@ -356,6 +357,7 @@ class Controller:
             ("Deployment", "deployment"),
             ("Service", "service"),
             ("PodDisruptionBudget", "pdb"),
+            ("HorizontalPodAutoscaler", "hpa"),
         ):
             live = getattr(obs, attr)
             why = foreign_owner(kind, live, name) if live is not None else None
@@ -401,7 +403,10 @@ class Controller:
         self.stats.reconciles += 1
         self.stats.reconcile_seconds += time.perf_counter() - t0
         ready = C.find(decision.status.get("conditions"), C.READY)
-        if ready and ready.get("status") != C.TRUE and obs.server_pods:
+        waiting = any(p.get("phase") == "Pending" for p in obs.server_pods)
+        if obs.server_pods and (waiting or (ready and ready.get("status") != C.TRUE)):
+            # Nothing else wakes us: a crash loop or a pod waiting for a node (the scheduler
+            # writes only the pod, which is not watched).
             self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
         return decision
 
@@ -465,6 +470,7 @@ class Controller:
             "Deployment": obs.deployment,
             "Service": obs.service,
             "PodDisruptionBudget": obs.pdb,
+            "HorizontalPodAutoscaler": obs.hpa,
         }
         if not self.may_write():
             raise RuntimeError("leader lease not held; not writing")
@@ -592,4 +598,7 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         if waiting:
             out["waiting"] = waiting
         out["ready"] = bool(cs.get("ready"))
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+            out["unschedulable"] = c.get("message") or "no node fits"
     return out

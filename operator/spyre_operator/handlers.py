@@ -44,6 +44,7 @@ INDEX_NAMES = (
     "deployments",
     "services",
     "pdbs",
+    "hpas",
     "pvcs",
 )
 
@@ -266,10 +267,11 @@ def index_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[
 @kopf.index("apps", "v1", "deployments", id="deployments")
 @kopf.index("", "v1", "services", id="services")
 @kopf.index("policy", "v1", "poddisruptionbudgets", id="pdbs")
+@kopf.index("autoscaling", "v2", "horizontalpodautoscalers", id="hpas")
 def index_named_children(
     namespace: str, name: str, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
-    """Deployments, Services and PDBs by (namespace, name): the operator's in full, others as
+    """Deployments, Services, PDBs and HPAs by (namespace, name): the operator's in full, others as
     a stub (name, labels, ownerReferences).
 
     A same-named object that is not the operator's must be seen before the first write, so it
@@ -307,6 +309,7 @@ async def on_model(
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
+@kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
 async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child changed: reconcile the SpyreModels that own it."""
     c = _controller(memo)
@@ -320,6 +323,9 @@ async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -
 @kopf.on.event("apps", "v1", "deployments", labels={names.MANAGED_BY: kopf.ABSENT})
 @kopf.on.event("", "v1", "services", labels={names.MANAGED_BY: kopf.ABSENT})
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={names.MANAGED_BY: kopf.ABSENT})
+@kopf.on.event(
+    "autoscaling", "v2", "horizontalpodautoscalers", labels={names.MANAGED_BY: kopf.ABSENT}
+)
 async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A same-named object that is not ours appeared, changed or went: re-check the model."""
     c = _controller(memo)

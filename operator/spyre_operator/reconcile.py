@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 from lightkube.resources.policy_v1 import PodDisruptionBudget
@@ -25,6 +26,7 @@ from . import conditions as C
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import parse_quantity
 from .desired import names
+from .desired.autoscaling import build_hpa, wants_hpa
 from .desired.deployment import build_deployment
 from .desired.job import build_precompile_job
 from .desired.plan import ModelPlan, OwnerRef, plan_model
@@ -79,6 +81,7 @@ class Observed:
     deployment: dict[str, Any] | None = None
     service: dict[str, Any] | None = None
     pdb: dict[str, Any] | None = None
+    hpa: dict[str, Any] | None = None
     server_pods: list[dict[str, Any]] = field(default_factory=list)
     #: Every SpyreModel in the namespace needing this (claim, key): owners of the shared Job.
     job_owners: list[OwnerRef] = field(default_factory=list)
@@ -671,16 +674,88 @@ def decide_status(
     if artifact.phase in (PENDING, COMPILING) and not cache.missing:
         progressing = C.Cond(C.PROGRESSING, C.TRUE, C.COMPILING, artifact.cond.message)
     elif serving.key is not None and not (current and roll.done) and not roll.stall:
-        progressing = C.Cond(
-            C.PROGRESSING,
-            C.TRUE,
-            C.ROLLING_OUT,
-            f"rolling out artifact {plan.short_key}: {roll.available}/{replicas} replicas "
-            "available",
-        )
+        unschedulable = _unschedulable(obs.server_pods)
+        if unschedulable:
+            progressing = C.Cond(
+                C.PROGRESSING,
+                C.TRUE,
+                C.INSUFFICIENT_CAPACITY,
+                f"{roll.available}/{replicas} replicas available; {unschedulable}",
+            )
+        else:
+            progressing = C.Cond(
+                C.PROGRESSING,
+                C.TRUE,
+                C.ROLLING_OUT,
+                f"rolling out artifact {plan.short_key}: {roll.available}/{replicas} replicas "
+                "available",
+            )
     else:
         progressing = C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
-    return [ready, cache.cond, artifact.cond, progressing, degraded]
+    conds = [ready, cache.cond, artifact.cond, progressing, degraded]
+    if plan.spec.autoscaling is not None:
+        conds.append(_autoscaling_condition(obs.hpa))
+    return conds
+
+
+def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
+    """Why serving pods wait for a node (the scheduler's message), if some do."""
+    stuck = [p for p in pods if p.get("unschedulable")]
+    if not stuck:
+        return None
+    first = stuck[0]
+    return (
+        f"{len(stuck)} pod{'s' if len(stuck) > 1 else ''} cannot be scheduled "
+        f"({first['name']}: {first['unschedulable']})"
+    )[:1024]
+
+
+#: The HPA's own conditions, most telling first when one is False.
+_HPA_CONDITIONS = ("ScalingActive", "AbleToScale")
+
+
+def _autoscaling_condition(hpa: dict[str, Any] | None) -> C.Cond:
+    """What the HorizontalPodAutoscaler reports: its metrics, or why it cannot scale."""
+    if hpa is None:
+        return C.Cond(
+            C.AUTOSCALING,
+            C.UNKNOWN,
+            C.AUTOSCALER_PENDING,
+            "HorizontalPodAutoscaler not created yet",
+        )
+    st = hpa.get("status") or {}
+    by_type = {c.get("type"): c for c in st.get("conditions") or []}
+    if not by_type:
+        return C.Cond(
+            C.AUTOSCALING,
+            C.UNKNOWN,
+            C.AUTOSCALER_PENDING,
+            "the HorizontalPodAutoscaler has not evaluated its metrics yet",
+        )
+    for t in _HPA_CONDITIONS:
+        c = by_type.get(t)
+        if c is not None and c.get("status") == C.FALSE:
+            return C.Cond(
+                C.AUTOSCALING,
+                C.FALSE,
+                c.get("reason") or f"{t}False",
+                f"HorizontalPodAutoscaler {t}=False: {c.get('message') or ''}"[:1024],
+            )
+    spec = hpa.get("spec") or {}
+    desired, current = st.get("desiredReplicas"), st.get("currentReplicas")
+    message = (
+        f"{current} replicas, desired {desired} "
+        f"(min {spec.get('minReplicas', 1)}, max {spec.get('maxReplicas')})"
+    )
+    limited = by_type.get("ScalingLimited")
+    if limited is not None and limited.get("status") == C.TRUE:
+        return C.Cond(
+            C.AUTOSCALING,
+            C.TRUE,
+            limited.get("reason") or "ScalingLimited",
+            f"{message}: {limited.get('message') or ''}"[:1024],
+        )
+    return C.Cond(C.AUTOSCALING, C.TRUE, C.AUTOSCALER_ACTIVE, message)
 
 
 def _write_error_message(errors: list[WriteError]) -> str | None:
@@ -740,6 +815,10 @@ def decide(
         d.apply.append(build_pdb(plan))
     elif obs.pdb is not None:
         d.delete.append((PodDisruptionBudget, names.server_name(name)))
+    if wants_hpa(plan):
+        d.apply.append(build_hpa(plan))
+    elif obs.hpa is not None:
+        d.delete.append((HorizontalPodAutoscaler, names.server_name(name)))
     # Never write over an object that is not ours.
     if obs.foreign:
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]

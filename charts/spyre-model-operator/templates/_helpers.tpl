@@ -107,6 +107,11 @@ object does not exist yet.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# HorizontalPodAutoscalers of autoscaled models (spec.autoscaling): watched (as Deployments),
+# server-side applied, deleted when autoscaling is turned off.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # controller.py: precompile pods' termination messages and serving pods' crash loops
 # (a plain list, no watch).
 - apiGroups: [""]

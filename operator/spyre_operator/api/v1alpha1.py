@@ -607,6 +607,73 @@ class CacheSpec(ApiModel):
     )
 
 
+class AutoscalingSpec(ApiModel):
+    """A HorizontalPodAutoscaler on the engine's own load, scaling this SpyreModel's ``/scale``.
+
+    The targets are per-pod averages of the engine's metrics, served to the HPA by
+    prometheus-adapter under the names in ``desired/autoscaling.py`` (README: Autoscaling).
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+                    "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+                ),
+                cel(
+                    "has(self.targetQueueLength) || has(self.targetKvCacheUsage) || "
+                    "has(self.targetRunningRequests)",
+                    "autoscaling needs at least one target: targetQueueLength, "
+                    "targetKvCacheUsage or targetRunningRequests",
+                ),
+            ]
+        }
+    )
+
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest serving replicas.")
+    max_replicas: int = Field(ge=1, le=1000, description="Most serving replicas.")
+    target_queue_length: float | None = Field(
+        default=None,
+        gt=0,
+        le=10000,
+        description="Average requests waiting per pod (vllm:num_requests_waiting).",
+    )
+    target_kv_cache_usage: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Average KV-cache usage per pod, 0-1 (vllm:kv_cache_usage_perc).",
+    )
+    target_running_requests: float | None = Field(
+        default=None,
+        gt=0,
+        le=10000,
+        description="Average requests running per pod (vllm:num_requests_running).",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description=(
+            "How long load must stay low before replicas are removed (a new replica loads "
+            "its artifact in about a minute; scaling down too early wastes that)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must not exceed maxReplicas")
+        if (
+            self.target_queue_length is None
+            and self.target_kv_cache_usage is None
+            and self.target_running_requests is None
+        ):
+            raise ValueError("autoscaling needs at least one target")
+        return self
+
+
 class SpyreModelSpec(ApiModel):
     """Desired state of a SpyreModel."""
 
@@ -644,7 +711,19 @@ class SpyreModelSpec(ApiModel):
     precompile: PrecompileSpec = Field(
         default_factory=PrecompileSpec, description="The precompile Job's limits."
     )
-    replicas: int = Field(default=1, ge=0, le=1000, description="Number of serving replicas.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Number of serving replicas. With autoscaling, the HorizontalPodAutoscaler sets it "
+            "through the scale subresource: leave it out of GitOps manifests."
+        ),
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description="Scale replicas on the engine's load with a HorizontalPodAutoscaler.",
+    )
     engine: EngineSpec = Field(default_factory=EngineSpec, description="The engine image.")
     accelerator: AcceleratorSpec = Field(
         default_factory=AcceleratorSpec, description="Spyre cards and placement."

@@ -14,8 +14,9 @@ from .owners import controller_ref
 from .plan import ModelPlan
 
 
-def _server_meta(plan: ModelPlan) -> ObjectMeta:
-    """Metadata shared by the Service and the PDB: named after, and owned by, the model."""
+def server_meta(plan: ModelPlan) -> ObjectMeta:
+    """Metadata of the per-model children beside the Deployment (Service, PDB, HPA): named
+    after, and owned by, the model."""
     return ObjectMeta(
         name=names.server_name(plan.name),
         namespace=plan.namespace,
@@ -30,7 +31,7 @@ def _server_meta(plan: ModelPlan) -> ObjectMeta:
 def build_service(plan: ModelPlan) -> Service:
     """ClusterIP Service, port `http`, selecting the model's serving pods of any artifact."""
     return Service(
-        metadata=_server_meta(plan),
+        metadata=server_meta(plan),
         spec=ServiceSpec(
             type="ClusterIP",
             selector=names.server_selector(plan.name),
@@ -48,14 +49,16 @@ def build_service(plan: ModelPlan) -> Service:
 
 
 def wants_pdb(plan: ModelPlan) -> bool:
-    """A PDB only makes sense with more than one replica."""
-    return plan.spec.replicas > 1
+    """A PDB only makes sense with more than one replica (or an autoscaler that may add one:
+    the PDB then stays while replicas come and go)."""
+    auto = plan.spec.autoscaling
+    return plan.spec.replicas > 1 or (auto is not None and auto.max_replicas > 1)
 
 
 def build_pdb(plan: ModelPlan) -> PodDisruptionBudget:
     """At most one serving pod disrupted voluntarily at a time."""
     return PodDisruptionBudget(
-        metadata=_server_meta(plan),
+        metadata=server_meta(plan),
         spec=PodDisruptionBudgetSpec(
             maxUnavailable=1,
             selector=LabelSelector(matchLabels=names.server_selector(plan.name)),
