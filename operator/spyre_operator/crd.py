@@ -60,6 +60,12 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     node.pop("title", None)
     if "default" in node and node["default"] is None:
         node.pop("default")
+    # JSON Schema 2020-12 (pydantic) has numeric exclusive bounds; OpenAPI v3.0 (the CRD
+    # schema) has a number in minimum/maximum and a boolean flag.
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(node.get(flag), int | float) and not isinstance(node[flag], bool):
+            node[bound] = node[flag]
+            node[flag] = True
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ("properties", "$defs"):

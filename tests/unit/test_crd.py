@@ -49,6 +49,18 @@ def test_schema_is_structural() -> None:
             assert node.get("x-kubernetes-int-or-string"), f"{path}: anyOf only for int-or-string"
 
 
+def test_exclusive_bounds_are_openapi_v3_0_booleans() -> None:
+    """The API server rejects JSON Schema 2020-12's numeric exclusiveMinimum (it did, for
+    spec.autoscaling's targets)."""
+    seen = 0
+    for path, node in _walk(_schema(), "$"):
+        for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+            if flag in node:
+                seen += 1
+                assert node[flag] is True and bound in node, path
+    assert seen, "no exclusive bound left to check"
+
+
 def test_every_spec_and_status_field_is_described() -> None:
     root = _schema()
     for top in ("spec", "status"):
