@@ -579,6 +579,9 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         "phase": (pod.get("status") or {}).get("phase"),
         "artifact": labels.get(names.ARTIFACT_LABEL),
     }
+    reason = (pod.get("status") or {}).get("reason")
+    if reason:  # set when the kubelet ended the pod itself (Evicted, NodeShutdown, ...)
+        out["reason"] = reason
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         state = cs.get("state") or {}
         last = cs.get("lastState") or {}

@@ -560,9 +560,20 @@ def _rollout(deployment: dict[str, Any] | None, replicas: int, key: str | None) 
     return Rollout(done, total, available, stall)
 
 
+#: ``pod.status.reason`` of pods the kubelet ended itself.
+NODE_ENDED_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeShutdown", "Terminated"})
+
+
 def _engine_failure(pods: list[dict[str, Any]]) -> str | None:
-    """A serving container that exited non-zero (e.g. refusing a mismatched artifact)."""
+    """A serving container that exited non-zero (e.g. refusing a mismatched artifact).
+
+    Not a pod the node ended (evicted under disk or memory pressure, node shutdown,
+    preemption): its container was killed, not failed, and the Deployment replaces it; the
+    failed pod object stays until garbage-collected and must not mark the model failed.
+    """
     for p in pods:
+        if p.get("reason") in NODE_ENDED_POD_REASONS:
+            continue
         term = p.get("terminated")
         if term and term.get("exitCode") not in (None, 0):
             parsed = parse_termination_message(term.get("message"))

@@ -625,10 +625,13 @@ failSwapOn: false
 protectKernelDefaults: false
 serializeImagePulls: false
 maxPods: 110
+# Absolute floors, not percentages: on a shared build machine with a big disk, 2% is several
+# GB that other jobs (image builds, other checkouts' nodes) come and go through, and a short
+# dip below it evicted every pod here (DiskPressure) in the middle of a test.
 evictionHard:
   memory.available: 100Mi
-  nodefs.available: 2%
-  imagefs.available: 2%
+  nodefs.available: 512Mi
+  imagefs.available: 512Mi
   nodefs.inodesFree: 2%
 imageGCHighThresholdPercent: 98
 imageGCLowThresholdPercent: 95

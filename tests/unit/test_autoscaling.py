@@ -142,3 +142,26 @@ def test_a_replica_without_a_card_leaves_the_model_ready_and_says_why() -> None:
     assert (p["status"], p["reason"]) == ("True", C.INSUFFICIENT_CAPACITY)
     assert msg in p["message"] and "1/2 replicas available" in p["message"]
     assert cond(d, C.RECONCILING)["reason"] == C.INSUFFICIENT_CAPACITY
+
+
+def test_a_pod_the_node_evicted_is_not_an_engine_failure() -> None:
+    """Seen on the real node under DiskPressure: the kubelet killed the engine (exit 137, log
+    tail as message) and the model stayed Degraded=EngineFailed while its replacement ran."""
+    m = model("m", GENERATE)
+    obs = Observed(cache_pvc=BOUND, job=job_obj(m, "Complete"))
+    obs.deployment = deployment_obj(decide(m, obs, NOW), ready=1)
+    plan = plan_for(m)
+    evicted = {
+        "metadata": {"name": "m-old", "labels": {"serving.spyre.dev/artifact": plan.short_key}},
+        "status": {"phase": "Failed", "reason": "Evicted",
+                   "message": "The node was low on resource: ephemeral-storage.",
+                   "containerStatuses": [{"ready": False, "state": {"terminated": {
+                       "exitCode": 137, "reason": "Error", "message": "Drained"}}}]},
+    }
+    obs.server_pods = [compact_pod(evicted)]
+    d = decide(m, obs, NOW)
+    assert cond(d, C.DEGRADED)["status"] == "False", cond(d, C.DEGRADED)
+    # the same pod, failed by itself, is one
+    evicted["status"].pop("reason")
+    obs.server_pods = [compact_pod(evicted)]
+    assert cond(decide(m, obs, NOW), C.DEGRADED)["reason"] == C.ENGINE_FAILED
