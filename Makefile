@@ -30,6 +30,7 @@ $(VENV)/.installed: pyproject.toml
 binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside the repo)
 	tests/cluster/build.sh
 	tests/cluster/node-deps.sh
+	tests/cluster/metrics-deps.sh >/dev/null
 
 cluster-up: install binaries ## Start the local control plane (SPYRE_REAL_NODE=1: with the real node)
 	$(CLUSTER) up

@@ -467,6 +467,9 @@ class ControlPlane:
 
     def _down(self) -> list[str]:
         """Stop everything; returns what the real node left behind (empty: nothing)."""
+        from tests.cluster.metrics import stop_leftovers
+
+        stop_leftovers(self.state_dir)
         leaks = self.node._down(delete_node=False)
         for c in reversed(COMPONENTS):
             self._stop(c)
@@ -626,6 +629,7 @@ class ControlPlane:
             )  # fmt: skip
             (p / "apiserver.crt").unlink(missing_ok=True)
             (p / "apiserver-kubelet-client.crt").unlink(missing_ok=True)
+            (p / "front-proxy-client.crt").unlink(missing_ok=True)
         san = ",".join(
             [
                 "IP:127.0.0.1",
@@ -673,6 +677,23 @@ class ControlPlane:
                 "x509", "-req", "-in", "apiserver-kubelet-client.csr", "-CA", "ca.crt",
                 "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650", "-sha256",
                 "-extfile", "kubelet-client.ext", "-out", "apiserver-kubelet-client.crt",
+            )  # fmt: skip
+        if not (p / "front-proxy-client.crt").exists():
+            # The aggregator's client certificate towards aggregated API servers (the metrics
+            # adapter, tests/cluster/metrics.py); its CN is the allowed requestheader name.
+            (p / "front-proxy-client.ext").write_text(
+                "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n"
+            )
+            self._openssl("genrsa", "-out", "front-proxy-client.key", "2048")
+            self._openssl(
+                "req", "-new", "-key", "front-proxy-client.key", "-subj", "/CN=front-proxy-client",
+                "-out", "front-proxy-client.csr",
+            )  # fmt: skip
+            self._openssl(
+                "x509", "-req", "-in", "front-proxy-client.csr", "-CA", "ca.crt",
+                "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650", "-sha256",
+                "-extfile", "front-proxy-client.ext", "-out", "front-proxy-client.crt",
             )  # fmt: skip
         if not (p / "sa.key").exists():
             self._openssl("genrsa", "-out", "sa.key", "2048")
@@ -798,6 +819,11 @@ profiles:
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
+                # Aggregated APIs are reached at their endpoints, not a ClusterIP: the API
+                # server runs on the host, where no kube-proxy programs Service addresses.
+                "--enable-aggregator-routing=true",
                 "--authorization-mode=Node,RBAC",
                 f"--service-account-issuer={SA_ISSUER}",
                 f"--service-account-key-file={p / 'sa.pub'}",

@@ -209,6 +209,29 @@ def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProc
     assert kube.condition("bad", "Degraded")["status"] == "False"
 
 
+def test_a_replica_without_a_card_keeps_the_model_ready_and_says_why(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    # 8 cards per pod, one 8-card node: the second replica can never be scheduled.
+    kube.apply_model("short", spec(
+        compile={"maxModelLen": 2048, "tensorParallelSize": 8},
+        accelerator={"nodeSelector": {"kubernetes.io/hostname": "spyre-node-1"}},
+    ))  # fmt: skip
+    kube.wait_condition("short", "Ready", timeout=120)
+    kube.kubectl("scale", "spyremodel/short", "--replicas=2")
+    kube.wait(lambda: (kube.condition("short", "Progressing") or {}).get("reason")
+              == "InsufficientCapacity", 90, "Progressing=InsufficientCapacity")  # fmt: skip
+    progressing = kube.condition("short", "Progressing")
+    assert progressing["status"] == "True"
+    assert "1/2 replicas available" in progressing["message"]
+    assert "Insufficient ibm.com/spyre_vf" in progressing["message"], progressing["message"]
+    assert kube.condition("short", "Ready")["status"] == "True"
+    assert kube.condition("short", "Degraded")["status"] == "False"
+    kube.kubectl("scale", "spyremodel/short", "--replicas=1")
+    kube.wait(lambda: kube.condition("short", "Progressing")["status"] == "False", 90,
+              "back to Reconciled at 1 replica")
+
+
 @pytest.mark.parametrize(
     "bad,expect",
     [
@@ -222,6 +245,11 @@ def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProc
         ({"cache": {"claimName": "mine", "volume": {"name": "other"}}}, "not both"),
         ({"serving": {"env": [{"name": "TORCH_SENDNN_CACHE_DIR", "value": "/x"}]}},
          "must not set variables the operator manages"),
+        ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetQueueLength": 1}},
+         "minReplicas must not exceed"),
+        ({"autoscaling": {"maxReplicas": 2}}, "at least one target"),
+        ({"autoscaling": {"maxReplicas": 2, "targetKvCacheUsage": 0}},
+         "targetKvCacheUsage"),
     ],
 )
 def test_api_server_rejects_bad_specs(kube: Kube, crd: Any, bad: dict[str, Any],
