@@ -79,9 +79,16 @@ demo-down: ## Stop the demo: helm uninstall the operator, delete namespace spyre
 demo-kwok: install binaries ## kwok only (no images, no real pods): operator + a sample SpyreModel to Ready
 	operator/scripts/demo-kwok.sh
 
-bench: install binaries ## Operator benchmark on the local control plane
+# Parts of `make bench`: operator (vs the API server's limit, kwok nodes), scaleup (a new replica
+# vs a bare vLLM load) and rollout (requests under rollouts), the last two on the real node.
+BENCH_PARTS ?= operator,scaleup,rollout
+
+bench: install binaries ## Benchmarks: operator vs API server, scale-up vs bare load, rollouts under traffic
 	$(CLUSTER) up
-	$(PY) tests/bench/bench_operator.py $(BENCH_ARGS)
+	@if [[ ",$(BENCH_PARTS)," == *",operator,"* ]]; then \
+		echo "$(PY) tests/bench/bench_operator.py $(BENCH_ARGS)"; \
+		$(PY) tests/bench/bench_operator.py $(BENCH_ARGS); fi
+	$(PY) tests/bench/bench_realpods.py --parts $(BENCH_PARTS) $(BENCH_REAL_ARGS)
 
 bench-engine: install ## Engine benchmark: warm vs cold start, wrapper overhead, drain
 	$(PY) engine/bench/bench_engine.py $(BENCH_ARGS)

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -319,6 +320,7 @@ def part_scaleup(env: RealEnv, args: argparse.Namespace) -> dict[str, Any]:
     for rnd in range(args.rounds):
         order = ["operator", "bare"] if rnd % 2 == 0 else ["bare", "operator"]
         for mode in order:
+            wait_node_healthy(env)
             load = os.getloadavg()[0]
             if mode == "operator":
                 s = scale_operator(env, 2, port)
@@ -328,7 +330,8 @@ def part_scaleup(env: RealEnv, args: argparse.Namespace) -> dict[str, Any]:
                 s = scale_bare(env, 1, port)
                 assert s is not None
                 scale_bare(env, 0, port)
-            s.update(mode=mode, round=rnd + 1, load=round(load, 2), steps=breakdown(s))
+            s.update(mode=mode, round=rnd + 1, load=round(load, 2), steps=breakdown(s),
+                     evictions=evictions(env))
             log(f"round {rnd + 1} {mode}: {json.dumps(s['steps'])}")
             starts.append(s)
             time.sleep(args.pause)
@@ -449,6 +452,7 @@ def phase_stats(results: list[dict[str, Any]], a: float, b: float) -> dict[str, 
 
 def traffic_run(env: RealEnv, args: argparse.Namespace, what: str,
                 action: Any, surge: int) -> dict[str, Any]:
+    wait_node_healthy(env)
     url = support.service_url(env.cp, env.ns, MODEL)
     eps = EndpointLog(env, names.server_name(MODEL))
     client = PodClient(env).rate(url + "/v1/completions", args.rate)
@@ -478,9 +482,36 @@ def traffic_run(env: RealEnv, args: argparse.Namespace, what: str,
         "endpoints": [(round(t - t_event, 2), r, tm) for t, r, tm in changes],
         **info,
     }  # fmt: skip
+    out["evictions"] = evictions(env)
     log(f"{what} maxSurge {surge}: sent {len(results)}, failed {len(failed)} {kinds}; "
-        f"during {out['during']['seconds']}s")
+        f"during {out['during']['seconds']}s; evictions {out['evictions']}")
+    for f in failed[:10]:
+        log(f"  failed: {json.dumps(f)[:500]}")
     return out
+
+
+def evictions(env: RealEnv) -> list[str]:
+    """Pods the node evicted in the namespace (disk or memory pressure: a disturbed run)."""
+    return [f"{p['metadata']['name']}: {(p.get('status') or {}).get('message', '')[:120]}"
+            for p in env.kube.items("pods")
+            if (p.get("status") or {}).get("reason") == "Evicted"]
+
+
+def wait_node_healthy(env: RealEnv, timeout: float = 600) -> None:
+    """No pressure taint on the real node (another process filling the disk evicts pods)."""
+
+    seen: list[list[str]] = [[]]
+
+    def ok() -> bool:
+        node = env.cp.kubectl_json("get", "node", support.NODE_NAME)
+        bad = [t["key"] for t in node["spec"].get("taints") or []
+               if t["key"].startswith("node.kubernetes.io/")]
+        if bad and bad != seen[-1]:
+            log(f"waiting: the node has taints {bad}")
+        seen.append(bad)
+        return not bad
+
+    env.kube.wait(ok, timeout, "the real node without pressure taints")
 
 
 def part_rollout(env: RealEnv, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -570,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true", help=f"write {MARKDOWN.name} sections")
     p.add_argument("--keep", action="store_true", help="keep the namespace")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally: stop the operator
     args.surges = [int(x) for x in args.surges.split(",") if x.strip()]
     parts = {x.strip() for x in args.parts.split(",")} & {"scaleup", "rollout"}
     if not parts:
