@@ -607,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     if not parts:
         return 0
     cp = support.ensure_cluster()
+    # The kubelet's image GC removes the pause image when another process fills the disk.
+    cp.node.ensure_base_images()
     results: dict[str, Any] = {"machine": machine()}
     texts: dict[str, str] = {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
