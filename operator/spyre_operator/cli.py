@@ -23,6 +23,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 2
     OperatorConfig.workers = args.workers
+    OperatorConfig.namespaces = [] if args.all_namespaces else list(dict.fromkeys(args.namespace))
     OperatorConfig.metrics_port = args.metrics_port
     OperatorConfig.leader_election = args.leader_elect
     # The Lease lives in the operator's own namespace (POD_NAMESPACE, set by the chart); run

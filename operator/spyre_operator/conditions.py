@@ -23,6 +23,8 @@ RECONCILING = "Reconciling"
 STALLED = "Stalled"
 #: Only with spec.autoscaling: what the HorizontalPodAutoscaler says.
 AUTOSCALING = "Autoscaling"
+#: Only with spec.routing.inferencePool: whether a Gateway accepted the model's InferencePool.
+ROUTING_READY = "RoutingReady"
 TYPES = (
     READY,
     CACHE_VOLUME_READY,
@@ -32,6 +34,7 @@ TYPES = (
     RECONCILING,
     STALLED,
     AUTOSCALING,
+    ROUTING_READY,
 )
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
@@ -83,6 +86,32 @@ RECONCILE_ERROR = "ReconcileError"
 #: A Deployment, Service or PDB with the model's name exists and is not the operator's.
 NAME_CONFLICT = "NameConflict"
 
+# RoutingReady (reads the InferencePool's status.parents[].conditions, as the v1 API defines them)
+#: True: a parent (Gateway) reports Accepted=True and no parent reports ResolvedRefs=False.
+INFERENCE_POOL_ACCEPTED = "InferencePoolAccepted"
+#: The pool exists but no parent has reported on it yet (no HTTPRoute/Gateway uses it).
+INFERENCE_POOL_PENDING = "InferencePoolPending"
+#: A parent reports Accepted=False (the message carries its reason and message).
+INFERENCE_POOL_NOT_ACCEPTED = "InferencePoolNotAccepted"
+#: A parent accepted it but cannot resolve its references (e.g. the endpoint picker Service).
+INFERENCE_POOL_REFS_NOT_RESOLVED = "InferencePoolRefsNotResolved"
+#: The cluster does not serve inference.networking.k8s.io/v1 InferencePools (no CRD).
+INFERENCE_POOL_CRD_MISSING = "InferencePoolCRDMissing"
+#: The operator may not read or write InferencePools (RBAC).
+INFERENCE_POOL_FORBIDDEN = "InferencePoolForbidden"
+
+#: Reasons only RoutingReady carries (never Ready or Degraded: the model serves regardless).
+ROUTING_REASONS = frozenset(
+    {
+        INFERENCE_POOL_ACCEPTED,
+        INFERENCE_POOL_PENDING,
+        INFERENCE_POOL_NOT_ACCEPTED,
+        INFERENCE_POOL_REFS_NOT_RESOLVED,
+        INFERENCE_POOL_CRD_MISSING,
+        INFERENCE_POOL_FORBIDDEN,
+    }
+)
+
 #: Reasons that are warnings when they appear (Kubernetes Event type).
 WARNING_REASONS = frozenset(
     {
@@ -99,6 +128,10 @@ WARNING_REASONS = frozenset(
         NAME_CONFLICT,
         CLAIM_CONFLICT,
         CLAIM_IMMUTABLE,
+        INFERENCE_POOL_NOT_ACCEPTED,
+        INFERENCE_POOL_REFS_NOT_RESOLVED,
+        INFERENCE_POOL_CRD_MISSING,
+        INFERENCE_POOL_FORBIDDEN,
     }
 )
 

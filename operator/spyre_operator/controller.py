@@ -28,7 +28,16 @@ from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
 from .desired.plan import plan_model
-from .reconcile import DEFAULT_POLICY, Decision, Observed, Policy, WriteError, decide
+from .desired.routing import inference_pool_name
+from .reconcile import (
+    API_UNKNOWN,
+    DEFAULT_POLICY,
+    Decision,
+    Observed,
+    Policy,
+    WriteError,
+    decide,
+)
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +209,8 @@ class Controller:
         #: With leader election: whether the lease is still held (checked before each write,
         #: so a leader that was paused past its lease never writes before it notices).
         self.may_write: Callable[[], bool] = lambda: True
+        #: The InferencePool watch (optional.OptionalApiWatch), set by the kopf layer.
+        self.inference_pools: Any | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -275,6 +286,26 @@ class Controller:
         """SpyreModels loading weights from pvc://``claim`` (it appeared, went or changed)."""
         owners = self.caches.all("model_claim_users", (namespace, claim))
         return [(namespace, o.name) for o in owners]
+
+    def models_for_routing_object(self, namespace: str, body: Mapping[str, Any]) -> list[ModelKey]:
+        """An InferencePool changed: its owners, or the same-named model (a foreign pool)."""
+        keys = self.models_for_owner_refs(namespace, body)
+        name = str((body.get("metadata") or {}).get("name") or "")
+        if not keys and (namespace, name) in (self.caches.indices.get("models") or {}):
+            keys = [(namespace, name)]
+        return keys
+
+    def models_wanting_routing(self) -> list[ModelKey]:
+        """Models that ask for an InferencePool or still report on one (RoutingReady)."""
+        models = self.caches.indices.get("models") or {}
+        out = []
+        for key in list(models.keys()):
+            m = self.caches.one("models", key) or {}
+            routing = (m.get("spec") or {}).get("routing") or {}
+            conds = (m.get("status") or {}).get("conditions")
+            if routing.get("inferencePool") or C.find(conds, C.ROUTING_READY):
+                out.append(key)
+        return out
 
     def claim_peers_if_changed(self, key: ModelKey, plan: Any | None) -> list[ModelKey]:
         """Models sharing a cache claim with ``key``, if ``key``'s use of the claim changed.
@@ -353,6 +384,7 @@ class Controller:
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
         )
+        self._observe_inference_pool(obs, ns, name)
         for kind, attr in (
             ("Deployment", "deployment"),
             ("Service", "service"),
@@ -365,6 +397,20 @@ class Controller:
                 obs.foreign[kind] = why
                 setattr(obs, attr, None)  # not ours: neither written nor read as ours
         return obs
+
+    def _observe_inference_pool(self, obs: Observed, ns: str, name: str) -> None:
+        """The model's InferencePool from the optional watch (no API request)."""
+        watch = self.inference_pools
+        if watch is None:
+            obs.inference_pool_api = API_UNKNOWN
+            return
+        obs.inference_pool_api, obs.inference_pool_api_message = watch.state, watch.message
+        live = watch.get(ns, inference_pool_name(name))
+        why = foreign_owner("InferencePool", live, name) if live is not None else None
+        if why:
+            obs.foreign_inference_pool = why
+        else:
+            obs.inference_pool = live
 
     async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         pods = []
@@ -471,6 +517,7 @@ class Controller:
             "Service": obs.service,
             "PodDisruptionBudget": obs.pdb,
             "HorizontalPodAutoscaler": obs.hpa,
+            "InferencePool": obs.inference_pool,
         }
         if not self.may_write():
             raise RuntimeError("leader lease not held; not writing")

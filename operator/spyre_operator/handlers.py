@@ -29,7 +29,9 @@ from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .controller import Caches, Controller
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
+from .desired.routing import InferencePool
 from .metrics import count_requests, start_metrics_server
+from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import Policy
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class OperatorConfig:
     leader_election: bool = True
     leader_election_namespace: str | None = None
     identity: str = "spyre-model-operator"
+    #: Watched namespaces; empty: all namespaces.
+    namespaces: list[str] = []  # noqa: RUF012 - process-wide settings
 
 
 def slim(body: Any) -> dict[str, Any]:
@@ -192,6 +196,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     )
     memo["controller"] = controller
     count_requests(client, controller.requests)
+    # InferencePools: the CRD may be absent (then models asking for one say so in RoutingReady).
+    pools = OptionalApiWatch(
+        client,
+        InferencePool,
+        OperatorConfig.namespaces or None,
+        on_object=lambda ns, obj: controller.enqueue(controller.models_for_routing_object(ns, obj)),
+        on_state=lambda: controller.enqueue(controller.models_wanting_routing()),
+        recheck_seconds=float(
+            os.environ.get("SPYRE_OPTIONAL_API_RECHECK_SECONDS", DEFAULT_RECHECK_SECONDS)
+        ),
+    )
+    controller.inference_pools = pools
+    memo["inference_pools"] = pools
+    pools.start()
     controller.start()
     if OperatorConfig.leader_election:
         from .leader import LeaderElector
@@ -216,6 +234,8 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     """Stop workers, the leader elector and the metrics server."""
     if "elector" in memo:
         await memo["elector"].stop()
+    if "inference_pools" in memo:
+        await memo["inference_pools"].stop()
     if "controller" in memo:
         await memo["controller"].stop()
     if "metrics" in memo:

@@ -31,6 +31,12 @@ from .desired.deployment import build_deployment
 from .desired.job import build_precompile_job
 from .desired.plan import ModelPlan, OwnerRef, plan_model
 from .desired.pvc import build_cache_pvc, cache_owners
+from .desired.routing import (
+    InferencePool,
+    build_inference_pool,
+    inference_pool_name,
+    wants_inference_pool,
+)
 from .desired.service import build_pdb, build_service, wants_pdb
 from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 
@@ -41,6 +47,12 @@ PENDING, COMPILING, READY, FAILED = "Pending", "Compiling", "Ready", "Failed"
 RETRY_ANNOTATION = f"{GROUP}/retry-compile"
 
 _TIME_FMT = "%Y-%m-%dT%H:%M:%SZ"
+
+# Whether the cluster serves an optional API (a CRD that may be absent), as its watch found.
+API_UNKNOWN = "Unknown"  # the watch has not listed yet
+API_SERVED = "Served"
+API_NOT_SERVED = "NotServed"  # 404: no such resource (the CRD is not installed)
+API_FORBIDDEN = "Forbidden"  # 403: the operator's RBAC does not allow it
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,13 @@ class Observed:
     foreign: dict[str, str] = field(default_factory=dict)
     #: Writes of this reconcile the API server rejected.
     write_errors: list[WriteError] = field(default_factory=list)
+    #: The model's InferencePool (only the operator's; see foreign_inference_pool).
+    inference_pool: dict[str, Any] | None = None
+    #: Whether InferencePools are served (API_*), and the API server's message if not.
+    inference_pool_api: str = API_UNKNOWN
+    inference_pool_api_message: str = ""
+    #: A same-named InferencePool that is not the operator's (why), never written over.
+    foreign_inference_pool: str | None = None
 
 
 @dataclass
@@ -585,6 +604,135 @@ def _engine_failure(pods: list[dict[str, Any]]) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------ routing
+
+
+@dataclass
+class RoutingOutcome:
+    """The InferencePool to write or delete, and RoutingReady (None: routing not asked for)."""
+
+    cond: C.Cond | None = None
+    pool: Any | None = None
+    delete: bool = False
+
+
+def _parent_name(parent: dict[str, Any], namespace: str) -> str:
+    ref = parent.get("parentRef") or {}
+    kind = ref.get("kind") or "Gateway"
+    return f"{kind} {ref.get('namespace') or namespace}/{ref.get('name', '?')}"
+
+
+def _pool_condition(name: str, namespace: str, pool: dict[str, Any] | None) -> C.Cond:
+    """RoutingReady from status.parents[].conditions of an InferencePool (v1).
+
+    Accepted=True on some parent (and ResolvedRefs not False there) means a Gateway routes to
+    the pool. No parents means no Gateway has taken it up yet: an HTTPRoute must reference it.
+    """
+    t = C.ROUTING_READY
+    if pool is None:
+        return C.Cond(t, C.FALSE, C.INFERENCE_POOL_PENDING, f"creating InferencePool {name}")
+    parents = ((pool.get("status") or {}).get("parents")) or []
+    if not parents:
+        return C.Cond(
+            t,
+            C.FALSE,
+            C.INFERENCE_POOL_PENDING,
+            f"InferencePool {name} has no parent yet: reference it from an HTTPRoute of a "
+            "Gateway whose implementation supports the Inference Extension",
+        )
+    accepted, refused, unresolved, pending = [], [], [], []
+    for parent in parents:
+        conds = {c.get("type"): c for c in parent.get("conditions") or []}
+        who = _parent_name(parent, namespace)
+        acc, refs = conds.get("Accepted") or {}, conds.get("ResolvedRefs") or {}
+        detail = f"{who}: {acc.get('reason') or 'no reason'}: {acc.get('message') or ''}".rstrip(
+            ": "
+        )
+        if acc.get("status") == C.TRUE and refs.get("status") == C.FALSE:
+            unresolved.append(f"{who}: {refs.get('reason')}: {refs.get('message') or ''}")
+        elif acc.get("status") == C.TRUE:
+            accepted.append(who)
+        elif acc.get("status") == C.FALSE:
+            refused.append(detail)
+        else:
+            pending.append(detail)
+    if accepted:
+        by = ", ".join(accepted)
+        msg = f"InferencePool {name} accepted by {by}"
+        return C.Cond(t, C.TRUE, C.INFERENCE_POOL_ACCEPTED, msg)
+    if unresolved:
+        return C.Cond(
+            t,
+            C.FALSE,
+            C.INFERENCE_POOL_REFS_NOT_RESOLVED,
+            f"InferencePool {name}: {'; '.join(unresolved)}"[:1024],
+        )
+    if refused:
+        return C.Cond(
+            t,
+            C.FALSE,
+            C.INFERENCE_POOL_NOT_ACCEPTED,
+            f"InferencePool {name} not accepted by {'; '.join(refused)}"[:1024],
+        )
+    return C.Cond(
+        t,
+        C.FALSE,
+        C.INFERENCE_POOL_PENDING,
+        f"InferencePool {name}: waiting for {'; '.join(pending)}"[:1024],
+    )
+
+
+def decide_routing(plan: ModelPlan, obs: Observed, old_conditions: Any) -> RoutingOutcome:
+    """The model's InferencePool and RoutingReady.
+
+    Routing is an add-on: whatever happens here (no CRD, no RBAC, a foreign pool, no Gateway)
+    the model serves through its Service, so RoutingReady is the only condition it touches.
+    Without the CRD nothing is written and nothing retried: the InferencePool watch notices
+    when the CRD is installed and reconciles the models that asked for a pool.
+    """
+    name = inference_pool_name(plan.name)
+    t = C.ROUTING_READY
+    if not wants_inference_pool(plan):
+        return RoutingOutcome(delete=obs.inference_pool is not None)
+    if obs.foreign_inference_pool:
+        return RoutingOutcome(C.Cond(t, C.FALSE, C.NAME_CONFLICT, obs.foreign_inference_pool))
+    if obs.inference_pool_api == API_NOT_SERVED:
+        return RoutingOutcome(
+            C.Cond(
+                t,
+                C.FALSE,
+                C.INFERENCE_POOL_CRD_MISSING,
+                "the cluster does not serve InferencePools (inference.networking.k8s.io/v1): "
+                "install the Gateway API Inference Extension CRDs; the operator creates "
+                f"InferencePool {name} once they exist. The model serves through its Service "
+                "meanwhile",
+            )
+        )
+    if obs.inference_pool_api == API_FORBIDDEN:
+        return RoutingOutcome(
+            C.Cond(
+                t,
+                C.FALSE,
+                C.INFERENCE_POOL_FORBIDDEN,
+                "the operator may not watch or write InferencePools (grant list, watch, create, "
+                "patch, delete on inferencepools.inference.networking.k8s.io): "
+                + obs.inference_pool_api_message,
+            )
+        )
+    if obs.inference_pool_api == API_UNKNOWN:
+        old = C.find(old_conditions, t)
+        if old is not None:  # the watch has not listed yet: keep what was known
+            return RoutingOutcome(C.Cond(t, old["status"], old["reason"], old.get("message", "")))
+        return RoutingOutcome(
+            C.Cond(
+                t, C.UNKNOWN, C.INFERENCE_POOL_PENDING, "checking whether InferencePools are served"
+            )
+        )
+    return RoutingOutcome(
+        _pool_condition(name, plan.namespace, obs.inference_pool), pool=build_inference_pool(plan)
+    )
+
+
 # ------------------------------------------------------------------------------ status
 
 
@@ -814,6 +962,8 @@ def decide(
     artifact = decide_artifact(plan, obs, model, cache, now, policy)
     serving = decide_serving(plan, obs, artifact)
 
+    routing = decide_routing(plan, obs, old_status.get("conditions"))
+
     d = Decision(job=artifact.job, requeue_after=artifact.requeue_after)
     if cache.pvc is not None:
         d.apply.append(cache.pvc)
@@ -830,16 +980,18 @@ def decide(
         d.apply.append(build_hpa(plan))
     elif obs.hpa is not None:
         d.delete.append((HorizontalPodAutoscaler, names.server_name(name)))
+    if routing.pool is not None:
+        d.apply.append(routing.pool)
+    elif routing.delete:
+        d.delete.append((InferencePool, inference_pool_name(name)))
     # Never write over an object that is not ours.
     if obs.foreign:
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
-    conds = C.merge_conditions(
-        old_status.get("conditions"),
-        C.with_kstatus(decide_status(plan, obs, cache, artifact, serving)),
-        generation,
-        now,
-    )
+    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving))
+    if routing.cond is not None:
+        computed.append(routing.cond)
+    conds = C.merge_conditions(old_status.get("conditions"), computed, generation, now)
     dep_status = (obs.deployment or {}).get("status") or {}
     status: dict[str, Any] = {
         "observedGeneration": generation,
@@ -871,7 +1023,9 @@ def _events(
     """
     shown = []
     for c in C.transitions(old, new):
-        if c["type"] not in (C.READY, C.ARTIFACT_READY, C.DEGRADED, C.CACHE_VOLUME_READY):
+        if c["type"] not in (
+            C.READY, C.ARTIFACT_READY, C.DEGRADED, C.CACHE_VOLUME_READY, C.ROUTING_READY
+        ):
             continue
         if c["type"] == C.DEGRADED and c["status"] == C.FALSE and not old:
             continue  # "not degraded" on creation is not news
@@ -901,6 +1055,7 @@ __all__ = [
     "decide",
     "decide_artifact",
     "decide_cache",
+    "decide_routing",
     "decide_serving",
     "decide_status",
     "served_key",

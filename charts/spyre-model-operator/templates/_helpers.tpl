@@ -117,6 +117,11 @@ object does not exist yet.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# spec.routing.inferencePool (optional.py, desired/routing.py): InferencePools are listed and
+# watched (the CRD may be absent), server-side applied, deleted when routing is removed.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Applier.event (and kopf's own warnings): Events on SpyreModels.
 - apiGroups: [""]
   resources: ["events"]

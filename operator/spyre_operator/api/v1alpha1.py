@@ -674,6 +674,55 @@ class AutoscalingSpec(ApiModel):
         return self
 
 
+class EndpointPickerRef(ApiModel):
+    """The Endpoint Picker (EPP) Service the Gateway asks which pod serves each request."""
+
+    name: str = Field(
+        description="Name of the endpoint picker's Service, in the SpyreModel's namespace.",
+        min_length=1,
+        max_length=253,
+    )
+    port: int = Field(
+        default=9002,
+        ge=1,
+        le=65535,
+        description="Service port of the endpoint picker's ext-proc gRPC server (EPP: 9002).",
+    )
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        default="FailClose",
+        description=(
+            "What the Gateway does when the endpoint picker does not answer: FailClose drops "
+            "the request, FailOpen forwards it to a pod of the Gateway's choosing."
+        ),
+    )
+
+
+class InferencePoolRouting(ApiModel):
+    """An InferencePool (Gateway API Inference Extension, inference.networking.k8s.io/v1)."""
+
+    endpoint_picker: EndpointPickerRef = Field(
+        description=(
+            "The endpoint picker that routes this pool's requests (deployed with the "
+            "Inference Extension; it reads the pods' vllm:num_requests_waiting, "
+            "vllm:kv_cache_usage_perc, ... from /metrics)."
+        )
+    )
+
+
+class RoutingSpec(ApiModel):
+    """How inference gateways reach the serving pods (besides the model's Service)."""
+
+    inference_pool: InferencePoolRouting | None = Field(
+        default=None,
+        description=(
+            "Create an InferencePool named like the Service, selecting this model's serving "
+            "pods on serving.port, for a Gateway's HTTPRoute to reference. Needs the Gateway "
+            "API Inference Extension CRDs; without them the RoutingReady condition says so and "
+            "the model still serves through its Service."
+        ),
+    )
+
+
 class SpyreModelSpec(ApiModel):
     """Desired state of a SpyreModel."""
 
@@ -729,6 +778,10 @@ class SpyreModelSpec(ApiModel):
         default_factory=AcceleratorSpec, description="Spyre cards and placement."
     )
     cache: CacheSpec = Field(default_factory=CacheSpec, description="The compile-cache volume.")
+    routing: RoutingSpec | None = Field(
+        default=None,
+        description="Optional routing through an inference gateway (InferencePool).",
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -828,7 +881,8 @@ class SpyreModelStatus(ApiModel):
         default=None,
         description=(
             "Ready, CacheVolumeReady, ArtifactReady, Progressing and Degraded; plus Reconciling "
-            "and Stalled (mirrors of Progressing and Degraded, for kstatus/Flux)."
+            "and Stalled (mirrors of Progressing and Degraded, for kstatus/Flux); RoutingReady "
+            "when routing.inferencePool is set."
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
