@@ -42,6 +42,25 @@ def _slim(obj: Any) -> dict[str, Any]:
     return raw
 
 
+def _http_status(e: BaseException) -> tuple[int | None, str]:
+    """The HTTP status code and message of a failed request, if it was an HTTP answer.
+
+    An unknown API group answers a plain-text 404 ("404 page not found") that lightkube
+    raises as its HTTP library's status error, not as an ApiError with a Status.
+    """
+    if isinstance(e, ApiError) and e.status is not None and e.status.code:
+        return e.status.code, e.status.message or ""
+    response = getattr(e, "response", None)
+    code = getattr(response, "status_code", None)
+    if not isinstance(code, int):
+        return None, ""
+    try:
+        text = str(response.text).strip()  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a streamed body that was not read
+        text = ""
+    return code, text
+
+
 class OptionalApiWatch:
     """List + watch of one namespaced resource that may not exist in the cluster.
 
@@ -160,20 +179,18 @@ class OptionalApiWatch:
                 continue  # the watch ended (server timeout): list again
             except asyncio.CancelledError:
                 raise
-            except ApiError as e:
-                code = e.status.code or 0
+            except Exception as e:  # noqa: BLE001 - classified below; the watch must survive
+                code, message = _http_status(e)
                 if code == 404:
                     self._replace(ns, {})
-                    self._set_state(ns, API_NOT_SERVED, e.status.message or "")
+                    self._set_state(ns, API_NOT_SERVED, message)
                     await asyncio.sleep(self.recheck_seconds)
                     continue
                 if code in (401, 403):
-                    self._set_state(ns, API_FORBIDDEN, e.status.message or "")
+                    self._set_state(ns, API_FORBIDDEN, message)
                     await asyncio.sleep(self.recheck_seconds)
                     continue
-                if code != 410:  # 410 Gone: the resourceVersion expired, list again
-                    log.warning("%s watch: %s", self.resource.__name__, e)
+                if code != 410:  # 410 Gone: the resourceVersion expired, list again at once
+                    # a dropped connection, an API server restart: list again shortly
+                    log.warning("%s watch: %s: %s", self.resource.__name__, type(e).__name__, e)
                     await asyncio.sleep(ERROR_PAUSE_SECONDS)
-            except Exception as e:  # noqa: BLE001 - a dropped connection: list again
-                log.warning("%s watch: %s: %s", self.resource.__name__, type(e).__name__, e)
-                await asyncio.sleep(ERROR_PAUSE_SECONDS)
