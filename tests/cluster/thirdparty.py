@@ -53,7 +53,15 @@ def install_crd(cp: ControlPlane, filename: str) -> str:
     """Apply the CRD and wait until it is Established; returns its name."""
     name = crd_name(filename)
     cp.kubectl("apply", "--server-side", "-f", str(crd_file(filename)))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+
+    def established() -> bool:
+        # (`kubectl wait` fails outright while a fresh CRD has no conditions yet)
+        crd = cp.kubectl_json("get", "crd", name)
+        conds = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_until(established, 60, f"CRD {name} Established")
+    wait_until(lambda: _served(cp, name), 60, f"{name} served")
     return name
 
 

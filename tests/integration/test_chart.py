@@ -30,6 +30,12 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import ControlPlane, wait_until
+from tests.cluster.thirdparty import (
+    POD_MONITOR_CRD,
+    SERVICE_MONITOR_CRD,
+    installed_crd,
+    remove_crd,
+)
 
 from .conftest import Kube, OperatorProcess
 
@@ -40,7 +46,6 @@ CHART = ROOT / "charts" / "spyre-model-operator"
 CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
 CRD_NAME = "spyremodels.serving.spyre.dev"
 RELEASE = "spyre-model-operator"  # the ServiceAccount and Deployment get this name
-MONITORING_CRDS = ("servicemonitors", "podmonitors")
 
 #: kopf probes for cluster-wide access it can live without (it falls back to the namespaces it
 #: was given and to its startup discovery); everything else forbidden is an RBAC bug.
@@ -128,30 +133,12 @@ def _value_sets(namespace: str, second: str) -> dict[str, list[str]]:
 
 @pytest.fixture
 def monitoring_crds(control_plane: ControlPlane) -> Iterator[None]:
-    """Stand-ins for the Prometheus Operator's ServiceMonitor/PodMonitor CRDs (open schema:
-    this checks the kinds and the chart's gating, not the Prometheus Operator's schema)."""
-    created = []
-    for plural in MONITORING_CRDS:
-        name = f"{plural}.monitoring.coreos.com"
-        if control_plane.kubectl("get", "crd", name, check=False).returncode == 0:
-            continue
-        kind = {"servicemonitors": "ServiceMonitor", "podmonitors": "PodMonitor"}[plural]
-        control_plane.apply({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": name},
-            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                     "names": {"plural": plural, "kind": kind},
-                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
-                         "openAPIV3Schema": {"type": "object",
-                                             "x-kubernetes-preserve-unknown-fields": True}}}]},
-        })
-        created.append(name)
-    for name in created:
-        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                              f"crd/{name}")
-    yield
-    for name in created:
-        control_plane.kubectl("delete", "crd", name, "--wait=false", check=False)
+    """The Prometheus Operator's own ServiceMonitor and PodMonitor CRDs (its release's Go
+    module, tests/cluster/crds.sh): the API server checks the chart's objects against the
+    real schemas."""
+    with installed_crd(control_plane, SERVICE_MONITOR_CRD), \
+            installed_crd(control_plane, POD_MONITOR_CRD):
+        yield
 
 
 @pytest.mark.parametrize("name", ["default", "namespaced", "replicas-2", "monitoring",
@@ -314,3 +301,45 @@ def test_cluster_scope_rbac(control_plane: ControlPlane, helm: Helm, namespace: 
         helm("uninstall", name, "--namespace", namespace, check=False)
     wait_until(lambda: cp.kubectl("get", "clusterrole", f"{namespace}-{name}-{RELEASE}",
                                   check=False).returncode != 0, 30, "ClusterRole removed")
+
+
+def test_models_pod_monitor_only_where_the_prometheus_operator_is(
+    control_plane: ControlPlane, helm: Helm, namespace: str, models_namespace: str
+) -> None:
+    """monitoring.enabled: without the Prometheus Operator's CRDs the install succeeds and
+    says in its notes that no PodMonitor was made; with them (the real CRDs) the models'
+    PodMonitor is created, selecting the serving pods' `http` port in the watched namespace.
+    The dashboard ConfigMap is there in both cases."""
+    cp = control_plane
+    values = ["--set", "crds.install=false", "--set", "monitoring.enabled=true",
+              "--set", "watch.allNamespaces=false",
+              "--set", f"watch.namespaces={{{models_namespace}}}",
+              "--set", "image.repository=example.invalid/spyre-model-operator"]
+    remove_crd(cp, POD_MONITOR_CRD)
+    remove_crd(cp, SERVICE_MONITOR_CRD)
+    try:
+        out = helm("install", RELEASE, str(CHART), "--namespace", namespace, *values).stdout
+        assert "does not serve monitoring.coreos.com/v1" in out, out
+        assert "no PodMonitor/ServiceMonitor was created" in out
+        dash = Kube(cp, namespace).get("configmap", f"{RELEASE}-dashboard-spyre-models")
+        assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+        shipped = (CHART / "dashboards" / "spyre-models.json").read_text()
+        assert json.loads(dash["data"]["spyre-models.json"]) == json.loads(shipped)
+
+        with installed_crd(cp, SERVICE_MONITOR_CRD), installed_crd(cp, POD_MONITOR_CRD):
+            out = helm("upgrade", RELEASE, str(CHART), "--namespace", namespace,
+                       *values).stdout
+            assert "does not serve monitoring.coreos.com/v1" not in out
+            pm = Kube(cp, namespace).get("podmonitor", f"{RELEASE}-models")
+            assert pm is not None
+            assert pm["spec"]["selector"]["matchLabels"] == {
+                "app.kubernetes.io/managed-by": "spyre-model-operator",
+                "app.kubernetes.io/component": "server"}
+            assert pm["spec"]["namespaceSelector"] == {"matchNames": [models_namespace]}
+            [endpoint] = pm["spec"]["podMetricsEndpoints"]
+            assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+            assert pm["spec"]["podTargetLabels"] == ["serving.spyre.dev/model",
+                                                     "serving.spyre.dev/artifact"]
+            helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout=60s")
+    finally:
+        helm("uninstall", RELEASE, "--namespace", namespace, check=False)

@@ -1,0 +1,66 @@
+"""The metrics the chart's dashboard and the Inference Extension read, on a real engine.
+
+One real ``spyre-engine serve`` (vLLM + the Spyre plugin on CPU, eager) answers a few
+completions, a stream among them, so that every histogram has samples; then its ``/metrics``
+must carry every series the shipped Grafana dashboard queries (kube-state-metrics' series
+excepted, explicitly) and the series of the Gateway API Inference Extension's model-server
+protocol (docs/proposals/003-model-server-protocol in the extension's repository).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from spyre_engine.testing.process import EngineProcess
+
+from tests.dashboards import EXTERNAL, dashboard_metrics, exposed_names
+
+from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
+from .sse import TIMEOUT, stream_completion
+
+pytestmark = pytest.mark.engine
+
+MODEL = "tiny"
+
+#: The extension's model-server protocol, as vLLM names it (the endpoint picker's defaults).
+PROTOCOL_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                   "vllm:kv_cache_usage_perc")
+
+
+@pytest.fixture(scope="module")
+def metrics_text(start_engine, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> str:  # type: ignore[no-untyped-def]
+    art = tmp_path_factory.mktemp("dash-art")
+    precompile_eager(tiny_model, art, "--artifact-key", "key-dash")
+    proc: EngineProcess = start_engine(
+        "--model", str(tiny_model), "--artifact-dir", str(art), "--artifact-key", "key-dash",
+        "--backend", "eager", "--served-name", MODEL,
+        "--termination-log", str(art.parent / "serve.termlog"), *SHAPE,
+    )
+    proc.wait_started(STARTUP_TIMEOUT)
+    for prompt in ("hello world", "hello world again"):
+        r = httpx.post(proc.url + "/v1/completions", timeout=TIMEOUT,
+                       json={"model": MODEL, "prompt": prompt, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+    result = stream_completion(proc.url, MODEL, "a streamed answer", max_tokens=8)
+    assert result.done.wait(120) and result.status == 200
+    return httpx.get(proc.url + "/metrics", timeout=TIMEOUT).text
+
+
+def test_every_dashboard_metric_is_exposed(metrics_text: str) -> None:
+    wanted = dashboard_metrics()
+    assert len(wanted) >= 10, wanted  # the extraction found the queries
+    assert EXTERNAL <= wanted  # listed as external because the dashboard uses them
+    missing = sorted(wanted - EXTERNAL - exposed_names(metrics_text))
+    assert not missing, f"the dashboard queries series the engine does not expose: {missing}"
+
+
+def test_model_server_protocol_metrics(metrics_text: str) -> None:
+    names = exposed_names(metrics_text)
+    for gauge in PROTOCOL_GAUGES:
+        assert gauge in names, gauge
+        assert f"# TYPE {gauge} gauge" in metrics_text
+    # optional in the protocol: block size and block count for the prefix-cache scorer
+    info = [ln for ln in metrics_text.splitlines() if ln.startswith("vllm:cache_config_info{")]
+    assert info and 'block_size="' in info[0] and 'num_gpu_blocks="' in info[0], info

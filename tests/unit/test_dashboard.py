@@ -1,0 +1,84 @@
+"""The Grafana dashboard and the models' PodMonitor shipped in the chart, rendered offline.
+
+Whether every series the dashboard reads exists on a real engine is checked in
+tests/engine/test_dashboard_metrics.py; here: the panels asked for are there, the query
+parser finds what it should, and the PodMonitor selects the pods the operator builds.
+"""
+
+from __future__ import annotations
+
+import json
+
+from spyre_operator.api import SpyreModelSpec
+from spyre_operator.desired.deployment import build_deployment
+from spyre_operator.desired.plan import plan_model
+
+from tests.dashboards import DASHBOARD_DIR, EXTERNAL, dashboards, metric_names, queries
+
+from .samples import GENERATE
+from .test_chart_lint import MONITORING, by_kind, needs_helm, render
+
+PANELS = {
+    "KV-cache usage": {"vllm:kv_cache_usage_perc"},
+    "Prefix-cache hit rate": {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"},
+    "Queued and running requests": {"vllm:num_requests_waiting", "vllm:num_requests_running"},
+    "Time to first token": {"vllm:time_to_first_token_seconds_bucket"},
+    "Inter-token latency": {"vllm:inter_token_latency_seconds_bucket"},
+    "Request rate and errors": {"vllm:request_success_total"},
+    "Replicas: desired, available, serving": {"kube_deployment_spec_replicas"},
+    "Artifact per pod": {"spyre_engine_artifact_info"},
+}
+
+
+def test_metric_names_of_promql() -> None:
+    expr = ('histogram_quantile(0.95, sum by (le, pod) (rate(vllm:x_bucket{a="b", c=~"$m"}'
+            '[$__rate_interval]))) / clamp_min(sum without (pod) (y_total offset 5m), 1e-9)'
+            ' and on (pod) count(z == 1)')
+    assert metric_names(expr) == {"vllm:x_bucket", "y_total", "z"}
+    assert metric_names('label_values(up{job="x"}, namespace)') == {"up"}
+
+
+def test_dashboard_has_the_panels_and_reads_their_metrics() -> None:
+    (dash,) = dashboards().values()
+    by_title = {p["title"]: p for p in dash["panels"]}
+    assert set(PANELS) <= set(by_title)
+    for title, wanted in PANELS.items():
+        read = {n for t in by_title[title]["targets"] for n in metric_names(t["expr"])}
+        assert wanted <= read, (title, read)
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    # every query is scoped to the chosen namespace and model (kube-state-metrics by Deployment)
+    for q in queries(dash):
+        if not q.startswith("label_values"):
+            assert 'namespace="$namespace"' in q, q
+            assert '=~"$model"' in q, q
+    assert {n for q in queries(dash) for n in metric_names(q)} & EXTERNAL == EXTERNAL
+
+
+@needs_helm
+def test_dashboard_configmap_carries_the_sidecar_label() -> None:
+    (cm,) = by_kind(render(), "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((DASHBOARD_DIR / "spyre-models.json").read_text())
+    assert json.loads(cm["data"]["spyre-models.json"]) == shipped
+    (cm,) = by_kind(render("--set", "dashboards.annotations.grafana_folder=Spyre",
+                           "--set", "dashboards.namespace=monitoring"), "ConfigMap")
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "Spyre"}
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert not by_kind(render("--set", "dashboards.enabled=false"), "ConfigMap")
+
+
+@needs_helm
+def test_models_pod_monitor_selects_the_serving_pods_the_operator_builds() -> None:
+    docs = render("--set", "monitoring.enabled=true", "--api-versions", MONITORING)
+    (pm,) = [d for d in by_kind(docs, "PodMonitor") if d["metadata"]["name"].endswith("-models")]
+    plan = plan_model("granite", "ns", "uid", SpyreModelSpec.model_validate(GENERATE))
+    pod = build_deployment(plan, plan.key).to_dict()["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for label in pm["spec"]["podTargetLabels"]:
+        assert label in labels, label
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports") or []}
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= ports
+    # without the Prometheus Operator's API nothing is rendered (and nothing fails)
+    assert not by_kind(render("--set", "monitoring.enabled=true"), "PodMonitor")
