@@ -16,6 +16,7 @@ from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.pvc import build_cache_pvc, cache_owners
+from spyre_operator.desired.routing import build_inference_pool
 from spyre_operator.desired.service import build_pdb, build_service
 
 from ..unit.samples import ALL
@@ -36,10 +37,17 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
         objs["pvc"] = build_cache_pvc(
             "team-a", plan.volume, cache_owners([(plan.owner, plan.volume)])
         )
+    # the same model routed through an inference gateway (routing changes no other object)
+    routed = SpyreModelSpec.model_validate(
+        {**spec_doc, "routing": {"inferencePool": {"endpointPicker": {"name": f"{sample}-epp"}}}}
+    )
+    objs["inferencepool"] = build_inference_pool(
+        plan_model(sample, "team-a", f"uid-{sample}", routed)
+    )
     return {k: v.to_dict() for k, v in objs.items()}
 
 
-KINDS = ("job", "deployment", "service", "pdb", "pvc")
+KINDS = ("job", "deployment", "service", "pdb", "pvc", "inferencepool")
 CASES = [(sample, kind) for sample in ALL for kind in KINDS]
 
 
