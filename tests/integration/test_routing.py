@@ -9,6 +9,7 @@ pool's status the way one does (status.parents[].conditions, as the v1 API defin
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,13 @@ def parent_status(kube: Kube, accepted: str, reason: str, message: str) -> None:
     }]}
     kube.kubectl("patch", "inferencepool", "routed", "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": status}))
+
+
+def pool_reads(op: OperatorProcess) -> float:
+    """GET requests on inferencepools so far (the watch's LIST and WATCH are GETs too)."""
+    return sum(v for k, v in op.metrics().items()
+               if k.startswith("spyre_operator_api_requests_total") and 'verb="GET"' in k
+               and 'resource="inferencepools"' in k)
 
 
 @pytest.fixture
@@ -95,6 +103,15 @@ def test_inference_pool_from_missing_crd_to_accepted(
         parent_status(kube, "True", "Accepted", "")
         c = kube.wait_condition("routed", "RoutingReady", "True", reason="InferencePoolAccepted")
         assert f"Gateway {kube.ns}/inference-gw" in c["message"]
+        # Idle: a reconcile (the model touched) writes nothing; the pool is read from the watch.
+        time.sleep(2)  # trailing status writes and Events of the transition
+        writes, reads = routing_operator.writes(), pool_reads(routing_operator)
+        version = kube.get("inferencepool", "routed")["metadata"]["resourceVersion"]
+        kube.kubectl("label", "spyremodel/routed", "poke=1")
+        time.sleep(3)
+        assert routing_operator.writes() == writes, "an idle reconcile wrote"
+        assert pool_reads(routing_operator) == reads, "a reconcile read the pool from the API"
+        assert kube.get("inferencepool", "routed")["metadata"]["resourceVersion"] == version
         parent_status(kube, "False", "NotSupportedByParent", "no inference extension here")
         c = kube.wait_condition("routed", "RoutingReady", "False",
                                 reason="InferencePoolNotAccepted")
