@@ -188,6 +188,9 @@ def non_compile_edits(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
         st.tuples(st.just(("cache",)), st.builds(lambda n: {"claimName": n}, NAME)),
         st.tuples(st.just(("cache",)), st.builds(lambda n: {"volume": {"name": n}}, NAME)),
         st.tuples(st.just(("engine", "imagePullPolicy")), st.sampled_from(["Always", "Never"])),
+        st.tuples(st.just(("routing",)), st.builds(
+            lambda n, p: {"inferencePool": {"endpointPicker": {"name": n, "port": p}}},
+            NAME, st.integers(1, 65535))),
     ))
 
 
