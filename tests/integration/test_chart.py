@@ -31,6 +31,7 @@ import yaml
 
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.thirdparty import (
+    INFERENCE_POOL_CRD,
     POD_MONITOR_CRD,
     SERVICE_MONITOR_CRD,
     installed_crd,
@@ -207,6 +208,9 @@ def test_install_serve_upgrade_uninstall(
               "--set", "image.repository=example.invalid/spyre-model-operator"]
     _adopt_crd(cp, namespace)
     op: OperatorProcess | None = None
+    # The Inference Extension's CRD, so the chart's RBAC is exercised for InferencePools too.
+    pool_crd = installed_crd(cp, INFERENCE_POOL_CRD)
+    pool_crd.__enter__()
     try:
         helm("install", RELEASE, str(CHART), "--namespace", namespace, *values,
              "--wait", "--timeout=90s")
@@ -226,9 +230,12 @@ def test_install_serve_upgrade_uninstall(
             "model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@main"},
             "compile": {"maxModelLen": 2048},
             "replicas": 2,  # a PodDisruptionBudget too
+            "routing": {"inferencePool": {"endpointPicker": {"name": "granite-epp"}}},
         })
         kube.wait_condition("granite", "Ready", timeout=90)
         assert kube.get("poddisruptionbudget", "granite") is not None
+        kube.wait_condition("granite", "RoutingReady", "False", reason="InferencePoolPending")
+        assert kube.get("inferencepool", "granite") is not None
         lease = cp.kubectl_json("get", "lease", "spyre-model-operator", "-n", namespace)
         assert lease["spec"]["holderIdentity"] == "local-operator"
         events = kube.items("events")
@@ -274,6 +281,7 @@ def test_install_serve_upgrade_uninstall(
             op.stop()
         helm("uninstall", RELEASE, "--namespace", namespace, check=False)
         _restore_crd(cp)
+        pool_crd.__exit__(None, None, None)
 
 
 def test_cluster_scope_rbac(control_plane: ControlPlane, helm: Helm, namespace: str) -> None:
