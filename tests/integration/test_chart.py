@@ -7,6 +7,10 @@
   the chart's ServiceAccount (TokenRequest API), so only the chart's RBAC is in play; a
   SpyreModel reaches Ready; `helm upgrade` with a changed CRD updates it; `helm uninstall`
   removes the operator's objects and keeps the CRD (helm.sh/resource-policy: keep).
+* Monitoring with the Prometheus Operator's own CRDs (tests/cluster/crds.sh): without them the
+  install succeeds and its notes say no PodMonitor was made; with them the models' PodMonitor
+  is created. The InferencePool CRD is installed during the end-to-end run, so the chart's RBAC
+  is exercised for a routed model too.
 
 The chart's own Deployment is installed too: kwok plays its pods (they become Ready without
 running anything, which exercises scheduling, Pod Security admission and `helm --wait`), and
