@@ -15,8 +15,8 @@ panel titles and legends as in the JSON), because no Grafana is installable here
 kube-state-metrics series of the replicas panel are not scraped (no cluster), so that panel
 shows only the engines passing readiness.
 
-Needs ``prometheus`` on PATH (Debian: ``apt-get install prometheus``). Takes ~5-8 minutes on
-2 cores (mostly the engine start).
+Needs ``prometheus`` on PATH (Debian's package; ``make binaries`` installs it through
+tests/cluster/metrics-deps.sh). Takes ~5 minutes on 2 cores (mostly the engine start).
 """
 
 from __future__ import annotations
