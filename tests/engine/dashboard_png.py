@@ -1,6 +1,6 @@
 """Render the chart's "Spyre models" dashboard to a PNG from a real Prometheus after a load run.
 
-    .venv/bin/python -m tests.engine.dashboard_png   # writes docs/dashboard-spyre-models.png
+    .venv/bin/python -m tests.engine.dashboard_png   # writes charts/spyre-model-operator/dashboards/spyre-models.png
 
 What is real: one ``spyre-engine serve`` (vLLM + the Spyre plugin on CPU, eager backend, the
 tiny generated model, the engine tests' shape: chunk 128, 4 sequences), Debian's Prometheus
@@ -258,7 +258,11 @@ def render(url: str, dash: dict[str, Any], t0: float, t1: float, out: Path,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard-spyre-models.png")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "charts" / "spyre-model-operator" / "dashboards" / "spyre-models.png",
+    )
     ap.add_argument("--load-seconds", type=float, default=150)
     args = ap.parse_args()
     dash = dashboards()["spyre-models.json"]
