@@ -1,6 +1,7 @@
 """Render the chart's "Spyre models" dashboard to a PNG from a real Prometheus after a load run.
 
-    .venv/bin/python -m tests.engine.dashboard_png   # writes charts/spyre-model-operator/dashboards/spyre-models.png
+    .venv/bin/python -m tests.engine.dashboard_png
+    # writes charts/spyre-model-operator/dashboards/spyre-models.png
 
 What is real: one ``spyre-engine serve`` (vLLM + the Spyre plugin on CPU, eager backend, the
 tiny generated model, the engine tests' shape: chunk 128, 4 sequences), Debian's Prometheus
