@@ -24,6 +24,7 @@ from spyre_engine.settings import (
     split_passthrough,
 )
 from spyre_engine.summary import (
+    REASON_ARTIFACT_CORRUPT,
     REASON_ARTIFACT_MISMATCH,
     REASON_COMPILE_FAILED,
     REASON_ENGINE_FAILED,
@@ -234,6 +235,31 @@ def select_entry(
     return entry
 
 
+class ArtifactCorruptError(Exception):
+    """The artifact does not match the manifest its precompile wrote."""
+
+
+def verify_artifact(settings: ServeSettings) -> dict[str, Any] | None:
+    """Check the artifact against its manifest (``--verify-artifact``) before anything loads it;
+    None when verification is off. Raises ArtifactCorruptError with what is wrong."""
+    from spyre_engine import manifest
+
+    if settings.verify_artifact == "off":
+        log.warning("--verify-artifact off: serving %s unchecked", settings.artifact_dir)
+        return None
+    try:
+        doc = manifest.verify(settings.artifact_dir, settings.verify_artifact)
+    except manifest.ArtifactCorrupt as exc:
+        raise ArtifactCorruptError(str(exc)) from exc
+    log.info(
+        "Artifact verified (%s): %d files, %d bytes",
+        settings.verify_artifact,
+        len(doc["files"]),
+        doc.get("totalBytes", 0),
+    )
+    return doc
+
+
 def run_serve(settings: ServeSettings, process_started: float) -> int:
     """``spyre-engine serve``: refuse fast without a matching catalog entry, else serve."""
     from spyre_engine import catalog
@@ -263,6 +289,12 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
         entry = select_entry(settings, entries, model_path)
     except ArtifactMismatch as exc:
         return _fail(settings.termination_log, REASON_ARTIFACT_MISMATCH, str(exc))
+    t_selected = time.monotonic()
+    try:
+        verified = verify_artifact(settings)
+    except ArtifactCorruptError as exc:
+        return _fail(settings.termination_log, REASON_ARTIFACT_CORRUPT, str(exc))
+    t3 = time.monotonic()
     from spyre_engine.launch import package_versions
 
     installed = package_versions()["sendnn_inference"]
@@ -272,8 +304,12 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
             entry.get("sendnn_inference_version"),
             installed,
         )
-    metrics.startup_phase_seconds.labels("validate").set(time.monotonic() - t2 + (t1 - t0))
+    metrics.startup_phase_seconds.labels("validate").set(
+        (time.monotonic() - t3) + (t_selected - t2) + (t1 - t0)
+    )
     metrics.startup_phase_seconds.labels("resolve_model").set(t2 - t1)
+    if verified is not None:
+        metrics.startup_phase_seconds.labels("verify").set(t3 - t_selected)
 
     from spyre_engine.serve import serve
 

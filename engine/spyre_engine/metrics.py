@@ -12,7 +12,8 @@ class EngineMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.startup_phase_seconds = Gauge(
             "spyre_engine_startup_phase_seconds",
-            "Seconds spent in each start-up phase (validate, resolve_model, engine_start, total)",
+            "Seconds spent in each start-up phase "
+            "(validate, resolve_model, verify, engine_start, total)",
             ["phase"],
             registry=self.registry,
         )

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from spyre_engine import catalog, known_configs
+from spyre_engine import catalog, known_configs, manifest
 from spyre_engine.known_configs import read_config_json
 from spyre_engine.launch import (
     Child,
@@ -167,6 +167,21 @@ def check_known(
         )
 
 
+def invalidate_manifest(artifact: Path) -> None:
+    """Before compiling into ``artifact``: files the manifest says are damaged are removed (so
+    they are compiled anew, not reused), then the manifest itself, so a compile that dies half
+    way leaves a dir serve refuses instead of one whose old manifest vouches for new files."""
+    removed = manifest.remove_damaged(artifact)
+    if removed:
+        log.warning(
+            "Removed %d damaged file(s) of the previous artifact before compiling: %s",
+            len(removed),
+            ", ".join(removed[:5]),
+        )
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(manifest.manifest_path(artifact))
+
+
 def precompile(settings: PrecompileSettings) -> PrecompileSummary:
     """Compile the shape into ``artifact_dir`` and add its catalog entry; idempotent."""
     try:
@@ -190,6 +205,7 @@ def precompile(settings: PrecompileSettings) -> PrecompileSummary:
     if settings.backend == "eager":
         log.info("Backend eager compiles nothing; recording the shape only")
     else:
+        invalidate_manifest(artifact)
         logged = run_warmup(settings, model_path, env)
     compile_seconds = time.monotonic() - started
 
@@ -205,6 +221,17 @@ def precompile(settings: PrecompileSettings) -> PrecompileSummary:
         "%s catalog entry %s",
         "Added" if added else "Kept existing",
         catalog.describe(entry["data"]),
+    )
+    # Last: the manifest exists only once the graphs and the catalog entry are complete.
+    try:
+        doc = manifest.write_manifest(artifact)
+    except OSError as exc:
+        raise PrecompileError(REASON_CATALOG_ERROR, f"cannot write the manifest: {exc}") from exc
+    log.info(
+        "Wrote %s: %d files, %d bytes",
+        manifest.MANIFEST_FILENAME,
+        len(doc["files"]),
+        doc["totalBytes"],
     )
     return PrecompileSummary(
         key=settings.artifact_key,

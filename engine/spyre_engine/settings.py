@@ -181,6 +181,11 @@ class ServeSettings(EngineSettings):
     internal_port: int | None = Field(
         None, ge=1, le=65535, description="Loopback port of the vLLM server (default: a free one)"
     )
+    verify_artifact: Literal["checksums", "sizes", "off"] = Field(
+        "checksums",
+        description="Before loading, check the artifact against the manifest precompile wrote: "
+        "sizes and sha256 (checksums), sizes only (sizes; reads no file), or not at all (off)",
+    )
 
     @model_validator(mode="after")
     def _serving_backend(self) -> ServeSettings:

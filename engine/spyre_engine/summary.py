@@ -19,6 +19,8 @@ REASON_INVALID_SETTINGS = "InvalidSettings"
 REASON_MODEL_NOT_FOUND = "ModelNotFound"
 REASON_MODEL_ACCESS_DENIED = "ModelAccessDenied"
 REASON_ARTIFACT_MISMATCH = "ArtifactMismatch"
+#: The artifact dir does not match its manifest (missing, truncated, changed) or has none.
+REASON_ARTIFACT_CORRUPT = "ArtifactCorrupt"
 REASON_COMPILE_FAILED = "CompileFailed"
 REASON_ENGINE_FAILED = "EngineFailed"
 REASON_CATALOG_ERROR = "CatalogError"

@@ -74,6 +74,13 @@ RECONCILED = "Reconciled"
 AS_EXPECTED = "AsExpected"
 INVALID_SPEC = "InvalidSpec"
 ENGINE_FAILED = "EngineFailed"
+#: A serving pod refused the artifact: it does not match the manifest its precompile wrote
+#: (missing, truncated, changed) or has none (engine/spyre_engine/manifest.py).
+ARTIFACT_CORRUPT = "ArtifactCorrupt"
+#: A serving pod found no catalog entry it can serve for its shape.
+ARTIFACT_MISMATCH = "ArtifactMismatch"
+#: Engine failure reasons of a serving pod that replace the generic EngineFailed in conditions.
+ENGINE_SERVE_REASONS = frozenset({ARTIFACT_CORRUPT, ARTIFACT_MISMATCH})
 ROLLOUT_STALLED = "RolloutStalled"
 #: Progressing: replicas are missing because no node has the cards (or CPU, memory) they
 #: need; the model keeps serving on the others.
@@ -123,6 +130,8 @@ WARNING_REASONS = frozenset(
         UNSUPPORTED_CONFIGURATION,
         INVALID_SPEC,
         ENGINE_FAILED,
+        ARTIFACT_CORRUPT,
+        ARTIFACT_MISMATCH,
         ROLLOUT_STALLED,
         RECONCILE_ERROR,
         NAME_CONFLICT,

@@ -583,8 +583,10 @@ def _rollout(deployment: dict[str, Any] | None, replicas: int, key: str | None) 
 NODE_ENDED_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeShutdown", "Terminated"})
 
 
-def _engine_failure(pods: list[dict[str, Any]]) -> str | None:
-    """A serving container that exited non-zero (e.g. refusing a mismatched artifact).
+def _engine_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """A serving container that exited non-zero (e.g. refusing a mismatched artifact): the
+    condition reason (the engine's own when it names the artifact's problem, else EngineFailed)
+    and the message.
 
     Not a pod the node ended (evicted under disk or memory pressure, node shutdown,
     preemption): its container was killed, not failed, and the Deployment replaces it; the
@@ -597,10 +599,14 @@ def _engine_failure(pods: list[dict[str, Any]]) -> str | None:
         if term and term.get("exitCode") not in (None, 0):
             parsed = parse_termination_message(term.get("message"))
             if isinstance(parsed, EngineFailure):
-                return f"pod {p['name']}: {parsed.reason}: {parsed.message}"
-            return f"pod {p['name']}: engine exited with code {term.get('exitCode')}"
+                reason = (
+                    parsed.reason if parsed.reason in C.ENGINE_SERVE_REASONS else C.ENGINE_FAILED
+                )
+                return reason, f"pod {p['name']}: {parsed.reason}: {parsed.message}"
+            code = term.get("exitCode")
+            return C.ENGINE_FAILED, f"pod {p['name']}: engine exited with code {code}"
         if p.get("waiting") == "CrashLoopBackOff":
-            return f"pod {p['name']}: CrashLoopBackOff"
+            return C.ENGINE_FAILED, f"pod {p['name']}: CrashLoopBackOff"
     return None
 
 
@@ -772,7 +778,7 @@ def decide_status(
             if obs.model_pvc_exists
             else f"model claim {plan.model_claim} not found in namespace {plan.namespace}",
         ),
-        (C.ENGINE_FAILED, engine_failure),
+        engine_failure or ("", None),
         (C.ROLLOUT_STALLED, roll.stall),
     ):
         if message:
@@ -821,7 +827,7 @@ def decide_status(
             foreign or write_error or "",
         )
     elif engine_failure:
-        ready = C.Cond(C.READY, C.FALSE, C.ENGINE_FAILED, engine_failure)
+        ready = C.Cond(C.READY, C.FALSE, *engine_failure)
     else:
         ready = C.Cond(
             C.READY,

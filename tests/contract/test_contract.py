@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spyre_engine import catalog
+from spyre_engine import catalog, manifest
 from spyre_engine.precompile import directory_size
 from spyre_operator import conditions as C
 from spyre_operator.desired import names
@@ -102,6 +102,9 @@ def test_precompile_job_fills_the_artifact_and_the_operator_reads_its_summary(
     assert directory_size(art) == parsed.size_bytes
     special = [str(p) for p in art.rglob("*") if not (p.is_file() or p.is_dir()) or p.is_symlink()]
     assert not special, f"the artifact holds sockets, pipes or links: {special[:5]}"
+    # The manifest the Job wrote last vouches for every file it left (issue 14).
+    doc = manifest.verify(art)
+    assert not manifest.compare(art, doc).unlisted
 
     # A catalog entry for exactly the shape the Deployment serves.
     entries = catalog.read_catalog(art)
@@ -217,6 +220,7 @@ def test_serving_refuses_an_artifact_of_another_shape_and_the_operator_says_why(
     """The last test of the module: it leaves the model crash-looping."""
     art = artifact_host_dir(env.cp, env.kube, served.model)
     path = catalog.catalog_path(art)
+    original = json.loads(path.read_text())
     entries = json.loads(path.read_text())
     for e in entries:
         e["data"]["VLLM_DT_MAX_CONTEXT_LEN"] = int(e["data"]["VLLM_DT_MAX_CONTEXT_LEN"]) * 2
@@ -242,7 +246,18 @@ def test_serving_refuses_an_artifact_of_another_shape_and_the_operator_says_why(
     assert "has no entry for" in term["message"]
 
     # The operator surfaces the engine's reason.
-    degraded = env.kube.wait_condition(served.name, "Degraded", "True", C.ENGINE_FAILED, 120)
-    assert "ArtifactMismatch" in degraded["message"]
-    ready = env.kube.wait_condition(served.name, "Ready", "False", C.ENGINE_FAILED, 60)
-    assert "ArtifactMismatch" in ready["message"]
+    degraded = env.kube.wait_condition(served.name, "Degraded", "True", C.ARTIFACT_MISMATCH, 120)
+    assert "has no entry for" in degraded["message"]
+    ready = env.kube.wait_condition(served.name, "Ready", "False", C.ARTIFACT_MISMATCH, 60)
+    assert "has no entry for" in ready["message"]
+
+    # The catalog restored but the manifest gone (a precompile that never finished, a copy
+    # without it): the next pod refuses before loading, and the reason says so (issue 14).
+    path.write_text(json.dumps(original))
+    manifest.manifest_path(art).unlink()
+    crashed_before = {p["metadata"]["name"] for p in server_pods(env.kube, served.name)}
+    env.kube.kubectl("delete", "pod", *crashed_before, "--wait=false")
+    degraded = env.kube.wait_condition(served.name, "Degraded", "True", C.ARTIFACT_CORRUPT, 300)
+    assert "spyre_artifact_manifest.json is missing" in degraded["message"]
+    ready = env.kube.wait_condition(served.name, "Ready", "False", C.ARTIFACT_CORRUPT, 60)
+    assert "precompile" in ready["message"]

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from spyre_engine import catalog
+from spyre_engine import catalog, manifest
 from spyre_engine.summary import PrecompileSummary, parse_termination_message
 from spyre_engine.testing.process import engine_command
 
@@ -40,9 +40,12 @@ def test_precompile_writes_entry_and_summary(tiny_model: Path, tmp_path: Path) -
             },
         }
     ]
+    # The manifest is written last, and serve's check passes on what precompile left.
+    assert manifest.verify(art)["format"] == 1
     # Re-running is idempotent: same single entry.
     precompile_eager(tiny_model, art, "--artifact-key", "k-123")
     assert catalog.read_catalog(art) == entries
+    manifest.verify(art)
 
 
 def test_concurrent_precompiles_keep_every_entry(tiny_model: Path, tmp_path: Path) -> None:
@@ -89,3 +92,7 @@ def test_inductor_precompile_compiles_into_the_artifact(tiny_model: Path, tmp_pa
     assert summary.size_bytes > 1_000_000  # inductor's graphs and generated code
     assert any((art / "inductor").rglob("*")), "no inductor cache in the artifact"
     assert len(catalog.read_catalog(art)) == 1
+    # Everything the compile left is in the manifest (dead sockets removed first), and intact.
+    doc = manifest.verify(art)
+    assert any(f["path"].startswith("inductor/") for f in doc["files"])
+    assert not manifest.compare(art, doc).unlisted

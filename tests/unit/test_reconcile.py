@@ -219,6 +219,28 @@ def test_engine_refusing_to_start_is_surfaced() -> None:
     assert cond(d, C.READY)["reason"] == C.ENGINE_FAILED
 
 
+def test_corrupt_artifact_is_the_condition_reason() -> None:
+    """A serving pod refusing a truncated artifact shows as ArtifactCorrupt, not EngineFailed."""
+    m = model("m", GENERATE)
+    obs = Observed(cache_pvc=BOUND, job=job_obj(m, "Complete"))
+    obs.deployment = deployment_obj(decide(m, obs, NOW), ready=0)
+    key = plan_for(m).short_key
+    msg = json.dumps(
+        {"reason": "ArtifactCorrupt", "message": "/c/art does not match the manifest: missing: g"}
+    )
+    obs.server_pods = [{"name": "m-abc", "artifact": key,
+                        "terminated": {"exitCode": 1, "message": msg}}]
+    d = decide(m, obs, NOW)
+    for type_ in (C.DEGRADED, C.READY):
+        assert cond(d, type_)["reason"] == C.ARTIFACT_CORRUPT
+        assert "missing: g" in cond(d, type_)["message"]
+    assert d.events and d.events[0][0] == "Warning" and d.events[0][1] == C.ARTIFACT_CORRUPT
+    # An engine reason that says nothing about the artifact stays EngineFailed.
+    other = json.dumps({"reason": "Terminated", "message": "stopped"})
+    obs.server_pods[0]["terminated"]["message"] = other
+    assert cond(decide(m, obs, NOW), C.READY)["reason"] == C.ENGINE_FAILED
+
+
 def test_shared_job_lists_every_owner() -> None:
     from spyre_operator.desired.plan import OwnerRef
 
