@@ -214,9 +214,9 @@ def test_engine_refusing_to_start_is_surfaced() -> None:
     obs.server_pods = [{"name": "m-abc", "artifact": key,
                         "terminated": {"exitCode": 2, "message": msg}}]
     d = decide(m, obs, NOW)
-    assert cond(d, C.DEGRADED)["reason"] == C.ENGINE_FAILED
-    assert "ArtifactMismatch" in cond(d, C.DEGRADED)["message"]
-    assert cond(d, C.READY)["reason"] == C.ENGINE_FAILED
+    assert cond(d, C.DEGRADED)["reason"] == C.ARTIFACT_MISMATCH
+    assert "no catalog entry for tp=1" in cond(d, C.DEGRADED)["message"]
+    assert cond(d, C.READY)["reason"] == C.ARTIFACT_MISMATCH
 
 
 def test_corrupt_artifact_is_the_condition_reason() -> None:
