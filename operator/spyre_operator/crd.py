@@ -184,6 +184,13 @@ def build_crd() -> dict[str, Any]:
                             "description": "Artifact key",
                         },
                         {
+                            "name": "Cache",
+                            "type": "string",
+                            "jsonPath": ".status.cache.usage",
+                            "priority": 1,
+                            "description": "Size of the artifacts this model keeps on its claim",
+                        },
+                        {
                             "name": "Endpoint",
                             "type": "string",
                             "jsonPath": ".status.endpoint",

@@ -424,11 +424,34 @@ def decide_artifact(
         return ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.COMPILING, message))
 
     job = obs.job
-    if job is None:
+    refused = _refused_by_servers(plan, obs)
+    if job is None and not refused:
         if old.get("phase") == READY and same and pvc_uid and old.get("claimUID") == pvc_uid:
             # The artifact is on this very claim; its Job was removed (TTL or by hand).
             st = {**old, "jobName": plan.job_name}
-            return ArtifactOutcome(st, _ready_condition(plan, st))
+            return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
+        known = _remembered_on_claim(model, plan, pvc_uid)
+        if known is not None:
+            # A revert to a shape compiled before, still on this claim: serve it, no Job.
+            st = _clean(
+                {
+                    **base,
+                    "phase": READY,
+                    "claimUID": pvc_uid,
+                    "sizeBytes": known.get("sizeBytes"),
+                    "compileSeconds": known.get("compileSeconds"),
+                    "completedAt": known.get("completedAt"),
+                    "modelRevision": known.get("modelRevision"),
+                }
+            )
+            return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
+    if job is None:
+        if refused:
+            out = pending(
+                f"{refused}; the precompile Job is gone: compiling the artifact again"
+            )
+            out.job = owners_job()
+            return out
         if cache.missing:
             msg = "waiting for the cache claim"
             st = _clean({**base, **carry, "phase": PENDING, "message": msg})
@@ -500,18 +523,149 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def _ready_condition(plan: ModelPlan, st: dict[str, Any]) -> C.Cond:
+def _ready_condition(plan: ModelPlan, st: dict[str, Any], remembered: bool = False) -> C.Cond:
     detail = ""
     if st.get("compileSeconds") is not None:
         detail = (
             f" (compiled in {st['compileSeconds']:.0f}s, {_human_size(st.get('sizeBytes'))})"
         )
+    if remembered:
+        detail += f"; compiled earlier ({st.get('completedAt') or 'time unknown'}), not again"
     return C.Cond(
         C.ARTIFACT_READY,
         C.TRUE,
         C.ARTIFACT_AVAILABLE,
         f"artifact {plan.short_key} ready at {st['path']} on PVC {plan.claim}{detail}",
     )
+
+
+# ------------------------------------------------------------------------------ remembered
+
+#: How many artifacts a model's status remembers (most recently used first).
+MAX_REMEMBERED = 16
+
+
+def _remembered(model: dict[str, Any]) -> list[dict[str, Any]]:
+    cache = (model.get("status") or {}).get("cache") or {}
+    return [a for a in cache.get("artifacts") or [] if a.get("key") and a.get("claim")]
+
+
+def _remembered_on_claim(
+    model: dict[str, Any], plan: ModelPlan, pvc_uid: str | None
+) -> dict[str, Any] | None:
+    """The remembered artifact of this spec's key on this very claim (same UID), if any."""
+    if not pvc_uid:
+        return None
+    for a in _remembered(model):
+        if a["key"] == plan.key and a["claim"] == plan.claim and a.get("claimUID") == pvc_uid:
+            return a
+    return None
+
+
+def _refused_by_servers(plan: ModelPlan, obs: Observed) -> str | None:
+    """A serving pod of this key refused its artifact (missing, corrupt, no entry).
+
+    Then remembering it is not enough: with its Job gone, it is compiled again (the engine's
+    precompile removes what the manifest shows damaged first). A Job that still exists is not
+    re-run by this: one automatic recompile, never a loop.
+    """
+    for p in obs.server_pods:
+        if p.get("artifact") != plan.short_key:
+            continue
+        term = p.get("terminated") or {}
+        parsed = parse_termination_message(term.get("message"))
+        if isinstance(parsed, EngineFailure) and parsed.reason in C.ENGINE_SERVE_REASONS:
+            return f"pod {p.get('name')} refused the artifact ({parsed.reason})"
+    return None
+
+
+def shape_text(spec: SpyreModelSpec) -> str:
+    """The compile shape in short, for status.cache.artifacts."""
+    c = spec.compile
+    parts = [f"tp={c.tensor_parallel_size}", f"backend={c.backend}"]
+    if c.warmup_shapes:
+        shapes = ",".join(f"{w.prompt_len}x{w.batch_size}" for w in c.warmup_shapes)
+        parts.append(f"warmup={shapes}")
+    else:
+        parts += [f"maxModelLen={c.max_model_len}", f"maxNumSeqs={c.max_num_seqs}"]
+        if c.max_num_batched_tokens:
+            parts.append(f"chunk={c.max_num_batched_tokens}")
+    return " ".join(parts)
+
+
+def decide_cache_status(
+    model: dict[str, Any],
+    plan: ModelPlan,
+    obs: Observed,
+    artifact: ArtifactOutcome,
+    serving: ServingOutcome,
+    now: str,
+) -> dict[str, Any] | None:
+    """status.cache: the artifacts this model compiled or served, and their total size.
+
+    An artifact is recorded once Ready on a claim and stays listed (at most
+    :data:`MAX_REMEMBERED`, most recently used first) so a revert finds it. ``inUse`` is
+    whether the spec needs it or the Deployment serves it; ``lastUsed`` changes only when that
+    flips, so an idle resync writes nothing. Entries of the spec's claim recorded on an older
+    incarnation of it (another UID) are dropped: that claim holds none of them.
+    """
+    pvc_uid = ((obs.cache_pvc or {}).get("metadata") or {}).get("uid")
+    entries: dict[tuple[str, str], dict[str, Any]] = {
+        (a["key"], a["claim"]): dict(a) for a in _remembered(model)
+    }
+    if artifact.phase == READY:
+        st = artifact.status
+        rec = {
+            "key": plan.key,
+            "claim": plan.claim,
+            "claimUID": st.get("claimUID") or pvc_uid,
+            "path": st.get("path"),
+            "model": plan.spec.model.uri,
+            "shape": shape_text(plan.spec),
+            "sizeBytes": st.get("sizeBytes"),
+            "compileSeconds": st.get("compileSeconds"),
+            "completedAt": st.get("completedAt"),
+            "modelRevision": st.get("modelRevision"),
+        }
+        prev = entries.get((plan.key, plan.claim), {})
+        entries[(plan.key, plan.claim)] = {**prev, **_clean(rec)}
+    if pvc_uid:
+        entries = {
+            k: a
+            for k, a in entries.items()
+            if not (a["claim"] == plan.claim and a.get("claimUID") not in (None, pvc_uid))
+        }
+    in_use = set()
+    if artifact.phase == READY:
+        in_use.add((plan.key, plan.claim))
+    if serving.key and serving.plan is not None:
+        in_use.add((serving.key, serving.plan.claim))
+    live_key, live_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
+    if live_key and live_spec is not None:  # its pods serve it until the rollout replaces them
+        live = plan_model(plan.name, plan.namespace, plan.uid, live_spec)
+        in_use.add((live_key, live.claim))
+    for k, a in entries.items():
+        using = k in in_use
+        if "lastUsed" not in a or bool(a.get("inUse")) != using:
+            a["lastUsed"] = now
+        a["inUse"] = using
+    if not entries:
+        return None
+    ordered = sorted(entries.values(), key=lambda a: (a["key"], a["claim"]))
+    ordered.sort(key=lambda a: (not a["inUse"], _neg_time(a.get("lastUsed"))))
+    kept = ordered[:MAX_REMEMBERED]
+    here = [a for a in kept if a["claim"] == plan.claim]
+    used = sum(int(a.get("sizeBytes") or 0) for a in here)
+    return {
+        "artifacts": kept,
+        "usedBytes": used,
+        "usage": f"{_human_size(used)} in {len(here)}",
+    }
+
+
+def _neg_time(t: str | None) -> float:
+    parsed = _parse_time(t)
+    return -parsed.timestamp() if parsed else 0.0
 
 
 # ------------------------------------------------------------------------------ serving
@@ -1008,6 +1162,9 @@ def decide(
         "endpoint": plan.endpoint,
         "conditions": conds,
     }
+    cache_status = decide_cache_status(model, plan, obs, artifact, serving, now)
+    if cache_status is not None:
+        status["cache"] = cache_status
     if serving.key and serving.plan is not None:
         status["servingArtifactKey"] = serving.key
     d.status = status
@@ -1063,6 +1220,8 @@ __all__ = [
     "decide_cache",
     "decide_routing",
     "decide_serving",
+    "decide_cache_status",
     "decide_status",
     "served_key",
+    "shape_text",
 ]

@@ -856,6 +856,62 @@ class ArtifactStatus(ApiModel):
     )
 
 
+class CachedArtifact(ApiModel):
+    """An artifact this model compiled or served, known to be on a cache claim.
+
+    Remembered so that reverting a compile-affecting edit serves the artifact again at once,
+    without a precompile Job, as long as it is on the same claim (same claimUID).
+    """
+
+    key: str = Field(description="Content-addressed artifact key.")
+    claim: str = Field(description="The cache claim the artifact is on.")
+    claim_uid: str | None = Field(
+        default=None,
+        alias="claimUID",
+        description="UID of that claim when the artifact was recorded (a new claim has none).",
+    )
+    path: str | None = Field(default=None, description="Artifact directory in the cache volume.")
+    model: str | None = Field(default=None, description="spec.model.uri it was compiled from.")
+    shape: str | None = Field(default=None, description="The compile shape, in short.")
+    size_bytes: int | None = Field(default=None, description="Artifact size on disk.")
+    compile_seconds: float | None = Field(default=None, description="Compile wall time.")
+    completed_at: str | None = Field(default=None, description="When compilation finished.")
+    model_revision: str | None = Field(
+        default=None, description="The commit an hf:// model resolved to, if known."
+    )
+    in_use: bool | None = Field(
+        default=None,
+        description="The spec needs it or the Deployment serves it.",
+    )
+    last_used: str | None = Field(
+        default=None,
+        description=(
+            "When it was last in use: the time it stopped being needed or served (for one in "
+            "use, when it was recorded or came back into use)."
+        ),
+    )
+
+
+class CacheStatus(ApiModel):
+    """What this model knows to be on its cache claims."""
+
+    artifacts: list[CachedArtifact] | None = Field(
+        default=None,
+        description=(
+            "Artifacts this model compiled or served, most recently used first (at most 16): "
+            "reverting to one of them on the same claim serves it without compiling."
+        ),
+    )
+    used_bytes: int | None = Field(
+        default=None,
+        description="Total size of the listed artifacts on the current cache claim.",
+    )
+    usage: str | None = Field(
+        default=None,
+        description="used_bytes in human units and how many artifacts, e.g. '2.1 GiB in 3'.",
+    )
+
+
 class SpyreModelStatus(ApiModel):
     """Observed state of a SpyreModel."""
 
@@ -864,6 +920,9 @@ class SpyreModelStatus(ApiModel):
     )
     artifact: ArtifactStatus | None = Field(
         default=None, description="The artifact the current spec needs."
+    )
+    cache: CacheStatus | None = Field(
+        default=None, description="Artifacts this model knows to be on its cache claims."
     )
     serving_artifact_key: str | None = Field(
         default=None,

@@ -1,0 +1,138 @@
+"""Rollback without recompiling: status.cache remembers the artifacts on the claim (issue 14)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from spyre_operator import conditions as C
+from spyre_operator.desired import names
+from spyre_operator.reconcile import MAX_REMEMBERED, Observed, decide, served_key
+
+from .samples import GENERATE, model
+from .test_reconcile import BOUND, cond, deployment_obj, job_obj, plan_for
+
+T0, T1, T2, T3 = (f"2026-11-21T10:0{i}:00Z" for i in range(4))
+CLAIM = {**BOUND, "metadata": {**BOUND["metadata"], "uid": "pvc-uid-1",
+                               "creationTimestamp": "2026-11-21T09:00:00Z"}}
+SUMMARY = json.dumps({"key": None, "path": "/cache/x", "compileSeconds": 150.0,
+                      "sizeBytes": 3 * 2**30, "versions": {}})
+
+
+def _with_status(m: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    m = copy.deepcopy(m)
+    m["status"] = status
+    return m
+
+
+def _complete(m: dict[str, Any]) -> Observed:
+    obs = Observed(cache_pvc=CLAIM, job=job_obj(m, "Complete"))
+    obs.job_pods = [{"name": "j", "terminated": {"exitCode": 0, "message": SUMMARY,
+                                                  "finishedAt": T0}}]
+    return obs
+
+
+def _deployment_key(d: Any) -> str | None:
+    dep = next((o for o in d.apply if o.kind == "Deployment"), None)
+    return served_key(dep.to_dict()) if dep is not None else None
+
+
+def _history() -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """Model compiled and served at shape A, then edited to B, compiled and served: the state
+    just before a revert to A."""
+    a = model("m", GENERATE)
+    d = decide(a, _complete(a), T0)
+    assert d.status["artifact"]["phase"] == "Ready"
+    [rec] = d.status["cache"]["artifacts"]
+    assert rec["key"] == plan_for(a).key and rec["inUse"] and rec["claimUID"] == "pvc-uid-1"
+    assert rec["sizeBytes"] == 3 * 2**30 and "maxModelLen=" in rec["shape"]
+    dep_a = deployment_obj(d, ready=1)
+
+    b = _with_status(model("m", {**GENERATE, "compile": {"maxModelLen": 8192}}), d.status)
+    assert plan_for(b).key != plan_for(a).key
+    obs = Observed(cache_pvc=CLAIM, job=job_obj(b, None), deployment=dep_a)
+    d = decide(b, obs, T1)
+    assert d.status["artifact"]["phase"] == "Compiling"
+    [rec] = d.status["cache"]["artifacts"]
+    assert rec["inUse"] and rec["lastUsed"] == T0  # still served: in use, unchanged
+    obs = _complete(b)
+    obs.deployment = dep_a
+    d = decide(b, obs, T2)
+    keys = [(r["key"], r["inUse"], r["lastUsed"]) for r in d.status["cache"]["artifacts"]]
+    assert keys == [(plan_for(b).key, True, T2), (plan_for(a).key, True, T0)]  # A still served
+    dep_b = deployment_obj(d, ready=1)
+    obs.deployment = dep_b
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T2)
+    keys = [(r["key"], r["inUse"], r["lastUsed"]) for r in d.status["cache"]["artifacts"]]
+    assert keys == [(plan_for(b).key, True, T2), (plan_for(a).key, False, T2)]
+    return a, _with_status(b, d.status), dep_b
+
+
+def test_revert_to_a_shape_still_on_the_claim_serves_it_without_a_job() -> None:
+    a, b, dep_b = _history()
+    # Revert the edit; A's Job is gone (deleted by hand, or by a cleanup policy).
+    reverted = _with_status(a, b["status"])
+    reverted["metadata"]["generation"] = 3
+    d = decide(reverted, Observed(cache_pvc=CLAIM, deployment=dep_b), T3)
+    assert d.job is None, "a revert must not compile"
+    assert d.status["artifact"]["phase"] == "Ready"
+    assert d.status["artifact"]["key"] == plan_for(a).key
+    assert d.status["artifact"]["sizeBytes"] == 3 * 2**30
+    assert _deployment_key(d) == plan_for(a).key
+    art = cond(d, C.ARTIFACT_READY)
+    assert art["status"] == "True" and "compiled earlier" in art["message"]
+    st = d.status["cache"]
+    assert [(r["key"], r["inUse"]) for r in st["artifacts"]] == [
+        (plan_for(a).key, True), (plan_for(b).key, True)]  # B is still served until rolled out
+    assert st["usedBytes"] == 6 * 2**30 and st["usage"] == "6.0 GiB in 2"
+
+
+def test_an_idle_resync_writes_the_same_status() -> None:
+    _, b, dep_b = _history()
+    obs = _complete(b)
+    obs.deployment = dep_b
+    first = decide(b, obs, T3)
+    again = decide(_with_status(b, first.status), obs, "2026-11-21T11:00:00Z")
+    assert again.status == first.status
+
+
+def test_a_recreated_claim_forgets_what_the_old_one_held() -> None:
+    a, b, dep_b = _history()
+    new_claim = copy.deepcopy(CLAIM)
+    new_claim["metadata"]["uid"] = "pvc-uid-2"
+    reverted = _with_status(a, b["status"])
+    d = decide(reverted, Observed(cache_pvc=new_claim, deployment=dep_b), T3)
+    assert d.job is not None, "the new claim holds no artifact: compile"
+    assert d.status["artifact"]["phase"] == "Pending"
+    assert "cache" not in d.status or not d.status["cache"]["artifacts"]
+
+
+def test_a_remembered_artifact_the_servers_refuse_is_compiled_again() -> None:
+    a, b, dep_b = _history()
+    reverted = _with_status(a, b["status"])
+    msg = json.dumps({"reason": "ArtifactCorrupt", "message": "manifest is missing"})
+    obs = Observed(cache_pvc=CLAIM, deployment=dep_b)
+    obs.server_pods = [{"name": "m-x", "artifact": plan_for(a).short_key,
+                        "terminated": {"exitCode": 1, "message": msg}}]
+    d = decide(reverted, obs, T3)
+    assert d.job is not None
+    assert "refused the artifact (ArtifactCorrupt)" in d.status["artifact"]["message"]
+    # A pod of another key refusing its artifact changes nothing for this one.
+    obs.server_pods[0]["artifact"] = names.short_key("other")
+    assert decide(reverted, obs, T3).job is None
+
+
+def test_the_list_is_bounded_and_keeps_the_most_recently_used() -> None:
+    a = model("m", GENERATE)
+    status: dict[str, Any] = {"cache": {"artifacts": [
+        {"key": f"k{i:02d}", "claim": plan_for(a).claim, "claimUID": "pvc-uid-1",
+         "sizeBytes": 1, "inUse": False, "lastUsed": f"2026-11-20T10:{i:02d}:00Z"}
+        for i in range(MAX_REMEMBERED + 4)]}}
+    d = decide(_with_status(a, status), _complete(a), T0)
+    arts = d.status["cache"]["artifacts"]
+    assert len(arts) == MAX_REMEMBERED
+    assert arts[0]["key"] == plan_for(a).key and arts[0]["inUse"]
+    assert [r["key"] for r in arts[1:4]] == ["k19", "k18", "k17"]
+    assert "k00" not in {r["key"] for r in arts}
