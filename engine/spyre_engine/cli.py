@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spyre_engine.settings import (
+    CacheSettings,
     EngineSettings,
     PrecompileSettings,
     ServeSettings,
@@ -26,6 +27,7 @@ from spyre_engine.settings import (
 from spyre_engine.summary import (
     REASON_ARTIFACT_CORRUPT,
     REASON_ARTIFACT_MISMATCH,
+    REASON_CATALOG_ERROR,
     REASON_COMPILE_FAILED,
     REASON_ENGINE_FAILED,
     REASON_INVALID_SETTINGS,
@@ -65,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("serve", help="Serve the OpenAI API from a precompiled artifact"),
         ServeSettings,
     )
+    add_arguments(
+        sub.add_parser("usage", help="Report the size of every artifact on the cache volume"),
+        CacheSettings,
+    )
+    add_arguments(
+        sub.add_parser("gc", help="Remove the given artifacts (skipping any being written)"),
+        CacheSettings,
+    )
     return parser
 
 
@@ -87,8 +97,10 @@ def _fail(termination_log: object, reason: str, message: str) -> int:
 
 def load_settings(
     command: str, flags: dict[str, object], passthrough: list[str] | None
-) -> EngineSettings:
+) -> EngineSettings | CacheSettings:
     """Settings for ``command`` from flags, env and the vLLM args after ``--``."""
+    if command in ("usage", "gc"):
+        return settings_from_sources(CacheSettings, flags)  # type: ignore[no-any-return]
     model = PrecompileSettings if command == "precompile" else ServeSettings
     if passthrough is not None:
         flags["vllm_args"] = passthrough
@@ -117,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(args.command, flags, passthrough)
     except ValidationError as exc:
         return _fail(termination_log, REASON_INVALID_SETTINGS, _validation_message(exc))
+    if args.command in ("usage", "gc"):
+        assert isinstance(settings, CacheSettings)
+        return run_cache_command(args.command, settings)
     if args.command == "precompile":
         assert isinstance(settings, PrecompileSettings)
         return run_precompile(settings)
@@ -179,6 +194,33 @@ def run_precompile(settings: PrecompileSettings) -> int:
     log.info("Precompiled: %s", summary.to_line())
     write_termination_log(settings.termination_log, summary)
     print(summary.to_line(), flush=True)
+    return 0
+
+
+def run_cache_command(command: str, settings: CacheSettings) -> int:
+    """``usage``: one JSON line with every artifact's size; ``gc``: remove ``--remove`` keys and
+    report what was freed and what was skipped (being written, absent). Both write the line to
+    stdout and the termination log."""
+    import json
+
+    from spyre_engine import gc
+
+    try:
+        if command == "usage":
+            doc = gc.usage(settings.cache_root)
+        else:
+            doc = gc.gc(settings.cache_root, settings.remove).to_dict()
+            doc["remainingBytes"] = gc.usage(settings.cache_root)["totalBytes"]
+    except OSError as exc:
+        return _fail(settings.termination_log, REASON_CATALOG_ERROR, f"{command}: {exc}")
+    line = json.dumps(doc, separators=(",", ":"))
+    log.info("%s: %s", command, line)
+    print(line, flush=True)
+    if settings.termination_log is not None:
+        try:
+            Path(settings.termination_log).write_text(line + "\n")
+        except OSError as exc:
+            log.warning("Could not write termination log %s: %s", settings.termination_log, exc)
     return 0
 
 

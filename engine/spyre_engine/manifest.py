@@ -8,8 +8,9 @@ missing or truncated file (a half-written dir, a partial copy) or a checksum mis
 corrupt file) refuses to start with reason ``ArtifactCorrupt`` instead of loading garbage or, for
 inductor, compiling on the serving path.
 
-Left out: the engine's own bookkeeping (the catalog, which serve parses anyway, its lock, temp
-files of both) and anything that is not a regular file or a symlink (vLLM's dead IPC sockets).
+Left out: the engine's own bookkeeping (the catalog, which serve parses anyway, its lock, the
+writer lock, temp files) and anything that is not a regular file or a symlink (vLLM's dead IPC
+sockets).
 Files present but not listed are logged, not refused: a later precompile of another shape into
 the same dir may add files while this artifact is served. The operator never does that (one
 dir per artifact key), so the manifest is always the one of the last precompile that finished.
@@ -33,6 +34,8 @@ from spyre_engine.catalog import CATALOG_FILENAME, LOCK_FILENAME
 log = logging.getLogger(__name__)
 
 MANIFEST_FILENAME = "spyre_artifact_manifest.json"
+#: Held by every precompile while it writes the dir (spyre_engine.gc.writing).
+WRITER_LOCK_FILENAME = ".spyre-writer.lock"
 MANIFEST_FORMAT = 1
 _TEMP_PREFIXES = (".catalog-", ".manifest-")
 _CHUNK = 1 << 20
@@ -51,7 +54,7 @@ def manifest_path(artifact_dir: Path) -> Path:
 
 
 def _excluded(rel: str) -> bool:
-    if rel in (CATALOG_FILENAME, LOCK_FILENAME, MANIFEST_FILENAME):
+    if rel in (CATALOG_FILENAME, LOCK_FILENAME, MANIFEST_FILENAME, WRITER_LOCK_FILENAME):
         return True
     name = rel.rsplit("/", 1)[-1]
     return "/" not in rel and name.startswith(_TEMP_PREFIXES) and name.endswith(".tmp")
@@ -201,8 +204,14 @@ def compare(artifact_dir: Path, doc: dict[str, Any], mode: VerifyMode = "checksu
         if not stat.S_ISREG(st.st_mode) or st.st_size != entry.get("size"):
             problems.wrong_size.append(rel)
             continue
-        if mode == "checksums" and sha256_file(full) != entry.get("sha256"):
-            problems.wrong_checksum.append(rel)
+        if mode == "checksums":
+            try:
+                digest = sha256_file(full)
+            except OSError:  # removed while we read (gc): missing, not an error
+                problems.missing.append(rel)
+                continue
+            if digest != entry.get("sha256"):
+                problems.wrong_checksum.append(rel)
     problems.unlisted = [rel for rel, _ in _walk(artifact_dir) if rel not in listed]
     return problems
 

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from spyre_engine import catalog, known_configs, manifest
+from spyre_engine.gc import writing
 from spyre_engine.known_configs import read_config_json
 from spyre_engine.launch import (
     Child,
@@ -183,12 +184,25 @@ def invalidate_manifest(artifact: Path) -> None:
 
 
 def precompile(settings: PrecompileSettings) -> PrecompileSummary:
-    """Compile the shape into ``artifact_dir`` and add its catalog entry; idempotent."""
+    """Compile the shape into ``artifact_dir`` and add its catalog entry; idempotent. The dir's
+    writer lock is held throughout, so ``spyre-engine gc`` never removes it meanwhile."""
     try:
         model_path = resolve_model(settings)
     except ModelNotFound as exc:
         raise PrecompileError(exc.reason, str(exc)) from exc
     artifact = Path(settings.artifact_dir)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(writing(artifact))
+        except OSError as exc:
+            raise PrecompileError(REASON_CATALOG_ERROR, f"cannot lock {artifact}: {exc}") from exc
+        return _precompile_locked(settings, model_path, artifact)
+
+
+def _precompile_locked(
+    settings: PrecompileSettings, model_path: str, artifact: Path
+) -> PrecompileSummary:
+    """:func:`precompile` while holding the dir's writer lock (gc leaves the dir alone)."""
     try:
         artifact.mkdir(parents=True, exist_ok=True)
         catalog.read_catalog(artifact)  # fail before compiling when the catalog is corrupt

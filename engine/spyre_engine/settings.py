@@ -198,6 +198,29 @@ class ServeSettings(EngineSettings):
         return self
 
 
+class CacheSettings(BaseModel):
+    """Settings of ``spyre-engine usage`` and ``spyre-engine gc`` (the cache volume's root)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    cache_root: Path = Field(
+        Path("/cache"), description="Root of the cache volume (artifacts are in <root>/artifacts)"
+    )
+    remove: list[str] = Field(
+        default_factory=list, description="gc: artifact keys to remove, comma-separated"
+    )
+    termination_log: Path | None = Field(
+        Path("/dev/termination-log"), description="Where the one-line JSON summary is written"
+    )
+
+    @field_validator("remove", mode="before")
+    @classmethod
+    def _keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [k for k in (p.strip() for p in value.split(",")) if k]
+        return value
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -1,0 +1,250 @@
+"""``spyre-engine usage`` and ``spyre-engine gc``: what the artifacts use on a cache volume, and
+removing unused ones so that nobody sees half of one.
+
+Layout: ``<cache-root>/artifacts/<key>/`` (what the operator mounts at ``/cache``). The engine
+owns the artifact format, so it also owns removal; which keys are unused is the operator's
+decision (reference counting across every SpyreModel and Deployment on the claim), passed as
+``--remove``.
+
+Removal of one artifact, in this order:
+
+1. take the dir's writer lock exclusively, without waiting: every precompile holds it shared
+   for its whole run (:func:`writing`), so a dir a precompile is writing is skipped, never
+   touched;
+2. remove the catalog (rename + unlink: a reader sees the whole catalog or none), so a server
+   starting now refuses with ``ArtifactMismatch`` instead of loading;
+3. remove the manifest, so a reader past step 2 refuses with ``ArtifactCorrupt``;
+4. rename the dir to ``<cache-root>/artifacts/.trash-<key>-<pid>`` (atomic on one filesystem),
+   release the lock, then delete the trash. Trash left by a killed gc is deleted by the next.
+
+A precompile that starts meanwhile waits for the lock, notices that its lock file was moved to
+the trash, and takes the lock of a fresh dir at the original path instead (:func:`writing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spyre_engine.catalog import CATALOG_FILENAME
+from spyre_engine.manifest import MANIFEST_FILENAME, WRITER_LOCK_FILENAME
+
+ARTIFACTS_DIR = "artifacts"
+WRITER_LOCK = WRITER_LOCK_FILENAME
+TRASH_PREFIX = ".trash-"
+
+
+class InvalidKey(ValueError):
+    """A key that is not a plain directory name under ``artifacts/``."""
+
+
+def artifacts_root(cache_root: Path) -> Path:
+    """``<cache-root>/artifacts``."""
+    return Path(cache_root) / ARTIFACTS_DIR
+
+
+def check_key(key: str) -> str:
+    """``key`` if it names a dir directly under artifacts/ (no ``/``, ``..`` or dot-files)."""
+    if not key or "/" in key or "\0" in key or key.startswith(".") or key in ("..",):
+        raise InvalidKey(f"not an artifact key: {key!r}")
+    return key
+
+
+def directory_size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symlinks not followed)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+@contextlib.contextmanager
+def writing(artifact_dir: Path) -> Iterator[None]:
+    """Hold ``artifact_dir``'s writer lock (shared: precompiles of several shapes may write one
+    dir together) while compiling into it; gc skips a dir whose lock it cannot take.
+
+    If gc moved the dir to the trash while we waited, the lock we got is the trash's: take the
+    lock of the fresh dir at the original path instead.
+    """
+    artifact_dir = Path(artifact_dir)
+    while True:
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+        path = artifact_dir / WRITER_LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+        finally:
+            os.close(fd)
+
+
+def being_written(artifact_dir: Path) -> bool:
+    """True while a precompile holds the dir's writer lock."""
+    path = Path(artifact_dir) / WRITER_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def usage(cache_root: Path) -> dict[str, Any]:
+    """Every artifact dir with its size, whether it is complete (has a manifest) and whether a
+    precompile is writing it; their total; the volume's size and free space."""
+    root = artifacts_root(cache_root)
+    artifacts, trash = [], 0
+    with contextlib.suppress(FileNotFoundError):
+        for entry in sorted(os.scandir(root), key=lambda e: e.name):
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.name.startswith(TRASH_PREFIX):
+                trash += directory_size(Path(entry.path))
+                continue
+            if entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            artifacts.append(
+                {
+                    "key": entry.name,
+                    "sizeBytes": directory_size(path),
+                    "complete": (path / MANIFEST_FILENAME).is_file(),
+                    "writing": being_written(path),
+                }
+            )
+    out: dict[str, Any] = {
+        "artifacts": artifacts,
+        "totalBytes": sum(a["sizeBytes"] for a in artifacts),
+        "trashBytes": trash,
+    }
+    with contextlib.suppress(OSError):
+        st = os.statvfs(cache_root)
+        out["volumeBytes"] = st.f_blocks * st.f_frsize
+        out["freeBytes"] = st.f_bavail * st.f_frsize
+    return out
+
+
+@dataclass
+class GcResult:
+    """What one gc run removed and what it left, and why."""
+
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    trash_bytes: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        """Bytes freed: the removed artifacts plus leftover trash."""
+        return sum(int(r["sizeBytes"]) for r in self.removed) + self.trash_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """camelCase, for the termination log."""
+        return {
+            "removed": self.removed,
+            "skipped": self.skipped,
+            "freedBytes": self.freed_bytes,
+        }
+
+
+def _unlink_atomically(path: Path) -> None:
+    """Remove ``path`` so that a reader sees the whole file or none (rename, then unlink)."""
+    gone = path.with_name(f".{path.name}.removed-{os.getpid()}.tmp")
+    try:
+        os.replace(path, gone)
+    except FileNotFoundError:
+        return
+    os.unlink(gone)
+
+
+def remove_artifact(cache_root: Path, key: str) -> tuple[int | None, str]:
+    """Remove one artifact (see the module docstring): (bytes freed, what happened); bytes is
+    None when it was skipped."""
+    art = artifacts_root(cache_root) / check_key(key)
+    if not art.is_dir():
+        return None, "absent"
+    lock = art / WRITER_LOCK
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o664)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return None, "a precompile is writing it"
+            raise
+        size = directory_size(art)
+        _unlink_atomically(art / CATALOG_FILENAME)
+        _unlink_atomically(art / MANIFEST_FILENAME)
+        trash = art.with_name(f"{TRASH_PREFIX}{key}-{os.getpid()}")
+        os.rename(art, trash)
+    finally:
+        os.close(fd)  # releases the lock
+    shutil.rmtree(trash, ignore_errors=True)
+    return size, "removed"
+
+
+def sweep_trash(cache_root: Path) -> int:
+    """Delete what a killed gc left in the trash; bytes freed."""
+    freed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(artifacts_root(cache_root)):
+            if entry.name.startswith(TRASH_PREFIX) and entry.is_dir(follow_symlinks=False):
+                freed += directory_size(Path(entry.path))
+                shutil.rmtree(entry.path, ignore_errors=True)
+    return freed
+
+
+def gc(cache_root: Path, keys: list[str]) -> GcResult:
+    """Remove the artifacts ``keys`` (those a precompile writes are skipped) and old trash."""
+    result = GcResult(trash_bytes=sweep_trash(cache_root))
+    for key in keys:
+        try:
+            size, what = remove_artifact(cache_root, key)
+        except InvalidKey as exc:
+            result.skipped.append({"key": key, "reason": str(exc)})
+            continue
+        if size is None:
+            result.skipped.append({"key": key, "reason": what})
+        else:
+            result.removed.append({"key": key, "sizeBytes": size})
+    return result
+
+
+__all__ = [
+    "ARTIFACTS_DIR",
+    "GcResult",
+    "InvalidKey",
+    "being_written",
+    "check_key",
+    "gc",
+    "remove_artifact",
+    "sweep_trash",
+    "usage",
+    "writing",
+]
