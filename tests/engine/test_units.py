@@ -303,6 +303,7 @@ def test_pure_modules_import_without_vllm_or_torch() -> None:
         "for name in ('vllm', 'torch', 'sendnn_inference', 'aiohttp', 'prometheus_client'):\n"
         "    sys.modules[name] = None\n"
         "import spyre_engine.summary, spyre_engine.settings, spyre_engine.catalog\n"
+        "import spyre_engine.manifest, spyre_engine.gc\n"
         "import spyre_engine.cli\n"
         "print('ok')\n"
     )
