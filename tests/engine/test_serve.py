@@ -116,6 +116,8 @@ def test_metrics_present(engine: EngineProcess) -> None:
     assert metric_values(text, "spyre_engine_draining") == [0.0]
     phases = [ln for ln in text.splitlines() if ln.startswith("spyre_engine_startup_phase")]
     assert any('phase="total"' in ln for ln in phases)
+    # The artifact was checked against its manifest before vLLM started (issue 14).
+    assert any('phase="verify"' in ln for ln in phases)
 
 
 def test_prefix_cache_counters_move_on_shared_prefix(engine: EngineProcess) -> None:
