@@ -74,3 +74,30 @@ def test_revert_serves_the_remembered_artifact_without_a_job(
     table = kube.kubectl("get", "spyremodel/m", "-o", "wide")
     header, row = table.strip().splitlines()
     assert "CACHE" in header.split() and "10.0 GiB in 2" in row
+
+
+def test_an_artifact_the_servers_refuse_shows_why_and_is_compiled_again_once_its_job_is_gone(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    """Serving pods that find the artifact truncated exit with ArtifactCorrupt (kwok plays the
+    crash with the engine's termination message): that is the condition reason; deleting the
+    precompile Job is how users ask for a fresh compile, and the operator starts one."""
+    kube.apply_model("c", _spec(2048))
+    kube.wait_condition("c", "Ready", "True", reason="Serving")
+    key = kube.model("c")["status"]["artifact"]["key"]
+    message = json.dumps({"reason": "ArtifactCorrupt", "message":
+                          f"/cache/artifacts/{key} does not match spyre_artifact_manifest.json "
+                          "(1 of 9 files): truncated or resized: g0.bin; precompile again"})
+    crashing = _spec(2048)
+    crashing["serving"] = {"podAnnotations": {"kwok.spyre.dev/crashloop": "true",
+                                              "kwok.spyre.dev/termination-message": message}}
+    kube.apply_model("c", crashing)
+    degraded = kube.wait_condition("c", "Degraded", "True", reason="ArtifactCorrupt", timeout=90)
+    assert "truncated or resized: g0.bin" in degraded["message"]
+    assert [j["metadata"]["labels"][f"{GROUP}/artifact"] for j in jobs(kube)] == [key[:12]]
+
+    kube.kubectl("delete", "jobs", "--all", "--wait=true")
+    new = kube.wait(lambda: jobs(kube), 60, "a new precompile Job for the refused artifact")
+    assert [j["metadata"]["labels"][f"{GROUP}/artifact"] for j in new] == [key[:12]]
+    st = kube.model("c")["status"]
+    assert st["artifact"]["key"] == key
