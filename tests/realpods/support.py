@@ -115,6 +115,9 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
     Cold: ~10 min for both (engine build) + 2-3 min engine import; warm: ~1 s."""
     from tests.images import build
 
+    # The kubelet's image reclaim under disk pressure (a shared machine) may have removed the
+    # pause image, and then no pod starts: put it back (a listing when it is there).
+    node.ensure_base_images()
     refs: dict[str, str] = {}
     for name in which:
         t0 = time.monotonic()
