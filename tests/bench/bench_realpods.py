@@ -446,7 +446,8 @@ def wait_switched(env: RealEnv, old_key: str, replicas: int, timeout: float = 12
 def phase_stats(results: list[dict[str, Any]], a: float, b: float) -> dict[str, Any]:
     rs = [r for r in results if a <= r["t0"] < b]
     ok = [r["t1"] - r["t0"] for r in rs if r["status"] == 200]
-    return {"sent": len(rs), "failed": len(rs) - len(ok), "seconds": round(b - a, 1),
+    last = max((r["t0"] for r in rs), default=a)
+    return {"sent": len(rs), "failed": len(rs) - len(ok), "seconds": round(min(b, last) - a, 1),
             "p50": pct(ok, 0.5), "p99": pct(ok, 0.99)}  # fmt: skip
 
 
@@ -522,7 +523,8 @@ def part_rollout(env: RealEnv, args: argparse.Namespace) -> list[dict[str, Any]]
 
         def spec(seqs: int, rollout: dict[str, int] = rollout) -> dict[str, Any]:
             return model_spec(env.image, replicas=2, compile={"maxNumSeqs": seqs},
-                              serving={"rollout": rollout})
+                              serving={"rollout": rollout,
+                                       "shutdownGracePeriodSeconds": args.drain})
 
         env.kube.apply_model(MODEL, spec(seqs))
         support.wait_model_ready(env.cp, env.ns, MODEL, timeout=1800)
@@ -597,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=3.0, help="rollout: requests per second")
     p.add_argument("--steady", type=float, default=20, help="rollout: seconds before and after")
     p.add_argument("--surges", default="0,1", help="rollout: maxSurge values")
+    p.add_argument("--drain", type=int, default=30,
+                   help="rollout: serving.shutdownGracePeriodSeconds (the API's default: 30)")
     p.add_argument("--out", default=str(ROOT / "bench-results"))
     p.add_argument("--markdown", action="store_true", help=f"write {MARKDOWN.name} sections")
     p.add_argument("--keep", action="store_true", help="keep the namespace")
