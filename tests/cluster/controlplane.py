@@ -619,6 +619,22 @@ class ControlPlane:
     def _openssl(self, *args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=self.pki)
 
+    def _client_cert(self, name: str, subject: str) -> None:
+        """``<name>.key`` and ``<name>.crt``: a client certificate signed by the cluster CA."""
+        ext = f"{name}.ext"
+        (self.pki / ext).write_text(
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n"
+        )
+        self._openssl("genrsa", "-out", f"{name}.key", "2048")
+        self._openssl("req", "-new", "-key", f"{name}.key", "-subj", subject,
+                      "-out", f"{name}.csr")  # fmt: skip
+        self._openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", ext,
+            "-out", f"{name}.crt",
+        )  # fmt: skip
+
     def _ensure_pki(self) -> None:
         p = self.pki
         if not (p / "ca.crt").exists() or not (p / "ca.key").exists():
@@ -663,38 +679,13 @@ class ControlPlane:
             )  # fmt: skip
         if not (p / "apiserver-kubelet-client.crt").exists():
             # The API server's client certificate towards kubelets (logs, exec, port-forward).
-            (p / "kubelet-client.ext").write_text(
-                "keyUsage=critical,digitalSignature,keyEncipherment\n"
-                "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n"
+            self._client_cert(
+                "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client"
             )
-            self._openssl("genrsa", "-out", "apiserver-kubelet-client.key", "2048")
-            self._openssl(
-                "req", "-new", "-key", "apiserver-kubelet-client.key",
-                "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
-                "-out", "apiserver-kubelet-client.csr",
-            )  # fmt: skip
-            self._openssl(
-                "x509", "-req", "-in", "apiserver-kubelet-client.csr", "-CA", "ca.crt",
-                "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650", "-sha256",
-                "-extfile", "kubelet-client.ext", "-out", "apiserver-kubelet-client.crt",
-            )  # fmt: skip
         if not (p / "front-proxy-client.crt").exists():
             # The aggregator's client certificate towards aggregated API servers (the metrics
             # adapter, tests/cluster/metrics.py); its CN is the allowed requestheader name.
-            (p / "front-proxy-client.ext").write_text(
-                "keyUsage=critical,digitalSignature,keyEncipherment\n"
-                "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n"
-            )
-            self._openssl("genrsa", "-out", "front-proxy-client.key", "2048")
-            self._openssl(
-                "req", "-new", "-key", "front-proxy-client.key", "-subj", "/CN=front-proxy-client",
-                "-out", "front-proxy-client.csr",
-            )  # fmt: skip
-            self._openssl(
-                "x509", "-req", "-in", "front-proxy-client.csr", "-CA", "ca.crt",
-                "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650", "-sha256",
-                "-extfile", "front-proxy-client.ext", "-out", "front-proxy-client.crt",
-            )  # fmt: skip
+            self._client_cert("front-proxy-client", "/CN=front-proxy-client")
         if not (p / "sa.key").exists():
             self._openssl("genrsa", "-out", "sa.key", "2048")
             (p / "sa.pub").unlink(missing_ok=True)
