@@ -545,6 +545,42 @@ def _shared_access() -> list[AccessMode]:
     return ["ReadWriteMany"]
 
 
+#: Defaults of cache.volume.retention (see the README, "Garbage collection").
+DEFAULT_KEEP_LAST = 2
+DEFAULT_UNUSED_FOR_SECONDS = 24 * 3600
+
+
+class CacheRetention(ApiModel):
+    """When the operator removes artifacts no SpyreModel uses from a cache volume it manages.
+
+    An artifact is removed once it is not in use (no SpyreModel's spec needs it, no Deployment
+    serves it, no precompile Job writes it), has not been used for unusedForSeconds, and is not
+    among the keepLast most recently used unused artifacts of any SpyreModel listing it.
+    """
+
+    enabled: bool = Field(
+        default=True,
+        description="Remove unused artifacts (false: never remove anything from this volume).",
+    )
+    keep_last: int = Field(
+        default=DEFAULT_KEEP_LAST,
+        ge=0,
+        le=16,
+        description=(
+            "Unused artifacts kept per SpyreModel, most recently used first: reverting an "
+            "edit to one of them serves it again without compiling."
+        ),
+    )
+    unused_for_seconds: int = Field(
+        default=DEFAULT_UNUSED_FOR_SECONDS,
+        ge=0,
+        description=(
+            "An unused artifact is kept at least this long after it was last used (default "
+            "one day: a rollback the day after a bad edit needs no compile)."
+        ),
+    )
+
+
 class CacheVolumeSpec(ApiModel):
     """A compile-cache PVC the operator creates and shares between SpyreModels naming it."""
 
@@ -575,6 +611,13 @@ class CacheVolumeSpec(ApiModel):
             "Delete garbage-collects it once no SpyreModel naming it remains."
         ),
         json_schema_extra={"enum": ["Retain", "Delete"]},
+    )
+    retention: CacheRetention = Field(
+        default_factory=CacheRetention,
+        description=(
+            "Garbage collection of unused artifacts on this volume (the settings of the oldest "
+            "SpyreModel naming the volume apply, like the PVC's)."
+        ),
     )
 
 

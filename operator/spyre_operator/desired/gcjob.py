@@ -1,0 +1,113 @@
+"""The GC Job: ``spyre-engine gc --remove KEYS`` on a cache claim (read-write)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from lightkube.models.batch_v1 import JobSpec
+from lightkube.models.core_v1 import (
+    Container,
+    EmptyDirVolumeSource,
+    PersistentVolumeClaimVolumeSource,
+    PodSpec,
+    PodTemplateSpec,
+    ResourceRequirements,
+    Volume,
+    VolumeMount,
+)
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.batch_v1 import Job
+
+from . import names
+from .job import TERMINATION_LOG
+from .owners import shared_refs
+from .plan import CACHE_MOUNT, ModelPlan, OwnerRef
+from .pod import cache_affinity, container_security_context, placement, pod_security_context
+
+COMPONENT_GC = "gc"
+#: Annotation on the GC Job with the keys it removes (comma-separated, sorted).
+GC_KEYS_ANNOTATION = f"{names.ARTIFACT_KEY_ANNOTATION}s-removed"
+#: A finished GC Job goes after this long (the operator reads its result within seconds).
+GC_JOB_TTL_SECONDS = 3600
+
+
+def gc_job_name(claim: str, keys: Iterable[str]) -> str:
+    """Deterministic from the claim and the key set: the same decision never makes two Jobs."""
+    claim_hash = hashlib.sha256(claim.encode()).hexdigest()[:5]
+    keys_hash = hashlib.sha256(",".join(sorted(set(keys))).encode()).hexdigest()[:10]
+    return f"spyre-gc-{claim_hash}-{keys_hash}"
+
+
+def gc_job_labels(claim: str) -> dict[str, str]:
+    return {**names.common_labels(COMPONENT_GC), names.CLAIM_LABEL: claim}
+
+
+def build_gc_job(plan: ModelPlan, keys: Iterable[str], owners: Iterable[OwnerRef]) -> Job:
+    """Remove ``keys`` from ``plan.claim`` with ``plan``'s engine image and placement (a CPU
+    pod, like a precompile off the cards); owned by every user of the claim."""
+    keys = sorted(set(keys))
+    spec = plan.spec
+    labels = gc_job_labels(plan.claim)
+    container = Container(
+        name="gc",
+        image=spec.engine.image,
+        imagePullPolicy=spec.engine.image_pull_policy,
+        args=[
+            "gc",
+            "--cache-root",
+            CACHE_MOUNT,
+            "--remove",
+            ",".join(keys),
+            "--termination-log",
+            TERMINATION_LOG,
+        ],
+        resources=ResourceRequirements(
+            requests={"cpu": "50m", "memory": "128Mi"}, limits={"memory": "512Mi"}
+        ),
+        volumeMounts=[
+            VolumeMount(name="cache", mountPath=CACHE_MOUNT),
+            VolumeMount(name="tmp", mountPath="/tmp"),
+        ],
+        securityContext=container_security_context(),
+        terminationMessagePath=TERMINATION_LOG,
+        terminationMessagePolicy="FallbackToLogsOnError",
+    )
+    return Job(
+        metadata=ObjectMeta(
+            name=gc_job_name(plan.claim, keys),
+            namespace=plan.namespace,
+            labels=labels,
+            annotations={GC_KEYS_ANNOTATION: ",".join(keys)},
+            ownerReferences=shared_refs(owners),
+        ),
+        spec=JobSpec(
+            backoffLimit=1,
+            activeDeadlineSeconds=1800,
+            ttlSecondsAfterFinished=GC_JOB_TTL_SECONDS,
+            template=PodTemplateSpec(
+                metadata=ObjectMeta(labels=labels),
+                spec=PodSpec(
+                    restartPolicy="Never",
+                    securityContext=pod_security_context(),
+                    containers=[container],
+                    volumes=[
+                        Volume(
+                            name="cache",
+                            persistentVolumeClaim=PersistentVolumeClaimVolumeSource(
+                                claimName=plan.claim
+                            ),
+                        ),
+                        Volume(name="tmp", emptyDir=EmptyDirVolumeSource()),
+                    ],
+                    enableServiceLinks=False,
+                    automountServiceAccountToken=False,
+                    affinity=cache_affinity(plan),
+                    **placement(spec, on_cards=False, precompile=True),
+                ),
+            ),
+        ),
+    )
+
+
+__all__ = ["COMPONENT_GC", "GC_KEYS_ANNOTATION", "build_gc_job", "gc_job_labels", "gc_job_name"]

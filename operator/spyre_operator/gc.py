@@ -1,0 +1,140 @@
+"""Garbage collection of unused artifacts on a managed cache volume: the pure decision.
+
+The operator never mounts a volume: it decides here which keys of one claim are unused and
+old enough, and a short Job (desired/gcjob.py) runs ``spyre-engine gc --remove KEYS`` on the
+claim. The engine removes them so that nobody sees half of one and skips any directory a
+precompile still writes (its writer lock); the Job's termination message says what it removed.
+
+Only artifacts some SpyreModel using the claim still lists in ``status.cache.artifacts`` are
+known to the operator: those of a deleted SpyreModel are never collected (its status went
+with it). ``spyre-engine usage`` lists every directory on the volume.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .api.v1alpha1 import CacheRetention
+
+#: A claim's artifacts are evaluated at most this often (a GC Job is cheap, but not free).
+DEFAULT_GC_INTERVAL_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class ClaimUse:
+    """One SpyreModel using the claim: the key its spec needs and what its status lists."""
+
+    name: str
+    #: The key the current spec needs (in use even before it is compiled).
+    spec_key: str | None
+    #: status.cache.artifacts (every claim; only this claim's entries are considered).
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _time(s: str | None) -> datetime | None:
+    if not s:
+        return None
+    try:
+        return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def keys_to_remove(
+    claim: str,
+    claim_uid: str | None,
+    users: Iterable[ClaimUse],
+    protected: Iterable[str],
+    retention: CacheRetention,
+    now: str,
+) -> list[str]:
+    """The artifact keys of ``claim`` to remove, sorted.
+
+    A key is kept when any of these holds: retention is disabled; a user's spec needs it; it
+    is in ``protected`` (served by a Deployment, written by a running precompile Job); a user
+    lists it as in use; it was last used (latest over the users listing it) less than
+    ``retention.unusedForSeconds`` ago or at an unknown time; it is among the
+    ``retention.keepLast`` most recently used unused artifacts of a user. Entries recorded on
+    another incarnation of the claim (another UID) are not on this volume and never listed.
+    """
+    if not retention.enabled:
+        return []
+    users = list(users)
+    keep = set(protected) | {u.spec_key for u in users if u.spec_key}
+    last_used: dict[str, datetime | None] = {}
+    for u in users:
+        mine = [
+            a
+            for a in u.artifacts
+            if a.get("key")
+            and a.get("claim") == claim
+            and (claim_uid is None or a.get("claimUID") in (None, claim_uid))
+        ]
+        unused = []
+        for a in mine:
+            if a.get("inUse"):
+                keep.add(a["key"])
+                continue
+            t = _time(a.get("lastUsed"))
+            if t is None:
+                keep.add(a["key"])  # unknown age: not provably old
+            prev = last_used.get(a["key"], t)
+            last_used[a["key"]] = None if prev is None or t is None else max(prev, t)
+            unused.append((t, a["key"]))
+        unused.sort(key=lambda p: (p[0] is not None, p[0]), reverse=True)
+        keep |= {k for _t, k in unused[: retention.keep_last]}
+    cutoff = _time(now)
+    out = []
+    for key, t in last_used.items():
+        if key in keep or t is None or cutoff is None:
+            continue
+        if (cutoff - t).total_seconds() >= retention.unused_for_seconds:
+            out.append(key)
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class GcResult:
+    """What a GC Job's ``spyre-engine gc`` removed (its termination message)."""
+
+    removed: dict[str, int]
+    skipped: dict[str, str]
+    freed_bytes: int
+
+
+def parse_gc_result(message: str | None) -> GcResult | None:
+    """The one-line JSON ``spyre-engine gc`` writes, or None (failed, or not a gc summary)."""
+    if not message:
+        return None
+    for line in reversed(message.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(doc, dict) or "removed" not in doc:
+            return None
+        removed = {
+            str(r["key"]): int(r.get("sizeBytes") or 0)
+            for r in doc.get("removed") or []
+            if isinstance(r, dict) and r.get("key")
+        }
+        skipped = {
+            str(r["key"]): str(r.get("reason") or "")
+            for r in doc.get("skipped") or []
+            if isinstance(r, dict) and r.get("key")
+        }
+        return GcResult(removed, skipped, int(doc.get("freedBytes") or 0))
+    return None
+
+
+__all__ = [
+    "DEFAULT_GC_INTERVAL_SECONDS",
+    "ClaimUse",
+    "GcResult",
+    "keys_to_remove",
+    "parse_gc_result",
+]
