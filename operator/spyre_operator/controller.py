@@ -21,14 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
+from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod
 
 from . import conditions as C
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
+from .desired.gcjob import COMPONENT_GC, build_gc_job
 from .desired.plan import plan_model
 from .desired.routing import inference_pool_name
+from .gc import ClaimUse, GcResult, keys_to_remove, parse_gc_result
 from .reconcile import (
     API_UNKNOWN,
     DEFAULT_POLICY,
@@ -37,6 +40,9 @@ from .reconcile import (
     Policy,
     WriteError,
     decide,
+)
+from .reconcile import (
+    served_key as served_key_of,
 )
 
 log = logging.getLogger(__name__)
@@ -203,6 +209,10 @@ class Controller:
         self._server_pods: dict[ModelKey, tuple[float, list[dict[str, Any]]]] = {}
         self._claim_sigs: dict[ModelKey, tuple[str, str, str | None]] = {}
         self._pvc_phases: dict[tuple[str, str], str] = {}
+        #: (namespace, claim) -> when its artifacts were last evaluated for GC (monotonic).
+        self._gc_checked: dict[tuple[str, str], float] = {}
+        #: Finished GC Jobs (uid) whose result was acted upon (Events, precompile Jobs).
+        self._gc_done: set[str] = set()
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
@@ -247,7 +257,10 @@ class Controller:
                 delay *= 0.8 + 0.4 * random.random()
                 log.warning(
                     "reconcile %s/%s failed (retry in %.1fs): %s: %s",
-                    *key, delay, type(e).__name__, e,
+                    *key,
+                    delay,
+                    type(e).__name__,
+                    e,
                 )
                 self.queue.add_after(key, delay)
             else:
@@ -442,8 +455,12 @@ class Controller:
             st = obs.deployment.get("status") or {}
             if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < spec.replicas:
                 obs.server_pods = await self._recent_server_pods(key)
+        if plan is not None and plan.claim_managed:
+            obs.collected = await self._collected(ns, plan.claim)
         decision = decide(model, obs, self.clock(), self.policy)
         await self.execute(model, obs, decision)
+        if plan is not None and plan.claim_managed:
+            await self.collect_garbage(key, plan)
         if decision.requeue_after is not None:
             self.queue.add_after(key, decision.requeue_after)
         self.stats.reconciles += 1
@@ -455,6 +472,131 @@ class Controller:
             # writes only the pod, which is not watched).
             self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
         return decision
+
+    # ------------------------------------------------------------------ garbage collection
+
+    def _gc_jobs(self, ns: str, claim: str) -> list[dict[str, Any]]:
+        return [
+            j
+            for j in self.caches.all("claim_jobs", (ns, claim))
+            if (j["metadata"].get("labels") or {}).get(names.COMPONENT) == COMPONENT_GC
+        ]
+
+    async def _gc_result(self, ns: str, job: dict[str, Any]) -> GcResult | None:
+        """What a finished GC Job removed (None: running, failed, or no summary)."""
+        conds = (job.get("status") or {}).get("conditions") or []
+        if not any(c.get("type") == "Complete" and c.get("status") == "True" for c in conds):
+            return None
+        for p in await self._job_pods(ns, job):
+            result = parse_gc_result((p.get("terminated") or {}).get("message"))
+            if result is not None:
+                return result
+        return None
+
+    async def _collected(self, ns: str, claim: str) -> set[str]:
+        """Keys the claim's finished GC Jobs removed (their pods are read once per Job)."""
+        out: set[str] = set()
+        for job in self._gc_jobs(ns, claim):
+            result = await self._gc_result(ns, job)
+            if result is not None:
+                out |= set(result.removed)
+        return out
+
+    async def collect_garbage(self, key: ModelKey, plan: Any) -> None:
+        """Act on finished GC Jobs of the model's claim, and start one when artifacts are due.
+
+        Evaluation runs at most every ``policy.gc_interval_seconds`` per claim (any user's
+        reconcile may do it; the model is requeued for the next), never on every reconcile.
+        """
+        ns, claim = plan.namespace, plan.claim
+        jobs = self._gc_jobs(ns, claim)
+        users = self.caches.all("claim_users", (ns, claim))
+        models = [m for u in users if (m := self.caches.one("models", (ns, u.owner.name)))]
+        for job in jobs:
+            uid = job["metadata"].get("uid")
+            if uid in self._gc_done:
+                continue
+            result = await self._gc_result(ns, job)
+            if result is None:
+                continue
+            self._gc_done.add(uid)
+            await self._after_gc(ns, claim, result, models)
+        clock = time.monotonic()
+        checked = self._gc_checked.get((ns, claim))
+        if checked is not None and clock - checked < self.policy.gc_interval_seconds:
+            self.queue.add_after(key, self.policy.gc_interval_seconds - (clock - checked))
+            return
+        self.queue.add_after(key, self.policy.gc_interval_seconds)
+        if any(not _finished(j) for j in jobs):
+            return  # one GC Job at a time per claim
+        self._gc_checked[(ns, claim)] = clock
+        oldest = min(users, key=lambda u: (u.created, u.owner.name), default=None)
+        if oldest is None or oldest.volume is None:
+            return
+        pvc = self.caches.one("pvcs", (ns, claim))
+        if pvc is None:
+            return
+        protected = set()
+        for j in self.caches.all("claim_jobs", (ns, claim)):  # precompiles in progress
+            k = (j["metadata"].get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
+            if k and not _finished(j):
+                protected.add(k)
+        uses = []
+        for m in models:
+            served = served_key_of(
+                self.caches.one("deployments", (ns, names.server_name(m["metadata"]["name"])))
+            )
+            if served:
+                protected.add(served)
+            try:
+                spec = SpyreModelSpec.model_validate(m.get("spec") or {})
+                spec_key = plan_model(m["metadata"]["name"], ns, "", spec).key
+            except Exception:  # noqa: BLE001 - an invalid spec needs nothing
+                spec_key = None
+            artifacts = ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
+            uses.append(ClaimUse(m["metadata"]["name"], spec_key, list(artifacts)))
+        remove = keys_to_remove(
+            claim,
+            (pvc.get("metadata") or {}).get("uid"),
+            uses,
+            protected,
+            oldest.volume.retention,
+            self.clock(),
+        )
+        if not remove:
+            return
+        gc_job = build_gc_job(plan, remove, [u.owner for u in users])
+        name = gc_job.metadata.name if gc_job.metadata else ""
+        if self.caches.one("jobs", (ns, name)) is not None:
+            return  # this very set was collected already (or is being)
+        log.info("cache claim %s/%s: removing unused artifacts %s", ns, claim, remove)
+        await self.applier.ensure_job(gc_job, None)
+
+    async def _after_gc(
+        self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
+    ) -> None:
+        """A GC Job finished: drop the removed keys' precompile Jobs (a revert compiles again),
+        tell every user of the claim, and reconcile them (their status.cache drops the keys)."""
+        for k in result.removed:
+            name = names.precompile_job_name(k, claim)
+            live = self.caches.one("jobs", (ns, name))
+            if live is not None:
+                self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
+                await self.applier.delete(Job, name, ns)
+        if not result.removed:
+            return
+        mine_removed = sorted(result.removed)
+        message = (
+            f"removed {len(mine_removed)} unused artifact(s) from cache claim {claim}, "
+            f"freed {result.freed_bytes} bytes: {', '.join(k[:12] for k in mine_removed)}"
+        )
+        if result.skipped:
+            message += f"; skipped {', '.join(sorted(k[:12] for k in result.skipped))}"
+        for m in models:
+            self._background(
+                self.applier.event(dict(m), "Normal", "ArtifactsCollected", message[:1024])
+            )
+        self.enqueue([(ns, m["metadata"]["name"]) for m in models])
 
     async def _recent_server_pods(self, key: ModelKey) -> list[dict[str, Any]]:
         """The model's serving pods, listed at most every SERVER_PODS_TTL seconds.
@@ -590,6 +732,13 @@ class Controller:
         for uid, when in list(self._deleted_jobs.items()):
             if when < cutoff:
                 del self._deleted_jobs[uid]
+
+
+def _finished(job: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
 
 
 def _rejected(e: ApiError) -> bool:

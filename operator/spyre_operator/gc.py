@@ -20,9 +20,6 @@ from typing import Any
 
 from .api.v1alpha1 import CacheRetention
 
-#: A claim's artifacts are evaluated at most this often (a GC Job is cheap, but not free).
-DEFAULT_GC_INTERVAL_SECONDS = 300.0
-
 
 @dataclass(frozen=True)
 class ClaimUse:
@@ -132,7 +129,6 @@ def parse_gc_result(message: str | None) -> GcResult | None:
 
 
 __all__ = [
-    "DEFAULT_GC_INTERVAL_SECONDS",
     "ClaimUse",
     "GcResult",
     "keys_to_remove",

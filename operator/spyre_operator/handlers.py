@@ -32,7 +32,7 @@ from .desired.plan import OwnerRef, plan_model
 from .desired.routing import InferencePool
 from .metrics import count_requests, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
-from .reconcile import Policy
+from .reconcile import DEFAULT_POLICY, Policy
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +130,14 @@ def use_http2() -> bool:
 
 
 def policy_from_env(env: Any) -> Policy:
-    """Reconcile tunables: SPYRE_COMPILE_RETRY_BASE_SECONDS / _MAX_SECONDS (compile retries)."""
+    """Reconcile tunables: SPYRE_COMPILE_RETRY_BASE_SECONDS / _MAX_SECONDS (compile retries),
+    SPYRE_GC_INTERVAL_SECONDS (how often a cache claim's artifacts are evaluated for GC)."""
     return Policy(
         retry_base_seconds=float(env.get("SPYRE_COMPILE_RETRY_BASE_SECONDS", 60)),
         retry_cap_seconds=float(env.get("SPYRE_COMPILE_RETRY_MAX_SECONDS", 3600)),
+        gc_interval_seconds=float(
+            env.get("SPYRE_GC_INTERVAL_SECONDS", DEFAULT_POLICY.gc_interval_seconds)
+        ),
     )
 
 
@@ -275,6 +279,13 @@ def index_model_claim_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
     if plan is None or plan.model_claim is None:
         return {}
     return {(plan.namespace, plan.model_claim): plan.owner}
+
+
+@kopf.index("batch", "v1", "jobs", labels=MANAGED, id="claim_jobs")
+def index_claim_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """The operator's Jobs (precompile and GC) by (namespace, cache claim)."""
+    claim = ((body.get("metadata") or {}).get("labels") or {}).get(names.CLAIM_LABEL)
+    return {(namespace, claim): slim(body)} if claim else {}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")

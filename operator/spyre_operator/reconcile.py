@@ -62,6 +62,8 @@ class Policy:
     #: A failed compile is retried after base * 2**(attempts-1) seconds, at most cap.
     retry_base_seconds: float = 60.0
     retry_cap_seconds: float = 3600.0
+    #: A cache claim's artifacts are evaluated for garbage collection at most this often.
+    gc_interval_seconds: float = 300.0
 
     def retry_delay(self, attempts: int) -> float:
         delay = self.retry_base_seconds * 2 ** max(0, attempts - 1)
@@ -111,6 +113,8 @@ class Observed:
     inference_pool_api_message: str = ""
     #: A same-named InferencePool that is not the operator's (why), never written over.
     foreign_inference_pool: str | None = None
+    #: Keys finished GC Jobs removed from the model's cache claim (dropped from status.cache).
+    collected: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -644,6 +648,11 @@ def decide_cache_status(
     if live_key and live_spec is not None:  # its pods serve it until the rollout replaces them
         live = plan_model(plan.name, plan.namespace, plan.uid, live_spec)
         in_use.add((live_key, live.claim))
+    entries = {  # removed by a GC Job: no longer on the claim (unless used again since)
+        k: a
+        for k, a in entries.items()
+        if not (k[1] == plan.claim and k[0] in obs.collected and k not in in_use)
+    }
     for k, a in entries.items():
         using = k in in_use
         if "lastUsed" not in a or bool(a.get("inUse")) != using:
