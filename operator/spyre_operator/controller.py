@@ -541,7 +541,7 @@ class Controller:
             k = (j["metadata"].get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
             if k and not _finished(j):
                 protected.add(k)
-        uses = []
+        uses, job_plan = [], plan
         for m in models:
             served = served_key_of(
                 self.caches.one("deployments", (ns, names.server_name(m["metadata"]["name"])))
@@ -550,7 +550,10 @@ class Controller:
                 protected.add(served)
             try:
                 spec = SpyreModelSpec.model_validate(m.get("spec") or {})
-                spec_key = plan_model(m["metadata"]["name"], ns, "", spec).key
+                m_plan = plan_model(m["metadata"]["name"], ns, m["metadata"].get("uid", ""), spec)
+                spec_key = m_plan.key
+                if m["metadata"]["name"] == oldest.owner.name:
+                    job_plan = m_plan  # the oldest user's image and placement, like its PVC
             except Exception:  # noqa: BLE001 - an invalid spec needs nothing
                 spec_key = None
             artifacts = ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
@@ -565,7 +568,7 @@ class Controller:
         )
         if not remove:
             return
-        gc_job = build_gc_job(plan, remove, [u.owner for u in users])
+        gc_job = build_gc_job(job_plan, remove, [u.owner for u in users])
         name = gc_job.metadata.name if gc_job.metadata else ""
         if self.caches.one("jobs", (ns, name)) is not None:
             return  # this very set was collected already (or is being)

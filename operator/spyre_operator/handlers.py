@@ -43,6 +43,7 @@ INDEX_NAMES = (
     "claim_users",
     "model_claim_users",
     "jobs",
+    "claim_jobs",
     "deployments",
     "services",
     "pdbs",

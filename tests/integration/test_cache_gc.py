@@ -7,6 +7,7 @@ model needs or serves is never among them.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -79,6 +80,62 @@ def test_an_edit_leaves_an_unused_artifact_that_a_gc_job_removes(
         in_use = {key_a2, key_b}
         for removed in seen.values():
             assert not set(removed) & in_use, f"an in-use key listed: {removed}"
+    finally:
+        fast.stop()
+        operator.start()
+
+
+def test_gc_off_then_on_collects_and_says_so(
+    kube: Kube, operator: OperatorProcess, control_plane: ControlPlane, kubeconfig: Any
+) -> None:
+    """retention.enabled false makes no GC Job; turned on, the Job's summary (kwok plays the
+    engine's termination message) becomes an ArtifactsCollected Event on every user of the
+    claim, the key leaves status.cache and its precompile Job goes (a revert compiles again)."""
+    operator.stop()
+    fast = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
+                           env={"SPYRE_GC_INTERVAL_SECONDS": "2"})
+    fast.start()
+    off = {"volume": {"retention": {"enabled": False, "keepLast": 0, "unusedForSeconds": 0}}}
+    try:
+        kube.apply_model("a", spec(compile={"maxModelLen": 2048}, cache=off))
+        kube.wait_condition("a", "Ready", "True", reason="Serving")
+        kube.apply_model("b", spec(compile={"maxModelLen": 8192}))
+        kube.wait_condition("b", "Ready", "True", reason="Serving")
+        key_a = kube.model("a")["status"]["artifact"]["key"]
+        kube.apply_model("a", spec(compile={"maxModelLen": 4096}, cache=off))
+        kube.wait(lambda: [a["key"] for a in kube.model("a")["status"]["cache"]["artifacts"]
+                           if not a["inUse"]] == [key_a], 90, "the old artifact unused")
+        time.sleep(5)  # a few evaluations (2 s apart): the oldest user's retention is off
+        assert not kube.items("jobs", GC_SELECTOR)
+        assert any(j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key_a
+                   for j in kube.items("jobs", "app.kubernetes.io/component=precompile"))
+
+        summary = {"removed": [{"key": key_a, "sizeBytes": 3000}], "skipped": [],
+                   "freedBytes": 3000, "remainingBytes": 5}
+        on = {"volume": {"retention": {"keepLast": 0, "unusedForSeconds": 0}}}
+        kube.apply_model("a", spec(
+            compile={"maxModelLen": 4096}, cache=on,
+            precompile={"backoffLimit": 0, "podAnnotations": {
+                "kwok.spyre.dev/termination-message": json.dumps(summary)}}))
+        job = kube.wait(lambda: next(iter(kube.items("jobs", GC_SELECTOR)), None), 60,
+                        "a GC Job")
+        assert _removed(job) == [key_a]
+
+        def collected_events() -> set[str]:
+            events = kube.items("events")
+            return {e["involvedObject"]["name"] for e in events
+                    if e.get("reason") == "ArtifactsCollected" and "freed 3000 bytes"
+                    in e.get("message", "")}
+
+        kube.wait(lambda: collected_events() == {"a", "b"}, 60, "ArtifactsCollected on a and b")
+        kube.wait(lambda: key_a not in [a["key"] for a in
+                                        kube.model("a")["status"]["cache"]["artifacts"]],
+                  30, "the removed key leaves status.cache")
+        kube.wait(lambda: not any(
+            j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key_a
+            for j in kube.items("jobs", "app.kubernetes.io/component=precompile")),
+            30, "the removed key's precompile Job deleted")
+        kube.wait_condition("a", "Ready", "True", reason="Serving")
     finally:
         fast.stop()
         operator.start()

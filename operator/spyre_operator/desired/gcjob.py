@@ -44,8 +44,9 @@ def gc_job_labels(claim: str) -> dict[str, str]:
 
 
 def build_gc_job(plan: ModelPlan, keys: Iterable[str], owners: Iterable[OwnerRef]) -> Job:
-    """Remove ``keys`` from ``plan.claim`` with ``plan``'s engine image and placement (a CPU
-    pod, like a precompile off the cards); owned by every user of the claim."""
+    """Remove ``keys`` from ``plan.claim`` with ``plan``'s engine image, placement and
+    precompile.podAnnotations (a CPU pod, like a precompile off the cards); owned by every
+    user of the claim."""
     keys = sorted(set(keys))
     spec = plan.spec
     labels = gc_job_labels(plan.claim)
@@ -86,7 +87,9 @@ def build_gc_job(plan: ModelPlan, keys: Iterable[str], owners: Iterable[OwnerRef
             activeDeadlineSeconds=1800,
             ttlSecondsAfterFinished=GC_JOB_TTL_SECONDS,
             template=PodTemplateSpec(
-                metadata=ObjectMeta(labels=labels),
+                metadata=ObjectMeta(
+                    labels=labels, annotations=dict(spec.precompile.pod_annotations or {}) or None
+                ),
                 spec=PodSpec(
                     restartPolicy="Never",
                     securityContext=pod_security_context(),
