@@ -566,6 +566,9 @@ class Controller:
             oldest.volume.retention,
             self.clock(),
         )
+        # Removed by a finished GC Job, but the users' status may not say so yet.
+        removed = await self._collected(ns, claim)
+        remove = [k for k in remove if k not in removed]
         if not remove:
             return
         gc_job = build_gc_job(job_plan, remove, [u.owner for u in users])

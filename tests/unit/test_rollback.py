@@ -136,3 +136,14 @@ def test_the_list_is_bounded_and_keeps_the_most_recently_used() -> None:
     assert arts[0]["key"] == plan_for(a).key and arts[0]["inUse"]
     assert [r["key"] for r in arts[1:4]] == ["k19", "k18", "k17"]
     assert "k00" not in {r["key"] for r in arts}
+
+
+def test_keys_a_gc_job_removed_leave_the_status_unless_in_use_again() -> None:
+    a, b, dep_b = _history()
+    key_a, key_b = plan_for(a).key, plan_for(b).key
+    obs = _complete(b)
+    obs.deployment = dep_b
+    obs.collected = {key_a, key_b}  # key_b is in use: a stale or wrong report cannot drop it
+    d = decide(b, obs, T3)
+    assert [r["key"] for r in d.status["cache"]["artifacts"]] == [key_b]
+    assert d.status["cache"]["usage"].endswith("in 1")

@@ -1,0 +1,138 @@
+"""The controller's side of artifact GC: which claims get a GC Job, when, and what follows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from spyre_operator.api import SpyreModelSpec
+from spyre_operator.controller import Caches, Controller
+from spyre_operator.desired import names
+from spyre_operator.desired.gcjob import GC_KEYS_ANNOTATION
+from spyre_operator.desired.plan import plan_model
+from spyre_operator.handlers import ClaimUser
+from spyre_operator.reconcile import Policy
+
+from .samples import GENERATE
+
+NS, CLAIM = "ns", "spyre-compile-cache"
+OFF = {"volume": {"retention": {"keepLast": 0, "unusedForSeconds": 0}}}
+OLD = "2026-11-20T00:00:00Z"
+
+
+class FakeApplier:
+    def __init__(self) -> None:
+        self.jobs: list[Any] = []
+        self.deleted: list[str] = []
+        self.events: list[tuple[str, str, str, str]] = []
+
+    async def ensure_job(self, job: Any, live: Any) -> bool:
+        self.jobs.append(job)
+        return True
+
+    async def delete(self, resource: Any, name: str, ns: str) -> None:
+        self.deleted.append(name)
+
+    async def event(self, model: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((model["metadata"]["name"], type_, reason, message))
+
+
+def _spec(max_len: int) -> SpyreModelSpec:
+    return SpyreModelSpec.model_validate({**GENERATE, "compile": {"maxModelLen": max_len},
+                                          "cache": OFF})
+
+
+def _model(name: str, max_len: int, artifacts: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = _spec(max_len)
+    return {"metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+            "spec": spec.model_dump(by_alias=True, exclude_none=True),
+            "status": {"cache": {"artifacts": artifacts}}}
+
+
+def _key(name: str, max_len: int) -> str:
+    return plan_model(name, NS, f"uid-{name}", _spec(max_len)).key
+
+
+def _job(name: str, labels: dict[str, str], annotations: dict[str, str],
+         done: bool) -> dict[str, Any]:
+    conds = [{"type": "Complete", "status": "True"}] if done else []
+    return {"metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}",
+                         "labels": labels, "annotations": annotations},
+            "status": {"conditions": conds}}
+
+
+def _setup(claim_jobs: list[dict[str, Any]]) -> tuple[Controller, FakeApplier, Any, str]:
+    old_key, new_key, b_key = _key("a", 2048), _key("a", 4096), _key("b", 8192)
+    a = _model("a", 4096, [
+        {"key": new_key, "claim": CLAIM, "inUse": True, "lastUsed": OLD},
+        {"key": old_key, "claim": CLAIM, "inUse": False, "lastUsed": OLD},
+    ])
+    b = _model("b", 8192, [{"key": b_key, "claim": CLAIM, "inUse": True, "lastUsed": OLD}])
+    plan_a = plan_model("a", NS, "uid-a", _spec(4096))
+    users = [ClaimUser(plan_a.owner, plan_a.volume, "2026-11-01T00:00:00Z"),
+             ClaimUser(plan_model("b", NS, "uid-b", _spec(8192)).owner, plan_a.volume,
+                       "2026-11-02T00:00:00Z")]
+    caches = Caches({
+        "models": {(NS, "a"): [a], (NS, "b"): [b]},
+        "claim_users": {(NS, CLAIM): users},
+        "pvcs": {(NS, CLAIM): [{"metadata": {"name": CLAIM, "uid": "pvc-1"}}]},
+        "claim_jobs": {(NS, CLAIM): claim_jobs},
+        "jobs": {(NS, j["metadata"]["name"]): [j] for j in claim_jobs},
+    })
+    c = Controller(client=None, caches=caches, policy=Policy(gc_interval_seconds=300),  # type: ignore[arg-type]
+                   clock=lambda: "2026-11-22T00:00:00Z")
+    fake = FakeApplier()
+    c.applier = fake  # type: ignore[assignment]
+    return c, fake, plan_a, old_key
+
+
+def _precompile(key: str, done: bool) -> dict[str, Any]:
+    labels = {names.COMPONENT: names.COMPONENT_PRECOMPILE, names.CLAIM_LABEL: CLAIM}
+    return _job(names.precompile_job_name(key, CLAIM), labels,
+                {names.ARTIFACT_KEY_ANNOTATION: key}, done)
+
+
+def test_an_unused_old_key_gets_one_gc_job_and_evaluation_is_throttled() -> None:
+    async def run() -> None:
+        c, fake, plan_a, old_key = _setup([_precompile(_key("a", 2048), True)])
+        await c.collect_garbage((NS, "a"), plan_a)
+        [job] = fake.jobs
+        assert job.metadata.annotations[GC_KEYS_ANNOTATION] == old_key
+        assert [r.name for r in job.metadata.ownerReferences] == ["a", "b"]
+        await c.collect_garbage((NS, "b"), plan_a)  # within the interval: not evaluated again
+        assert len(fake.jobs) == 1
+        await c.stop()
+    asyncio.run(run())
+
+
+def test_the_key_of_a_running_precompile_is_never_removed() -> None:
+    async def run() -> None:
+        c, fake, plan_a, _old = _setup([_precompile(_key("a", 2048), False)])
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert fake.jobs == []
+        await c.stop()
+    asyncio.run(run())
+
+
+def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> None:
+    async def run() -> None:
+        old_key = _key("a", 2048)
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-x", gc_labels, {GC_KEYS_ANNOTATION: old_key}, True)
+        c, fake, plan_a, _ = _setup([_precompile(old_key, True), gc])
+        summary = {"removed": [{"key": old_key, "sizeBytes": 7}], "skipped": [],
+                   "freedBytes": 9}
+        c._job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+        assert await c._collected(NS, CLAIM) == {old_key}
+        await c.collect_garbage((NS, "a"), plan_a)
+        await c.collect_garbage((NS, "b"), plan_a)
+        await asyncio.gather(*c._pending)
+        assert sorted(e[0] for e in fake.events) == ["a", "b"]  # once per model, not per call
+        assert all(e[1:3] == ("Normal", "ArtifactsCollected") and "freed 9 bytes" in e[3]
+                   for e in fake.events)
+        assert fake.deleted == [names.precompile_job_name(old_key, CLAIM)]
+        assert fake.jobs == []  # the statuses here still list the key: it is not removed twice
+        await c.stop()
+    asyncio.run(run())
