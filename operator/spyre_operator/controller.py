@@ -506,11 +506,14 @@ class Controller:
         """Act on finished GC Jobs of the model's claim, and start one when artifacts are due.
 
         Evaluation runs at most every ``policy.gc_interval_seconds`` per claim (any user's
-        reconcile may do it; the model is requeued for the next), never on every reconcile.
+        reconcile may do it), never on every reconcile. Only the claim's oldest user is
+        requeued for the next evaluation: one timer per claim, not one per model.
         """
         ns, claim = plan.namespace, plan.claim
         jobs = self._gc_jobs(ns, claim)
         users = self.caches.all("claim_users", (ns, claim))
+        oldest = min(users, key=lambda u: (u.created, u.owner.name), default=None)
+        timer = oldest is not None and oldest.owner.name == key[1]
         models = [m for u in users if (m := self.caches.one("models", (ns, u.owner.name)))]
         for job in jobs:
             uid = job["metadata"].get("uid")
@@ -524,13 +527,14 @@ class Controller:
         clock = time.monotonic()
         checked = self._gc_checked.get((ns, claim))
         if checked is not None and clock - checked < self.policy.gc_interval_seconds:
-            self.queue.add_after(key, self.policy.gc_interval_seconds - (clock - checked))
+            if timer:
+                self.queue.add_after(key, self.policy.gc_interval_seconds - (clock - checked))
             return
-        self.queue.add_after(key, self.policy.gc_interval_seconds)
+        if timer:
+            self.queue.add_after(key, self.policy.gc_interval_seconds)
         if any(not _finished(j) for j in jobs):
             return  # one GC Job at a time per claim
         self._gc_checked[(ns, claim)] = clock
-        oldest = min(users, key=lambda u: (u.created, u.owner.name), default=None)
         if oldest is None or oldest.volume is None:
             return
         pvc = self.caches.one("pvcs", (ns, claim))

@@ -242,6 +242,8 @@ def test_a_replica_without_a_card_keeps_the_model_ready_and_says_why(
         ({"task": "embed"}, "set compile.warmupShapes"),
         ({"model": {"uri": "s3://bucket/model"}}, "hf://org/name"),
         ({"serving": {"extraArgs": ["--max-model-len=99"]}}, "must not set flags"),
+        ({"cache": {"volume": {"retention": {"keepLast": -1}}}}, "keepLast"),
+        ({"cache": {"volume": {"retention": {"unusedForSeconds": -5}}}}, "unusedForSeconds"),
         ({"cache": {"claimName": "mine", "volume": {"name": "other"}}}, "not both"),
         ({"serving": {"env": [{"name": "TORCH_SENDNN_CACHE_DIR", "value": "/x"}]}},
          "must not set variables the operator manages"),

@@ -102,6 +102,7 @@ def test_an_unused_old_key_gets_one_gc_job_and_evaluation_is_throttled() -> None
         assert [r.name for r in job.metadata.ownerReferences] == ["a", "b"]
         await c.collect_garbage((NS, "b"), plan_a)  # within the interval: not evaluated again
         assert len(fake.jobs) == 1
+        assert set(c.queue._timers) == {(NS, "a")}  # one timer per claim: its oldest user
         await c.stop()
     asyncio.run(run())
 
