@@ -519,6 +519,10 @@ class Controller:
             uid = job["metadata"].get("uid")
             if uid in self._gc_done:
                 continue
+            if _failed(job):
+                self._gc_done.add(uid)
+                await self._gc_failed(ns, claim, job, models)
+                continue
             result = await self._gc_result(ns, job)
             if result is None:
                 continue
@@ -581,6 +585,35 @@ class Controller:
             return  # this very set was collected already (or is being)
         log.info("cache claim %s/%s: removing unused artifacts %s", ns, claim, remove)
         await self.applier.ensure_job(gc_job, None)
+
+    async def _gc_failed(
+        self, ns: str, claim: str, job: dict[str, Any], models: list[dict[str, Any]]
+    ) -> None:
+        """A GC Job failed: a Warning on every user of the claim, with the engine's reason.
+
+        Nothing was dropped from any status; the same key set is tried again once the Job is
+        gone (ttlSecondsAfterFinished), or at once if it is deleted.
+        """
+        why = ""
+        for p in await self._job_pods(ns, job):
+            why = str((p.get("terminated") or {}).get("message") or "").strip() or why
+        conds = (job.get("status") or {}).get("conditions") or []
+        why = why or next(
+            (
+                str(c.get("message") or c.get("reason") or "")
+                for c in conds
+                if c.get("type") == "Failed"
+            ),
+            "",
+        )
+        message = (
+            f"GC Job {job['metadata'].get('name')} on cache claim {claim} failed"
+            f"{': ' + why if why else ''}; nothing was removed from status"
+        )
+        for m in models:
+            self._background(
+                self.applier.event(dict(m), "Warning", "ArtifactCollectionFailed", message[:1024])
+            )
 
     async def _after_gc(
         self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
@@ -742,6 +775,13 @@ class Controller:
         for uid, when in list(self._deleted_jobs.items()):
             if when < cutoff:
                 del self._deleted_jobs[uid]
+
+
+def _failed(job: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("status") == "True" and c.get("type") == "Failed"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
 
 
 def _finished(job: Mapping[str, Any]) -> bool:

@@ -137,3 +137,22 @@ def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> Non
         assert fake.jobs == []  # the statuses here still list the key: it is not removed twice
         await c.stop()
     asyncio.run(run())
+
+
+def test_a_failed_gc_job_is_a_warning_on_every_user_once() -> None:
+    async def run() -> None:
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-y", gc_labels, {}, False)
+        gc["status"]["conditions"] = [{"type": "Failed", "status": "True"}]
+        c, fake, plan_a, _ = _setup([gc])
+        c._job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 1,
+                                         "message": '{"reason": "CatalogError"}'}}]
+        await c.collect_garbage((NS, "a"), plan_a)
+        await c.collect_garbage((NS, "b"), plan_a)
+        await asyncio.gather(*c._pending)
+        assert sorted(e[0] for e in fake.events) == ["a", "b"]
+        assert all(e[1:3] == ("Warning", "ArtifactCollectionFailed") and "CatalogError" in e[3]
+                   for e in fake.events)
+        await c.stop()
+    asyncio.run(run())
