@@ -45,7 +45,8 @@ class OperatorProcess:
     def start(self, timeout: float = 60) -> None:
         self.starts += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.log_dir / f"operator-{os.getpid()}-{self.starts}.log"
+        # id(self): a second OperatorProcess in the same run must not truncate the first's log
+        self.log_path = self.log_dir / f"operator-{os.getpid()}-{id(self):x}-{self.starts}.log"
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
         self.proc = subprocess.Popen(
