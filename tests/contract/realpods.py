@@ -42,8 +42,10 @@ READY_TIMEOUT = 900.0
 SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
 
 
-def start_operator(cp: ControlPlane, namespace: str) -> OperatorProcess:
-    """The operator (and its CRD) as a local process, watching only ``namespace``."""
+def start_operator(cp: ControlPlane, namespace: str,
+                   env: dict[str, str] | None = None) -> OperatorProcess:
+    """The operator (and its CRD) as a local process, watching only ``namespace``; ``env``
+    adds to its environment."""
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                "crd/spyremodels.serving.spyre.dev")  # fmt: skip
@@ -53,7 +55,7 @@ def start_operator(cp: ControlPlane, namespace: str) -> OperatorProcess:
         # operators of other namespaces (other modules, a demo) would block this one.
         args=["--namespace", namespace, "--no-leader-elect"],
         # No automatic retry of a failed compile during a test (it would reset the failure).
-        env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900"},
+        env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900", **(env or {})},
     )
     op.start()
     return op
@@ -228,7 +230,8 @@ def artifact_host_dir(cp: ControlPlane, kube: Kube, model: dict[str, Any]) -> Pa
 class RealEnv:
     """One namespace with its operator, the model claim and a client pod."""
 
-    def __init__(self, cp: ControlPlane, node: RealNode, prefix: str) -> None:
+    def __init__(self, cp: ControlPlane, node: RealNode, prefix: str,
+                 operator_env: dict[str, str] | None = None) -> None:
         self.cp, self.node = cp, node
         t0 = time.monotonic()
         self.image = support.ensure_images(node, ("engine",))["engine"]
@@ -238,7 +241,7 @@ class RealEnv:
         self.kube = Kube(cp, self.ns)
         support.create_model_pvc(cp, self.ns)
         support.create_model_pvc(cp, self.ns, path=NO_WEIGHTS_PATH, model_dir=_no_weights_dir())
-        self.op = start_operator(cp, self.ns)
+        self.op = start_operator(cp, self.ns, operator_env)
         support.ensure_client_pod(cp, self.ns, self.image)
         self.client = Client(cp, self.ns)
         print(f"[{prefix}] namespace {self.ns} ready in {time.monotonic() - t0:.1f}s")
@@ -252,13 +255,14 @@ class RealEnv:
                         check=False, timeout=30)  # fmt: skip
 
 
-def real_env_fixture(prefix: str) -> Any:
-    """A module-scoped ``env`` fixture (:class:`RealEnv`) for a test module."""
+def real_env_fixture(prefix: str, operator_env: dict[str, str] | None = None) -> Any:
+    """A module-scoped ``env`` fixture (:class:`RealEnv`) for a test module; ``operator_env``
+    adds to the operator's environment."""
     import pytest
 
     @pytest.fixture(scope="module", name="env")
     def _env(control_plane: ControlPlane, kubeconfig: Path, real_node: RealNode) -> Any:
-        env = RealEnv(control_plane, real_node, prefix)
+        env = RealEnv(control_plane, real_node, prefix, operator_env)
         yield env
         env.close()
 

@@ -1,0 +1,87 @@
+"""Artifact garbage collection on the real node (issue 14): a real GC Job on the cache claim.
+
+One SpyreModel with ``retention: {keepLast: 0, unusedForSeconds: 0}`` is compiled and served,
+then edited to another compile shape. Its first artifact is then unused: the operator runs
+``spyre-engine gc`` in a Job on the claim, which removes the directory (the catalog lives in
+it) while the new artifact keeps serving. Checked on the PV's files, not only in the status.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from spyre_engine import manifest
+
+from tests.contract.realpods import (
+    RealEnv,
+    claim_host_dir,
+    model_spec,
+    real_env_fixture,
+    wait_ready,
+)
+from tests.realpods import support
+
+pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout(1200)]
+
+# GC is evaluated at most every SPYRE_GC_INTERVAL_SECONDS per claim (default 300 s).
+env = real_env_fixture("gc", operator_env={"SPYRE_GC_INTERVAL_SECONDS": "5"})
+
+MODEL = "gc"
+RETAIN_NOTHING = {"cache": {"volume": {"retention": {"keepLast": 0, "unusedForSeconds": 0}}}}
+
+
+def _spec(env: RealEnv, max_num_seqs: int) -> dict[str, Any]:
+    return model_spec(env.image, compile={"maxNumSeqs": max_num_seqs}, **RETAIN_NOTHING)
+
+
+def _wait(what: str, predicate: Any, timeout: float, env: RealEnv) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = predicate()
+        if v:
+            return v
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n"
+                         f"{support.describe(env.cp, env.ns, MODEL)}")
+
+
+def test_an_artifact_an_edit_left_unused_is_removed_from_the_claim_by_a_gc_job(
+    env: RealEnv,
+) -> None:
+    env.kube.apply_model(MODEL, _spec(env, 2))
+    first = wait_ready(env.kube, MODEL)
+    old_key = first["status"]["servingArtifactKey"]
+    root = claim_host_dir(env.cp, env.kube, first["status"]["artifact"]["claim"])
+    old_dir = root / "artifacts" / old_key
+    assert manifest.manifest_path(old_dir).is_file(), sorted(p.name for p in old_dir.iterdir())
+
+    env.kube.apply_model(MODEL, _spec(env, 4))
+    new_key = _wait("the edit served from a new artifact", lambda: (
+        (st := env.kube.model(MODEL).get("status") or {}).get("servingArtifactKey") not in
+        (None, old_key) and st["servingArtifactKey"]), 900, env)  # fmt: skip
+    wait_ready(env.kube, MODEL)
+
+    def collected() -> list[dict[str, Any]]:
+        return [e for e in env.kube.items("events")
+                if e["involvedObject"]["name"] == MODEL
+                and e.get("reason") == "ArtifactsCollected"]  # fmt: skip
+
+    events = _wait("an ArtifactsCollected Event", collected, 300, env)
+    assert old_key in events[0]["message"], events[0]["message"]
+    gc_jobs = [j for j in support.jobs(env.cp, env.ns)
+               if j["metadata"]["name"].startswith("spyre-gc-")]  # fmt: skip
+    assert gc_jobs and all((j.get("status") or {}).get("succeeded") for j in gc_jobs), gc_jobs
+
+    # On the claim: the old artifact is gone, nothing half-removed is left, the new one is
+    # complete and still verifies against its manifest.
+    assert not old_dir.exists()
+    leftovers = sorted(p.name for p in (root / "artifacts").iterdir() if p.name != new_key)
+    assert leftovers == [], leftovers
+    assert manifest.verify(root / "artifacts" / new_key)["files"]
+    status = env.kube.model(MODEL)["status"]
+    assert old_key not in [a["key"] for a in status["cache"]["artifacts"]]
+    assert support.condition(env.kube.model(MODEL), "Ready")["status"] == "True"
+    answer = support.completion(env.cp, env.ns, MODEL, "hello", max_tokens=4, ignore_eos=True)
+    assert answer["usage"]["completion_tokens"] == 4, answer
