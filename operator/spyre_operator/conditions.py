@@ -50,6 +50,8 @@ CLAIM_CREATING = "ClaimCreating"
 CLAIM_CONFLICT = "ClaimConflict"
 #: Degraded: an edit of a PVC field that cannot change in place (class, modes, shrink).
 CLAIM_IMMUTABLE = "ClaimImmutable"
+#: CacheVolumeReady (still True): the artifacts use cache.usageWarningPercent of the claim.
+CLAIM_NEARLY_FULL = "ClaimNearlyFull"
 #: CacheVolumeReady reasons that make the model Degraded.
 CLAIM_PROBLEMS = frozenset({CLAIM_NOT_FOUND, CLAIM_LOST})
 # ArtifactReady
@@ -137,6 +139,7 @@ WARNING_REASONS = frozenset(
         NAME_CONFLICT,
         CLAIM_CONFLICT,
         CLAIM_IMMUTABLE,
+        CLAIM_NEARLY_FULL,
         INFERENCE_POOL_NOT_ACCEPTED,
         INFERENCE_POOL_REFS_NOT_RESOLVED,
         INFERENCE_POOL_CRD_MISSING,

@@ -396,6 +396,7 @@ class Controller:
                 key=lambda o: (o.name, o.uid),
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
+            claim_artifact_bytes=self._claim_artifact_bytes(ns, plan_claim, users),
         )
         self._observe_inference_pool(obs, ns, name)
         for kind, attr in (
@@ -501,6 +502,18 @@ class Controller:
             if result is not None:
                 out |= set(result.removed)
         return out
+
+    def _claim_artifact_bytes(self, ns: str, claim: str, users: list[Any]) -> int | None:
+        """Size of the artifacts the claim's users list on it, each key once."""
+        pvc = self.caches.one("pvcs", (ns, claim))
+        uid = ((pvc or {}).get("metadata") or {}).get("uid")
+        sizes: dict[str, int] = {}
+        for u in users:
+            m = self.caches.one("models", (ns, u.owner.name)) or {}
+            for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []:
+                if a.get("claim") == claim and a.get("claimUID") in (None, uid):
+                    sizes[a["key"]] = int(a.get("sizeBytes") or 0)
+        return sum(sizes.values()) if sizes else None
 
     async def collect_garbage(self, key: ModelKey, plan: Any) -> None:
         """Act on finished GC Jobs of the model's claim, and start one when artifacts are due.

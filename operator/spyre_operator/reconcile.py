@@ -115,6 +115,9 @@ class Observed:
     foreign_inference_pool: str | None = None
     #: Keys finished GC Jobs removed from the model's cache claim (dropped from status.cache).
     collected: set[str] = field(default_factory=set)
+    #: Bytes of the artifacts on the cache claim, as the SpyreModels using it list them
+    #: (status.cache.artifacts of every user, each key once); None when unknown.
+    claim_artifact_bytes: int | None = None
 
 
 @dataclass
@@ -246,6 +249,29 @@ def _claim_condition(plan: ModelPlan, pvc: dict[str, Any] | None) -> C.Cond:
     )
 
 
+def _claim_usage(
+    plan: ModelPlan, pvc: dict[str, Any] | None, used: int | None
+) -> C.Cond | None:
+    """CacheVolumeReady=True ClaimNearlyFull once the listed artifacts pass the threshold."""
+    capacity = ((pvc or {}).get("status") or {}).get("capacity", {}).get("storage")
+    if not capacity or not used:
+        return None
+    total = parse_quantity(capacity)
+    limit = plan.spec.cache.usage_warning_percent
+    if not total or total <= 0 or used * 100 < limit * total:
+        return None
+    return C.Cond(
+        C.CACHE_VOLUME_READY,
+        C.TRUE,
+        C.CLAIM_NEARLY_FULL,
+        f"artifacts use {_human_size(used)} of PVC {plan.claim}'s {_human_size(int(total))} "
+        f"({int(used * 100 // total)}%, warning at {limit}%): a precompile may run out of "
+        "space; "
+        "lower cache.volume.retention (keepLast, unusedForSeconds) so unused artifacts are "
+        "collected, or use a bigger claim",
+    )
+
+
 def _volume_differences(a: CacheVolumeSpec, b: CacheVolumeSpec) -> list[str]:
     """Settings of two cache.volume entries for one PVC that disagree."""
     out = []
@@ -289,6 +315,8 @@ def decide_cache(plan: ModelPlan, obs: Observed) -> CacheOutcome:
     """The cache PVC to write (managed claims only) and CacheVolumeReady."""
     pvc = obs.cache_pvc
     out = CacheOutcome(cond=_claim_condition(plan, pvc))
+    if out.cond.reason == C.CLAIM_BOUND:
+        out.cond = _claim_usage(plan, pvc, obs.claim_artifact_bytes) or out.cond
     if not (plan.claim_managed and plan.volume is not None):
         return out
     labels = ((pvc or {}).get("metadata") or {}).get("labels") or {}

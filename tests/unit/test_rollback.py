@@ -147,3 +147,31 @@ def test_keys_a_gc_job_removed_leave_the_status_unless_in_use_again() -> None:
     d = decide(b, obs, T3)
     assert [r["key"] for r in d.status["cache"]["artifacts"]] == [key_b]
     assert d.status["cache"]["usage"].endswith("in 1")
+
+
+def _claim_of(capacity: str) -> dict[str, Any]:
+    return {**CLAIM, "status": {**CLAIM["status"], "capacity": {"storage": capacity}}}
+
+
+def test_claim_nearly_full_is_a_warning_on_cache_volume_ready_past_the_threshold() -> None:
+    m = model("m", GENERATE)
+    obs = _complete(m)
+    obs.cache_pvc = _claim_of("10Gi")
+    obs.claim_artifact_bytes = 9 * 2**30  # 90% >= the default 85%
+    c = cond(decide(m, obs, T1), C.CACHE_VOLUME_READY)
+    assert (c["status"], c["reason"]) == ("True", C.CLAIM_NEARLY_FULL)
+    assert "9.0 GiB" in c["message"] and "90%" in c["message"] and "85%" in c["message"]
+    assert C.event_type(C.CLAIM_NEARLY_FULL) == "Warning"
+
+    obs.claim_artifact_bytes = 8 * 2**30  # 80%: below
+    c = cond(decide(m, obs, T1), C.CACHE_VOLUME_READY)
+    assert c["reason"] == C.CLAIM_BOUND
+
+    tighter = copy.deepcopy(m)
+    tighter["spec"]["cache"] = {"usageWarningPercent": 75}
+    obs2 = _complete(tighter)
+    obs2.cache_pvc, obs2.claim_artifact_bytes = _claim_of("10Gi"), 8 * 2**30
+    assert cond(decide(tighter, obs2, T1), C.CACHE_VOLUME_READY)["reason"] == C.CLAIM_NEARLY_FULL
+    # an unknown capacity (a claim still binding, a driver that does not report it) says nothing
+    obs.cache_pvc, obs.claim_artifact_bytes = CLAIM, 9 * 2**30
+    assert cond(decide(m, obs, T1), C.CACHE_VOLUME_READY)["reason"] == C.CLAIM_BOUND

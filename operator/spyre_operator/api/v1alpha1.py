@@ -648,6 +648,16 @@ class CacheSpec(ApiModel):
         default=None,
         description="A PVC the operator creates (the default when claimName is unset).",
     )
+    usage_warning_percent: int = Field(
+        default=85,
+        ge=1,
+        le=100,
+        description=(
+            "CacheVolumeReady turns to reason ClaimNearlyFull (a Warning Event) when the "
+            "artifacts the claim's SpyreModels list use this share of its capacity: a "
+            "precompile Job on a full claim fails with 'no space left on device'."
+        ),
+    )
 
 
 class AutoscalingSpec(ApiModel):
