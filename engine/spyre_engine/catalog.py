@@ -211,20 +211,29 @@ def add_entry(artifact_dir: Path, entry: dict[str, Any]) -> bool:
         ):
             return False
         entries.append(entry)
-        fd, tmp = tempfile.mkstemp(dir=artifact_dir, prefix=".catalog-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(entries, f, indent=2)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o664)
-            os.replace(tmp, catalog_path(artifact_dir))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_json_atomically(
+            catalog_path(artifact_dir), entries, indent=2, temp_prefix=".catalog-"
+        )
         return True
+
+
+def write_json_atomically(path: Path, doc: Any, indent: int, temp_prefix: str) -> None:
+    """Write ``doc`` as JSON to ``path`` so a reader sees the old file or the whole new one:
+    a temp file (``<temp_prefix>*.tmp``, group-writable) in the same directory, fsynced, then
+    renamed over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=indent)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o664)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def describe(data: dict[str, Any]) -> str:

@@ -24,12 +24,11 @@ import json
 import logging
 import os
 import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from spyre_engine.catalog import CATALOG_FILENAME, LOCK_FILENAME
+from spyre_engine.catalog import CATALOG_FILENAME, LOCK_FILENAME, write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -107,19 +106,7 @@ def write_manifest(artifact_dir: Path) -> dict[str, Any]:
     """Build the manifest and put it in place atomically (temp file, fsync, rename); returns it."""
     artifact_dir = Path(artifact_dir)
     doc = build_manifest(artifact_dir)
-    fd, tmp = tempfile.mkstemp(dir=artifact_dir, prefix=".manifest-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o664)
-        os.replace(tmp, manifest_path(artifact_dir))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_json_atomically(manifest_path(artifact_dir), doc, indent=1, temp_prefix=".manifest-")
     with contextlib.suppress(OSError):  # make the rename itself durable
         dfd = os.open(artifact_dir, os.O_RDONLY)
         try:
