@@ -392,6 +392,23 @@ def wait_model_ready(cp: ControlPlane, namespace: str, name: str, timeout: float
         time.sleep(interval)
 
 
+def wait_for(cp: ControlPlane, namespace: str, model: str, what: str,
+             predicate: Callable[[], Any], timeout: float,
+             detail: Callable[[], str] = lambda: "") -> Any:
+    """Poll ``predicate`` every 2 s until truthy and return its value; on timeout fail with
+    ``detail()`` and :func:`describe` of the model (its status, pods and engine logs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = predicate()
+        if v:
+            return v
+        time.sleep(2)
+    extra = detail()
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n"
+                         + (f"{extra}\n" if extra else "")
+                         + describe(cp, namespace, model))
+
+
 def describe(cp: ControlPlane, namespace: str, name: str, log_lines: int = 30) -> str:
     """Diagnostics for a model that did not get Ready: status, pods, events, container logs."""
     out = []

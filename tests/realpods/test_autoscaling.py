@@ -69,19 +69,12 @@ def _ready_pods(env: RealEnv) -> list[dict[str, Any]]:
 
 
 def _wait(what: str, predicate: Any, timeout: float, env: RealEnv, stack: MetricsStack) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = predicate()
-        if v:
-            return v
-        time.sleep(2)
-    hpa = env.kube.get("horizontalpodautoscaler", names.server_name(MODEL))
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}\n"
-        f"HPA status: {(hpa or {}).get('status')}\n"
-        f"queue metric: {stack.custom_metric(env.ns, QUEUE_METRIC)}\n"
-        f"{support.describe(env.cp, env.ns, MODEL)}"
-    )
+    def detail() -> str:
+        hpa = env.kube.get("horizontalpodautoscaler", names.server_name(MODEL))
+        return (f"HPA status: {(hpa or {}).get('status')}\n"
+                f"queue metric: {stack.custom_metric(env.ns, QUEUE_METRIC)}")
+
+    return support.wait_for(env.cp, env.ns, MODEL, what, predicate, timeout, detail)
 
 
 def test_queueing_requests_scale_the_model_up_from_its_artifact_and_back_down(

@@ -8,7 +8,6 @@ it) while the new artifact keeps serving. Checked on the PV's files, not only in
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -39,14 +38,7 @@ def _spec(env: RealEnv, max_num_seqs: int) -> dict[str, Any]:
 
 
 def _wait(what: str, predicate: Any, timeout: float, env: RealEnv) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = predicate()
-        if v:
-            return v
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n"
-                         f"{support.describe(env.cp, env.ns, MODEL)}")
+    return support.wait_for(env.cp, env.ns, MODEL, what, predicate, timeout)
 
 
 def test_an_artifact_an_edit_left_unused_is_removed_from_the_claim_by_a_gc_job(
