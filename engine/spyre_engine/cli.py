@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         CacheSettings,
     )
     add_arguments(
-        sub.add_parser("gc", help="Remove the given artifacts (skipping any being written)"),
+        sub.add_parser(
+            "gc", help="Remove the given artifacts (skipping any being written), and orphans"
+        ),
         CacheSettings,
     )
     return parser
@@ -209,7 +211,12 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
         if command == "usage":
             doc = gc.usage(settings.cache_root)
         else:
-            doc = gc.gc(settings.cache_root, settings.remove).to_dict()
+            doc = gc.gc(
+                settings.cache_root,
+                settings.remove,
+                keep=settings.keep,
+                orphans_unused_for=settings.orphans_unused_for,
+            ).to_dict()
             doc["remainingBytes"] = gc.usage(settings.cache_root)["totalBytes"]
     except OSError as exc:
         return _fail(settings.termination_log, REASON_CATALOG_ERROR, f"{command}: {exc}")

@@ -19,6 +19,14 @@ Removal of one artifact, in this order:
 
 A precompile that starts meanwhile waits for the lock, notices that its lock file was moved to
 the trash, and takes the lock of a fresh dir at the original path instead (:func:`writing`).
+
+Orphans (``--orphans-unused-for``): the operator only knows the artifacts its SpyreModels list
+in their status; those of a deleted SpyreModel (or of a precompile run by hand) are on the
+volume only. With ``--keep`` (every key the operator still knows) a gc also sweeps the others:
+the first gc that finds a dir unknown records when, in ``artifacts/.gc-orphans.json`` on the
+volume itself (so an operator restart loses nothing), and a later one removes it once it has
+been unknown that long. A dir known again (a SpyreModel of that shape came back) leaves the
+record; a dir a precompile is writing is never an orphan.
 """
 
 from __future__ import annotations
@@ -26,19 +34,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spyre_engine.catalog import CATALOG_FILENAME
+from spyre_engine.catalog import CATALOG_FILENAME, write_json_atomically
 from spyre_engine.manifest import MANIFEST_FILENAME, WRITER_LOCK_FILENAME
 
 ARTIFACTS_DIR = "artifacts"
 WRITER_LOCK = WRITER_LOCK_FILENAME
 TRASH_PREFIX = ".trash-"
+#: When each orphan was first found unknown: {key: unix seconds}.
+ORPHANS_FILENAME = ".gc-orphans.json"
+#: Pending orphans listed in the summary (the termination message holds 4 KiB).
+MAX_LISTED_ORPHANS = 10
 
 
 class InvalidKey(ValueError):
@@ -158,6 +172,8 @@ class GcResult:
     removed: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
     trash_bytes: int = 0
+    #: Orphans not due yet: key, since (unix seconds), sizeBytes; oldest first.
+    orphans: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def freed_bytes(self) -> int:
@@ -166,11 +182,16 @@ class GcResult:
 
     def to_dict(self) -> dict[str, Any]:
         """camelCase, for the termination log."""
-        return {
+        doc: dict[str, Any] = {
             "removed": self.removed,
             "skipped": self.skipped,
             "freedBytes": self.freed_bytes,
         }
+        if self.orphans:
+            doc["orphans"] = self.orphans[:MAX_LISTED_ORPHANS]
+            doc["orphanCount"] = len(self.orphans)
+            doc["orphanBytes"] = sum(int(o["sizeBytes"]) for o in self.orphans)
+        return doc
 
 
 def _unlink_atomically(path: Path) -> None:
@@ -220,8 +241,56 @@ def sweep_trash(cache_root: Path) -> int:
     return freed
 
 
-def gc(cache_root: Path, keys: list[str]) -> GcResult:
-    """Remove the artifacts ``keys`` (those a precompile writes are skipped) and old trash."""
+def _read_orphans(root: Path) -> dict[str, float]:
+    try:
+        doc = json.loads((root / ORPHANS_FILENAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {str(k): float(v) for k, v in doc.items() if isinstance(v, int | float)}
+
+
+def sweep_orphans(
+    cache_root: Path, known: set[str], unused_for: float, now: float, result: GcResult
+) -> None:
+    """Record the dirs not in ``known`` and remove those recorded ``unused_for`` seconds ago
+    (see the module docstring); what it did goes into ``result``."""
+    root = artifacts_root(cache_root)
+    if not root.is_dir():
+        return
+    seen = _read_orphans(root)
+    record: dict[str, float] = {}
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        key = entry.name
+        if key.startswith(".") or key in known or not entry.is_dir(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        if being_written(path):
+            continue  # a precompile the operator did not know of when it started this gc
+        since = seen.get(key, now)
+        if now - since >= unused_for:
+            size, what = remove_artifact(cache_root, key)
+            if size is not None:
+                result.removed.append({"key": key, "sizeBytes": size, "orphan": True})
+                continue
+            result.skipped.append({"key": key, "reason": what})
+        record[key] = since
+        result.orphans.append({"key": key, "since": int(since), "sizeBytes": directory_size(path)})
+    result.orphans.sort(key=lambda o: (o["since"], o["key"]))
+    if record != seen:
+        write_json_atomically(root / ORPHANS_FILENAME, record, 0, ".gc-orphans-")
+
+
+def gc(
+    cache_root: Path,
+    keys: list[str],
+    keep: list[str] | None = None,
+    orphans_unused_for: float | None = None,
+    now: float | None = None,
+) -> GcResult:
+    """Remove the artifacts ``keys`` (those a precompile writes are skipped) and old trash;
+    with ``orphans_unused_for``, also sweep the dirs in neither ``keys`` nor ``keep``."""
     result = GcResult(trash_bytes=sweep_trash(cache_root))
     for key in keys:
         try:
@@ -233,6 +302,11 @@ def gc(cache_root: Path, keys: list[str]) -> GcResult:
             result.skipped.append({"key": key, "reason": what})
         else:
             result.removed.append({"key": key, "sizeBytes": size})
+    if orphans_unused_for is not None:
+        known = set(keep or ()) | set(keys)
+        sweep_orphans(
+            cache_root, known, orphans_unused_for, time.time() if now is None else now, result
+        )
     return result
 
 
@@ -244,6 +318,7 @@ __all__ = [
     "check_key",
     "gc",
     "remove_artifact",
+    "sweep_orphans",
     "sweep_trash",
     "usage",
     "writing",

@@ -209,11 +209,22 @@ class CacheSettings(BaseModel):
     remove: list[str] = Field(
         default_factory=list, description="gc: artifact keys to remove, comma-separated"
     )
+    keep: list[str] = Field(
+        default_factory=list,
+        description="gc: every artifact key a SpyreModel or a Deployment still knows, "
+        "comma-separated (with --orphans-unused-for: any other dir is an orphan)",
+    )
+    orphans_unused_for: float | None = Field(
+        None,
+        ge=0,
+        description="gc: also remove orphans (dirs not in --keep or --remove) this many "
+        "seconds after a gc first found them; unset: leave them",
+    )
     termination_log: Path | None = Field(
         Path("/dev/termination-log"), description="Where the one-line JSON summary is written"
     )
 
-    @field_validator("remove", mode="before")
+    @field_validator("remove", "keep", mode="before")
     @classmethod
     def _keys(cls, value: Any) -> Any:
         if isinstance(value, str):

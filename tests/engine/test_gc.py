@@ -156,3 +156,63 @@ def test_a_reader_never_sees_half_an_artifact(tmp_path: Path, rounds: int) -> No
         t.join(timeout=30)
     assert checks > 0
     assert violations == []
+
+
+def test_orphans_are_recorded_on_the_volume_then_removed_after_the_retention(
+        tmp_path: Path) -> None:
+    """A dir nobody knows (a deleted SpyreModel's) is timed from the first gc that finds it,
+    on the volume itself, and removed only by a gc that long after; known dirs stay."""
+    _artifact(tmp_path, "known")
+    _artifact(tmp_path, "orphan")
+    half = tmp_path / "artifacts" / "crashed"  # a precompile killed half-way, lock free
+    half.mkdir()
+    (half / "partial.bin").write_bytes(b"x" * 10)
+    record = tmp_path / "artifacts" / gc.ORPHANS_FILENAME
+
+    first = gc.gc(tmp_path, [], keep=["known"], orphans_unused_for=100, now=1000)
+    assert first.removed == [] and first.skipped == []
+    assert [(o["key"], o["since"]) for o in first.orphans] == [("crashed", 1000), ("orphan", 1000)]
+    assert json.loads(record.read_text()) == {"crashed": 1000, "orphan": 1000}
+    # A gc without the sweep (an operator that does not pass it) leaves the record alone.
+    gc.gc(tmp_path, [])
+    assert json.loads(record.read_text()) == {"crashed": 1000, "orphan": 1000}
+
+    # Not due yet: kept, and the first sighting is not reset by a later one.
+    again = gc.gc(tmp_path, [], keep=["known"], orphans_unused_for=100, now=1099)
+    assert again.removed == [] and {o["since"] for o in again.orphans} == {1000}
+
+    # "crashed" is known again (a SpyreModel of that shape came back): it leaves the record.
+    due = gc.gc(tmp_path, [], keep=["known", "crashed"], orphans_unused_for=100, now=1100)
+    assert [(r["key"], r["orphan"]) for r in due.removed] == [("orphan", True)]
+    assert not (tmp_path / "artifacts" / "orphan").exists()
+    assert (tmp_path / "artifacts" / "known" / "graphs").is_dir() and half.is_dir()
+    assert due.orphans == [] and json.loads(record.read_text()) == {}
+    doc = due.to_dict()
+    assert "orphans" not in doc and doc["freedBytes"] > 0
+
+
+def test_an_orphan_being_written_is_never_recorded(tmp_path: Path) -> None:
+    art = _artifact(tmp_path, "compiling")
+    with gc.writing(art):
+        result = gc.gc(tmp_path, [], keep=[], orphans_unused_for=0, now=5)
+    assert result.removed == [] and result.orphans == [] and art.is_dir()
+    # Lock released: the next sweep with a zero retention removes it at once.
+    result = gc.gc(tmp_path, [], keep=[], orphans_unused_for=0, now=6)
+    assert [r["key"] for r in result.removed] == ["compiling"] and not art.exists()
+
+
+def test_gc_cli_sweeps_orphans_and_reports_them(tmp_path: Path) -> None:
+    _artifact(tmp_path, "aaa")
+    _artifact(tmp_path, "bbb")
+    term = tmp_path / "term"
+    proc = _cli("gc", "--cache-root", str(tmp_path), "--keep", "aaa",
+                "--orphans-unused-for", "3600", "--termination-log", str(term))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(term.read_text())
+    assert doc["removed"] == [] and doc["orphanCount"] == 1
+    assert doc["orphans"][0]["key"] == "bbb" and doc["orphanBytes"] > 0
+    proc = _cli("gc", "--cache-root", str(tmp_path), "--keep", "aaa",
+                "--orphans-unused-for", "0", "--termination-log", str(term))
+    doc = json.loads(term.read_text())
+    assert [r["key"] for r in doc["removed"]] == ["bbb"] and "orphans" not in doc
+    assert (tmp_path / "artifacts" / "aaa").is_dir()
