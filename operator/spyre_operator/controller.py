@@ -11,6 +11,7 @@ watches, level-based decisions, one in-flight reconcile per model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -28,10 +29,10 @@ from . import conditions as C
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
-from .desired.gcjob import COMPONENT_GC, build_gc_job
+from .desired.gcjob import COMPONENT_GC, Sweep, build_gc_job
 from .desired.plan import plan_model
 from .desired.routing import inference_pool_name
-from .gc import ClaimUse, GcResult, keys_to_remove, parse_gc_result
+from .gc import ClaimUse, GcResult, epoch, keys_to_remove, known_keys, parse_gc_result
 from .reconcile import (
     API_UNKNOWN,
     DEFAULT_POLICY,
@@ -57,6 +58,9 @@ ERROR_BACKOFF_MAX = 300.0
 SERVER_PODS_TTL = 5.0
 #: Events posted concurrently in the background.
 EVENT_CONCURRENCY = 8
+#: A claim nobody left is still swept for orphans this often (or every unusedForSeconds, if
+#: longer): orphans of a SpyreModel deleted while the operator was down are found too.
+SWEEP_MIN_PERIOD_SECONDS = 3600.0
 #: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
 #: coroutines keep throughput up (the benchmark at 500 models; see tests/bench/RESULTS.md).
 DEFAULT_WORKERS = 32
@@ -213,6 +217,13 @@ class Controller:
         self._gc_checked: dict[tuple[str, str], float] = {}
         #: Finished GC Jobs (uid) whose result was acted upon (Events, precompile Jobs).
         self._gc_done: set[str] = set()
+        #: Claims a SpyreModel left (deleted, or moved): sweep them for orphans soon.
+        self._sweep_requested: set[tuple[str, str]] = set()
+        #: (namespace, claim) -> when it was last swept (monotonic; set at the first look,
+        #: so a restart makes no burst of sweeps).
+        self._swept: dict[tuple[str, str], float] = {}
+        #: (namespace, claim) -> the orphans the last sweep found: {key: first found, unix s}.
+        self._orphans: dict[tuple[str, str], dict[str, int]] = {}
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
@@ -338,6 +349,9 @@ class Controller:
             self._claim_sigs[key] = sig
         if old is None or old == sig:
             return []
+        if sig is None or sig[0] != old[0]:
+            # Deleted (or moved): what only it listed on the old claim is an orphan now.
+            self._sweep_requested.add((key[0], old[0]))
         peers = set(self.models_for_claim(key[0], old[0]))
         if sig is not None and sig[0] != old[0]:
             peers |= set(self.models_for_claim(key[0], sig[0]))
@@ -543,14 +557,19 @@ class Controller:
             await self._after_gc(ns, claim, result, models)
         clock = time.monotonic()
         checked = self._gc_checked.get((ns, claim))
-        if checked is not None and clock - checked < self.policy.gc_interval_seconds:
+        requested = (ns, claim) in self._sweep_requested
+        if (
+            checked is not None
+            and clock - checked < self.policy.gc_interval_seconds
+            and not requested
+        ):
             if timer:
                 self.queue.add_after(key, self.policy.gc_interval_seconds - (clock - checked))
             return
         if timer:
             self.queue.add_after(key, self.policy.gc_interval_seconds)
         if any(not _finished(j) for j in jobs):
-            return  # one GC Job at a time per claim
+            return  # one GC Job at a time per claim (a requested sweep waits for it)
         self._gc_checked[(ns, claim)] = clock
         if oldest is None or oldest.volume is None:
             return
@@ -579,25 +598,76 @@ class Controller:
                 spec_key = None
             artifacts = ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
             uses.append(ClaimUse(m["metadata"]["name"], spec_key, list(artifacts)))
+        retention, now = oldest.volume.retention, self.clock()
         remove = keys_to_remove(
             claim,
             (pvc.get("metadata") or {}).get("uid"),
             uses,
             protected,
-            oldest.volume.retention,
-            self.clock(),
+            retention,
+            now,
         )
         # Removed by a finished GC Job, but the users' status may not say so yet.
         removed = await self._collected(ns, claim)
         remove = [k for k in remove if k not in removed]
-        if not remove:
+        sweep = None
+        if retention.enabled and (remove or self._sweep_due(ns, claim, retention, now, clock)):
+            sweep = Sweep(
+                frozenset(self._known_keys(ns, claim, uses, protected)),
+                retention.unused_for_seconds,
+                now,
+            )
+            self._sweep_requested.discard((ns, claim))
+            self._swept[(ns, claim)] = clock
+        if not remove and sweep is None:
             return
-        gc_job = build_gc_job(job_plan, remove, [u.owner for u in users])
+        gc_job = build_gc_job(job_plan, remove, [u.owner for u in users], sweep)
         name = gc_job.metadata.name if gc_job.metadata else ""
         if self.caches.one("jobs", (ns, name)) is not None:
             return  # this very set was collected already (or is being)
-        log.info("cache claim %s/%s: removing unused artifacts %s", ns, claim, remove)
+        log.info(
+            "cache claim %s/%s: removing unused artifacts %s%s",
+            ns,
+            claim,
+            remove,
+            " and sweeping orphans" if sweep else "",
+        )
         await self.applier.ensure_job(gc_job, None)
+
+    def _sweep_due(self, ns: str, claim: str, retention: Any, now: str, clock: float) -> bool:
+        """Sweep the claim for orphans: a SpyreModel left it, an orphan the last sweep found
+        is due, or none ran for ``unusedForSeconds`` (at least SWEEP_MIN_PERIOD_SECONDS)."""
+        if (ns, claim) in self._sweep_requested:
+            return True
+        orphans = self._orphans.get((ns, claim))
+        t = epoch(now)
+        if orphans and t is not None:
+            if t - min(orphans.values()) >= retention.unused_for_seconds:
+                return True
+        swept = self._swept.setdefault((ns, claim), clock)
+        period = max(retention.unused_for_seconds, SWEEP_MIN_PERIOD_SECONDS)
+        return clock - swept >= period
+
+    def _known_keys(
+        self, ns: str, claim: str, uses: list[ClaimUse], protected: set[str]
+    ) -> set[str]:
+        """Every key of ``claim`` the operator knows (see gc.known_keys): the statuses of
+        every SpyreModel in the namespace (users or not, e.g. one with an invalid spec now),
+        the users' spec keys, and the keys every Deployment of the namespace serves (a
+        deleted model's pods may still be draining)."""
+        models = self.caches.indices.get("models") or {}
+        statuses = [
+            (self.caches.one("models", k) or {}).get("status") or {}
+            for k in list(models.keys())
+            if k[0] == ns
+        ]
+        deployments = self.caches.indices.get("deployments") or {}
+        served = {
+            k
+            for dk in list(deployments.keys())
+            if dk[0] == ns and (k := served_key_of(self.caches.one("deployments", dk)))
+        }
+        return known_keys(claim, statuses, [u.spec_key for u in uses], protected | served)
 
     async def _gc_failed(
         self, ns: str, claim: str, job: dict[str, Any], models: list[dict[str, Any]]
@@ -639,11 +709,14 @@ class Controller:
             if live is not None:
                 self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
                 await self.applier.delete(Job, name, ns)
+        self._announce_orphans(ns, claim, result, models)
         if not result.removed:
             return
         mine_removed = sorted(result.removed)
+        orphans = len(result.orphans_removed)
         message = (
-            f"removed {len(mine_removed)} unused artifact(s) from cache claim {claim}, "
+            f"removed {len(mine_removed)} unused artifact(s) from cache claim {claim}"
+            f"{f' ({orphans} listed by no SpyreModel)' if orphans else ''}, "
             f"freed {result.freed_bytes} bytes: {', '.join(k[:12] for k in mine_removed)}"
         )
         if result.skipped:
@@ -653,6 +726,36 @@ class Controller:
                 self.applier.event(dict(m), "Normal", "ArtifactsCollected", message[:1024])
             )
         self.enqueue([(ns, m["metadata"]["name"]) for m in models])
+
+    def _announce_orphans(
+        self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
+    ) -> None:
+        """Remember a sweep's pending orphans (the next sweep is due when the oldest is) and
+        tell the claim's users when the set changed: space no SpyreModel accounts for."""
+        before = self._orphans.get((ns, claim)) or {}
+        now = dict(result.orphans)
+        if now:
+            self._orphans[(ns, claim)] = now
+        else:
+            self._orphans.pop((ns, claim), None)
+        if not now or set(now) == set(before):
+            return
+        user = next(iter(models), None)
+        volume = None
+        if user is not None:
+            with contextlib.suppress(Exception):
+                volume = SpyreModelSpec.model_validate(user.get("spec") or {}).cache.volume
+        wait = f"{volume.retention.unused_for_seconds} s" if volume else "the retention period"
+        message = (
+            f"{result.orphan_count} artifact(s) on cache claim {claim} "
+            f"({result.orphan_bytes} bytes) are listed by no SpyreModel (a deleted one's): "
+            f"{', '.join(k[:12] for k in sorted(now))}; removed once unused for {wait} "
+            "unless a SpyreModel needs them again"
+        )
+        for m in models:
+            self._background(
+                self.applier.event(dict(m), "Normal", "ArtifactsOrphaned", message[:1024])
+            )
 
     async def _recent_server_pods(self, key: ModelKey) -> list[dict[str, Any]]:
         """The model's serving pods, listed at most every SERVER_PODS_TTL seconds.

@@ -6,8 +6,10 @@ claim. The engine removes them so that nobody sees half of one and skips any dir
 precompile still writes (its writer lock); the Job's termination message says what it removed.
 
 Only artifacts some SpyreModel using the claim still lists in ``status.cache.artifacts`` are
-known to the operator: those of a deleted SpyreModel are never collected (its status went
-with it). ``spyre-engine usage`` lists every directory on the volume.
+known to the operator; those of a deleted SpyreModel went with its status. They are orphans:
+a sweep (``--keep`` = every key still known, see :func:`known_keys`) has the engine time them
+on the volume from the first gc that finds them and remove them once unknown for
+``unusedForSeconds`` (``keepLast`` does not apply: no model is left to roll back).
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ def _time(s: str | None) -> datetime | None:
         return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
         return None
+
+
+def epoch(s: str | None) -> float | None:
+    """Unix seconds of an RFC 3339 ``...Z`` time (the operator's clock), or None."""
+    t = _time(s)
+    return None if t is None else t.timestamp()
 
 
 def keys_to_remove(
@@ -94,6 +102,23 @@ def keys_to_remove(
     return sorted(out)
 
 
+def known_keys(
+    claim: str,
+    statuses: Iterable[dict[str, Any]],
+    spec_keys: Iterable[str | None],
+    protected: Iterable[str],
+) -> set[str]:
+    """Every key of ``claim`` the operator knows: listed in any SpyreModel's status (any
+    incarnation of the claim, in use or not), needed by a spec, or protected (served by a
+    Deployment, compiled by a running Job). A sweep treats every other dir as an orphan."""
+    out = {k for k in spec_keys if k} | set(protected)
+    for status in statuses:
+        for a in ((status or {}).get("cache") or {}).get("artifacts") or []:
+            if a.get("key") and a.get("claim") == claim:
+                out.add(str(a["key"]))
+    return out
+
+
 @dataclass(frozen=True)
 class GcResult:
     """What a GC Job's ``spyre-engine gc`` removed (its termination message)."""
@@ -101,6 +126,12 @@ class GcResult:
     removed: dict[str, int]
     skipped: dict[str, str]
     freed_bytes: int
+    #: Removed keys that were orphans (no SpyreModel listed them).
+    orphans_removed: frozenset[str] = frozenset()
+    #: Orphans not due yet: (key, first found unknown, unix seconds), oldest first.
+    orphans: tuple[tuple[str, int], ...] = ()
+    orphan_count: int = 0
+    orphan_bytes: int = 0
 
 
 def parse_gc_result(message: str | None) -> GcResult | None:
@@ -124,13 +155,32 @@ def parse_gc_result(message: str | None) -> GcResult | None:
             for r in doc.get("skipped") or []
             if isinstance(r, dict) and r.get("key")
         }
-        return GcResult(removed, skipped, int(doc.get("freedBytes") or 0))
+        orphans = tuple(
+            (str(o["key"]), int(o.get("since") or 0))
+            for o in doc.get("orphans") or []
+            if isinstance(o, dict) and o.get("key")
+        )
+        return GcResult(
+            removed,
+            skipped,
+            int(doc.get("freedBytes") or 0),
+            orphans_removed=frozenset(
+                str(r["key"])
+                for r in doc.get("removed") or []
+                if isinstance(r, dict) and r.get("key") and r.get("orphan")
+            ),
+            orphans=orphans,
+            orphan_count=int(doc.get("orphanCount") or len(orphans)),
+            orphan_bytes=int(doc.get("orphanBytes") or 0),
+        )
     return None
 
 
 __all__ = [
     "ClaimUse",
     "GcResult",
+    "epoch",
     "keys_to_remove",
+    "known_keys",
     "parse_gc_result",
 ]

@@ -156,3 +156,71 @@ def test_a_failed_gc_job_is_a_warning_on_every_user_once() -> None:
                    for e in fake.events)
         await c.stop()
     asyncio.run(run())
+
+
+def _gc_args(job: Any) -> list[str]:
+    return list(job.spec.template.spec.containers[0].args)
+
+
+def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> None:
+    """Nothing is due (b's artifact is in use), but a model left the claim: one GC Job sweeps
+    it for orphans, keeping every key a status, spec or Deployment still names."""
+    async def run() -> None:
+        c, fake, plan_a, old_key = _setup([])
+        # a's old key in use again (a rollback): nothing is due
+        c.caches.indices["models"][(NS, "a")][0]["status"]["cache"]["artifacts"][1][
+            "inUse"] = True
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert fake.jobs == []  # nothing due, nobody left: no Job
+
+        gone = plan_model("gone", NS, "uid-gone", _spec(1024))
+        c._claim_sigs[(NS, "gone")] = (CLAIM, gone.key, "v")
+        served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
+            names.ARTIFACT_KEY_ANNOTATION: "draining-key"}}}
+        c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
+        # its peers on the claim are reconciled, and one of them will sweep it
+        assert c.claim_peers_if_changed((NS, "gone"), None) == [(NS, "a"), (NS, "b")]
+        await c.collect_garbage((NS, "b"), plan_a)  # within the interval, but requested
+        [job] = fake.jobs
+        args = _gc_args(job)
+        keep = set(args[args.index("--keep") + 1].split(","))
+        assert keep == {_key("a", 4096), old_key, _key("b", 8192), "draining-key"}
+        assert gone.key not in keep  # the deleted model's: an orphan for the engine to time
+        assert args[args.index("--orphans-unused-for") + 1] == "0"
+        assert args[args.index("--remove") + 1] == ""
+        # Served once: the request is spent, and the next evaluation makes no other Job.
+        c._gc_checked.clear()
+        c.caches.indices["jobs"] = {(NS, job.metadata.name): [{"metadata": {
+            "name": job.metadata.name}}]}
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert len(fake.jobs) == 1
+        await c.stop()
+    asyncio.run(run())
+
+
+def test_pending_orphans_are_announced_once_and_swept_again_when_due() -> None:
+    async def run() -> None:
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-z", gc_labels, {}, True)
+        c, fake, plan_a, _ = _setup([gc])
+        t0 = 1763769600 - 3600  # 2026-11-21T23:00:00Z, an hour before the clock
+        summary = {"removed": [], "skipped": [], "freedBytes": 0, "orphanCount": 1,
+                   "orphanBytes": 4096, "orphans": [{"key": "orph", "since": t0,
+                                                     "sizeBytes": 4096}]}
+        c._job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+        c.clock = lambda: "2026-11-21T23:30:00Z"  # half an hour after it was found
+        await c.collect_garbage((NS, "a"), plan_a)
+        await asyncio.gather(*c._pending)
+        assert sorted(e[0] for e in fake.events) == ["a", "b"]
+        assert all(e[2] == "ArtifactsOrphaned" and "orph" in e[3] and "4096 bytes" in e[3]
+                   for e in fake.events)
+        # The users' retention is 0 s: the orphan is due, so this evaluation swept again.
+        [job] = fake.jobs
+        assert "--orphans-unused-for" in _gc_args(job)
+        fake.events.clear()
+        await c.collect_garbage((NS, "b"), plan_a)
+        await asyncio.gather(*c._pending)
+        assert fake.events == []  # the same orphans: not announced twice
+        await c.stop()
+    asyncio.run(run())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from spyre_operator.api.v1alpha1 import CacheRetention, SpyreModelSpec
-from spyre_operator.desired.gcjob import GC_KEYS_ANNOTATION, build_gc_job, gc_job_name
+from spyre_operator.desired.gcjob import GC_KEYS_ANNOTATION, Sweep, build_gc_job, gc_job_name
 from spyre_operator.desired.plan import plan_model
-from spyre_operator.gc import ClaimUse, keys_to_remove, parse_gc_result
+from spyre_operator.gc import ClaimUse, keys_to_remove, known_keys, parse_gc_result
 
 NOW = "2026-11-22T12:00:00Z"
 OLD = "2026-11-20T12:00:00Z"  # two days ago
@@ -136,3 +136,39 @@ def test_gc_job_is_deterministic_restricted_and_owned_by_the_users():
     assert pod.affinity is None
     rwo = _plan("a", access=["ReadWriteOnce"])
     assert build_gc_job(rwo, ["k1"], [rwo.owner]).spec.template.spec.affinity is not None
+
+
+def test_known_keys_are_every_status_spec_and_protected_key_of_the_claim():
+    statuses = [
+        {"cache": {"artifacts": [art("k1", NOW, True), art("k2", OLD, False),
+                                 {**art("x", NOW, True), "claim": "other"}]}},
+        {},  # a model with no status yet
+    ]
+    assert known_keys("c", statuses, ["k3", None], ["k4"]) == {"k1", "k2", "k3", "k4"}
+
+
+def test_parse_gc_result_with_orphans():
+    msg = json.dumps({
+        "removed": [{"key": "k1", "sizeBytes": 10, "orphan": True}, {"key": "k2",
+                                                                     "sizeBytes": 5}],
+        "skipped": [], "freedBytes": 15, "orphanCount": 12, "orphanBytes": 99,
+        "orphans": [{"key": "o1", "since": 100, "sizeBytes": 9}],
+    })
+    r = parse_gc_result(msg)
+    assert r is not None and r.orphans_removed == {"k1"} and set(r.removed) == {"k1", "k2"}
+    assert r.orphans == (("o1", 100),) and r.orphan_count == 12 and r.orphan_bytes == 99
+
+
+def test_a_sweep_gc_job_keeps_the_known_keys_and_is_named_by_its_time():
+    plan = _plan("a")
+    sweep = Sweep(frozenset({"k1", "k2"}), 86400, "2026-11-22T00:00:00Z")
+    job = build_gc_job(plan, ["k1"], [plan.owner], sweep)
+    args = job.spec.template.spec.containers[0].args
+    assert args[args.index("--keep") + 1] == "k2"  # k1 is removed, not kept
+    assert args[args.index("--orphans-unused-for") + 1] == "86400"
+    later = build_gc_job(plan, ["k1"], [plan.owner],
+                         Sweep(sweep.keep, 86400, "2026-11-22T01:00:00Z"))
+    assert later.metadata.name != job.metadata.name != build_gc_job(
+        plan, ["k1"], [plan.owner]).metadata.name
+    assert "--keep" not in build_gc_job(plan, ["k1"], [plan.owner]).spec.template.spec.containers[
+        0].args

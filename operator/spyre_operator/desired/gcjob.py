@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from lightkube.models.batch_v1 import JobSpec
 from lightkube.models.core_v1 import (
@@ -32,10 +33,12 @@ GC_KEYS_ANNOTATION = f"{names.ARTIFACT_KEY_ANNOTATION}s-removed"
 GC_JOB_TTL_SECONDS = 3600
 
 
-def gc_job_name(claim: str, keys: Iterable[str]) -> str:
-    """Deterministic from the claim and the key set: the same decision never makes two Jobs."""
+def gc_job_name(claim: str, keys: Iterable[str], sweep: str = "") -> str:
+    """Deterministic from the claim and the key set (and the sweep's time, for a sweep): the
+    same decision never makes two Jobs."""
     claim_hash = hashlib.sha256(claim.encode()).hexdigest()[:5]
-    keys_hash = hashlib.sha256(",".join(sorted(set(keys))).encode()).hexdigest()[:10]
+    doc = ",".join(sorted(set(keys))) + (f"|sweep@{sweep}" if sweep else "")
+    keys_hash = hashlib.sha256(doc.encode()).hexdigest()[:10]
     return f"spyre-gc-{claim_hash}-{keys_hash}"
 
 
@@ -43,11 +46,36 @@ def gc_job_labels(claim: str) -> dict[str, str]:
     return {**names.common_labels(COMPONENT_GC), names.CLAIM_LABEL: claim}
 
 
-def build_gc_job(plan: ModelPlan, keys: Iterable[str], owners: Iterable[OwnerRef]) -> Job:
-    """Remove ``keys`` from ``plan.claim`` with ``plan``'s engine image, placement and
-    precompile.podAnnotations (a CPU pod, like a precompile off the cards); owned by every
-    user of the claim."""
+@dataclass(frozen=True)
+class Sweep:
+    """Also sweep orphans: every dir not in ``keep`` (nor removed) is timed on the volume and
+    removed once unknown for ``unused_for_seconds``; ``at`` (when it was decided) names it."""
+
+    keep: frozenset[str]
+    unused_for_seconds: int
+    at: str
+
+
+def build_gc_job(
+    plan: ModelPlan,
+    keys: Iterable[str],
+    owners: Iterable[OwnerRef],
+    sweep: Sweep | None = None,
+) -> Job:
+    """Remove ``keys`` from ``plan.claim`` (and sweep orphans) with ``plan``'s engine image,
+    placement and precompile.podAnnotations (a CPU pod, like a precompile off the cards);
+    owned by every user of the claim."""
     keys = sorted(set(keys))
+    sweep_args = (
+        [
+            "--keep",
+            ",".join(sorted(sweep.keep - set(keys))),
+            "--orphans-unused-for",
+            str(sweep.unused_for_seconds),
+        ]
+        if sweep is not None
+        else []
+    )
     spec = plan.spec
     labels = gc_job_labels(plan.claim)
     container = Container(
@@ -60,6 +88,7 @@ def build_gc_job(plan: ModelPlan, keys: Iterable[str], owners: Iterable[OwnerRef
             CACHE_MOUNT,
             "--remove",
             ",".join(keys),
+            *sweep_args,
             "--termination-log",
             TERMINATION_LOG,
         ],
@@ -76,7 +105,7 @@ def build_gc_job(plan: ModelPlan, keys: Iterable[str], owners: Iterable[OwnerRef
     )
     return Job(
         metadata=ObjectMeta(
-            name=gc_job_name(plan.claim, keys),
+            name=gc_job_name(plan.claim, keys, sweep.at if sweep else ""),
             namespace=plan.namespace,
             labels=labels,
             annotations={GC_KEYS_ANNOTATION: ",".join(keys)},
@@ -113,4 +142,11 @@ def build_gc_job(plan: ModelPlan, keys: Iterable[str], owners: Iterable[OwnerRef
     )
 
 
-__all__ = ["COMPONENT_GC", "GC_KEYS_ANNOTATION", "build_gc_job", "gc_job_labels", "gc_job_name"]
+__all__ = [
+    "COMPONENT_GC",
+    "GC_KEYS_ANNOTATION",
+    "Sweep",
+    "build_gc_job",
+    "gc_job_labels",
+    "gc_job_name",
+]
