@@ -610,17 +610,16 @@ class Controller:
         # Removed by a finished GC Job, but the users' status may not say so yet.
         removed = await self._collected(ns, claim)
         remove = [k for k in remove if k not in removed]
-        sweep = None
-        if retention.enabled and (remove or self._sweep_due(ns, claim, retention, now, clock)):
-            sweep = Sweep(
-                frozenset(self._known_keys(ns, claim, uses, protected)),
-                retention.unused_for_seconds,
-                now,
-            )
-            self._sweep_requested.discard((ns, claim))
-            self._swept[(ns, claim)] = clock
-        if not remove and sweep is None:
+        due = retention.enabled and self._sweep_due(ns, claim, retention, now, clock)
+        if not remove and not due:
             return
+        # Every GC Job also sweeps (it runs anyway); only a due sweep is a new decision, named
+        # by its time: the same removal alone never makes a second Job.
+        sweep = Sweep(
+            frozenset(self._known_keys(ns, claim, uses, protected)),
+            retention.unused_for_seconds,
+            now if due else "",
+        )
         gc_job = build_gc_job(job_plan, remove, [u.owner for u in users], sweep)
         name = gc_job.metadata.name if gc_job.metadata else ""
         if self.caches.one("jobs", (ns, name)) is not None:
@@ -630,9 +629,12 @@ class Controller:
             ns,
             claim,
             remove,
-            " and sweeping orphans" if sweep else "",
+            ", sweeping orphans" if due else "",
         )
         await self.applier.ensure_job(gc_job, None)
+        if due:
+            self._sweep_requested.discard((ns, claim))
+            self._swept[(ns, claim)] = clock
 
     def _sweep_due(self, ns: str, claim: str, retention: Any, now: str, clock: float) -> bool:
         """Sweep the claim for orphans: a SpyreModel left it, an orphan the last sweep found

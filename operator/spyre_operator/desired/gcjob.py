@@ -49,7 +49,8 @@ def gc_job_labels(claim: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class Sweep:
     """Also sweep orphans: every dir not in ``keep`` (nor removed) is timed on the volume and
-    removed once unknown for ``unused_for_seconds``; ``at`` (when it was decided) names it."""
+    removed once unknown for ``unused_for_seconds``; ``at`` (when it was decided, for a sweep
+    that is a decision of its own) goes into the Job's name."""
 
     keep: frozenset[str]
     unused_for_seconds: int
@@ -105,7 +106,7 @@ def build_gc_job(
     )
     return Job(
         metadata=ObjectMeta(
-            name=gc_job_name(plan.claim, keys, sweep.at if sweep else ""),
+            name=gc_job_name(plan.claim, keys, sweep.at if sweep is not None else ""),
             namespace=plan.namespace,
             labels=labels,
             annotations={GC_KEYS_ANNOTATION: ",".join(keys)},
