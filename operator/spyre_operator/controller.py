@@ -215,8 +215,12 @@ class Controller:
         self._pvc_phases: dict[tuple[str, str], str] = {}
         #: (namespace, claim) -> when its artifacts were last evaluated for GC (monotonic).
         self._gc_checked: dict[tuple[str, str], float] = {}
-        #: Finished GC Jobs (uid) whose result was acted upon (Events, precompile Jobs).
+        #: Finished GC Jobs (uid) whose result was acted upon (Events, precompile Jobs). In
+        #: memory: after a restart, a Job that finished before ``started_at`` is announced
+        #: again only if some status still lists a key it removed (the old process had not
+        #: acted on it).
         self._gc_done: set[str] = set()
+        self.started_at = clock()
         #: Claims a SpyreModel left (deleted, or moved): sweep them for orphans soon.
         self._sweep_requested: set[tuple[str, str]] = set()
         #: (namespace, claim) -> when it was last swept (monotonic; set at the first look,
@@ -548,13 +552,17 @@ class Controller:
                 continue
             if _failed(job):
                 self._gc_done.add(uid)
-                await self._gc_failed(ns, claim, job, models)
+                if not self._finished_before_start(job):
+                    await self._gc_failed(ns, claim, job, models)
                 continue
             result = await self._gc_result(ns, job)
             if result is None:
                 continue
             self._gc_done.add(uid)
-            await self._after_gc(ns, claim, result, models)
+            announce = not self._finished_before_start(job) or _still_listed(
+                set(result.removed) - result.orphans_removed, claim, models
+            )
+            await self._after_gc(ns, claim, result, models, announce)
         clock = time.monotonic()
         checked = self._gc_checked.get((ns, claim))
         requested = (ns, claim) in self._sweep_requested
@@ -700,19 +708,43 @@ class Controller:
                 self.applier.event(dict(m), "Warning", "ArtifactCollectionFailed", message[:1024])
             )
 
+    def _finished_before_start(self, job: dict[str, Any]) -> bool:
+        """The Job finished before this operator process started: the previous one acted on
+        it already, unless it was down (the caller checks what status still says)."""
+        st = job.get("status") or {}
+        done = st.get("completionTime") or next(
+            (
+                c.get("lastTransitionTime")
+                for c in st.get("conditions") or []
+                if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            ),
+            None,
+        )
+        t, start = epoch(done), epoch(self.started_at)
+        return t is not None and start is not None and t < start
+
     async def _after_gc(
-        self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
+        self,
+        ns: str,
+        claim: str,
+        result: GcResult,
+        models: list[dict[str, Any]],
+        announce: bool = True,
     ) -> None:
         """A GC Job finished: drop the removed keys' precompile Jobs (a revert compiles again),
-        tell every user of the claim, and reconcile them (their status.cache drops the keys)."""
+        tell every user of the claim (``announce``: not again after an operator restart), and
+        reconcile them (their status.cache drops the keys)."""
         for k in result.removed:
             name = names.precompile_job_name(k, claim)
             live = self.caches.one("jobs", (ns, name))
             if live is not None:
                 self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
                 await self.applier.delete(Job, name, ns)
-        self._announce_orphans(ns, claim, result, models)
+        self._announce_orphans(ns, claim, result, models if announce else [])
         if not result.removed:
+            return
+        if not announce:
+            self.enqueue([(ns, m["metadata"]["name"]) for m in models])
             return
         mine_removed = sorted(result.removed)
         orphans = len(result.orphans_removed)
@@ -899,6 +931,15 @@ def _failed(job: Mapping[str, Any]) -> bool:
     return any(
         c.get("status") == "True" and c.get("type") == "Failed"
         for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def _still_listed(keys: set[str], claim: str, models: list[dict[str, Any]]) -> bool:
+    """Some model's status.cache.artifacts lists one of ``keys`` on ``claim``."""
+    return any(
+        a.get("key") in keys and a.get("claim") == claim
+        for m in models
+        for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
     )
 
 

@@ -224,3 +224,28 @@ def test_pending_orphans_are_announced_once_and_swept_again_when_due() -> None:
         assert fake.events == []  # the same orphans: not announced twice
         await c.stop()
     asyncio.run(run())
+
+
+def test_after_a_restart_a_gc_job_the_old_process_announced_is_not_announced_again() -> None:
+    """_gc_done is memory: a restarted operator tells a Job that finished before it started
+    and whose removed keys no status lists any more (acted upon) from one it never saw."""
+    async def run() -> None:
+        old_key = _key("a", 2048)
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-r", gc_labels, {GC_KEYS_ANNOTATION: old_key}, True)
+        gc["status"]["completionTime"] = "2026-11-21T23:00:00Z"  # before this process
+        summary = {"removed": [{"key": old_key, "sizeBytes": 7}], "skipped": [],
+                   "freedBytes": 7}
+        for listed, expect in ((True, ["a", "b"]), (False, [])):
+            c, fake, plan_a, _ = _setup([_precompile(old_key, True), gc])
+            if not listed:  # the old process dropped it from a's status already
+                arts = c.caches.indices["models"][(NS, "a")][0]["status"]["cache"]["artifacts"]
+                arts[:] = [x for x in arts if x["key"] != old_key]
+            c._job_messages[gc["metadata"]["uid"]] = [
+                {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+            await c.collect_garbage((NS, "a"), plan_a)
+            await asyncio.gather(*c._pending)
+            assert sorted(e[0] for e in fake.events) == expect, listed
+            assert fake.deleted == [names.precompile_job_name(old_key, CLAIM)]  # either way
+            await c.stop()
+    asyncio.run(run())
