@@ -753,6 +753,8 @@ class Controller:
             f"{f' ({orphans} listed by no SpyreModel)' if orphans else ''}, "
             f"freed {result.freed_bytes} bytes: {', '.join(k[:12] for k in mine_removed)}"
         )
+        if result.remaining_bytes is not None:
+            message += f"; {result.remaining_bytes} bytes of artifacts left on the claim"
         if result.skipped:
             message += f"; skipped {', '.join(sorted(k[:12] for k in result.skipped))}"
         for m in models:

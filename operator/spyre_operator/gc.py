@@ -132,6 +132,8 @@ class GcResult:
     orphans: tuple[tuple[str, int], ...] = ()
     orphan_count: int = 0
     orphan_bytes: int = 0
+    #: Every artifact dir on the volume after the removal, measured (None: not reported).
+    remaining_bytes: int | None = None
 
 
 def parse_gc_result(message: str | None) -> GcResult | None:
@@ -172,6 +174,9 @@ def parse_gc_result(message: str | None) -> GcResult | None:
             orphans=orphans,
             orphan_count=int(doc.get("orphanCount") or len(orphans)),
             orphan_bytes=int(doc.get("orphanBytes") or 0),
+            remaining_bytes=(
+                int(doc["remainingBytes"]) if doc.get("remainingBytes") is not None else None
+            ),
         )
     return None
 

@@ -123,7 +123,7 @@ def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> Non
         gc = _job("spyre-gc-x", gc_labels, {GC_KEYS_ANNOTATION: old_key}, True)
         c, fake, plan_a, _ = _setup([_precompile(old_key, True), gc])
         summary = {"removed": [{"key": old_key, "sizeBytes": 7}], "skipped": [],
-                   "freedBytes": 9}
+                   "freedBytes": 9, "remainingBytes": 1234}
         c._job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
         assert await c._collected(NS, CLAIM) == {old_key}
@@ -132,6 +132,7 @@ def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> Non
         await asyncio.gather(*c._pending)
         assert sorted(e[0] for e in fake.events) == ["a", "b"]  # once per model, not per call
         assert all(e[1:3] == ("Normal", "ArtifactsCollected") and "freed 9 bytes" in e[3]
+                   and "1234 bytes of artifacts left on the claim" in e[3]
                    for e in fake.events)
         assert fake.deleted == [names.precompile_job_name(old_key, CLAIM)]
         assert fake.jobs == []  # the statuses here still list the key: it is not removed twice

@@ -104,6 +104,7 @@ def test_parse_gc_result():
     r = parse_gc_result("log line\n" + msg)
     assert r is not None
     assert r.removed == {"k1": 100} and r.freed_bytes == 150 and "k2" in r.skipped
+    assert r.remaining_bytes == 7
     assert parse_gc_result(json.dumps({"reason": "CatalogError", "message": "x"})) is None
     assert parse_gc_result(None) is None
 
