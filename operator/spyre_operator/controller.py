@@ -623,11 +623,8 @@ class Controller:
             return
         # Every GC Job also sweeps (it runs anyway); only a due sweep is a new decision, named
         # by its time: the same removal alone never makes a second Job.
-        sweep = Sweep(
-            frozenset(self._known_keys(ns, claim, uses, protected)),
-            retention.unused_for_seconds,
-            now if due else "",
-        )
+        keep, lingering = self._known_keys(ns, claim, uses, protected)
+        sweep = Sweep(frozenset(keep), retention.unused_for_seconds, now if due else "")
         gc_job = build_gc_job(job_plan, remove, [u.owner for u in users], sweep)
         name = gc_job.metadata.name if gc_job.metadata else ""
         if self.caches.one("jobs", (ns, name)) is not None:
@@ -641,8 +638,9 @@ class Controller:
         )
         await self.applier.ensure_job(gc_job, None)
         if due:
-            self._sweep_requested.discard((ns, claim))
             self._swept[(ns, claim)] = clock
+            if not lingering:  # else sweep again once the deleted model's Deployment is gone
+                self._sweep_requested.discard((ns, claim))
 
     def _sweep_due(self, ns: str, claim: str, retention: Any, now: str, clock: float) -> bool:
         """Sweep the claim for orphans: a SpyreModel left it, an orphan the last sweep found
@@ -660,11 +658,12 @@ class Controller:
 
     def _known_keys(
         self, ns: str, claim: str, uses: list[ClaimUse], protected: set[str]
-    ) -> set[str]:
+    ) -> tuple[set[str], bool]:
         """Every key of ``claim`` the operator knows (see gc.known_keys): the statuses of
         every SpyreModel in the namespace (users or not, e.g. one with an invalid spec now),
-        the users' spec keys, and the keys every Deployment of the namespace serves (a
-        deleted model's pods may still be draining)."""
+        the users' spec keys, and the keys every Deployment of the namespace serves. True
+        with them while a deleted SpyreModel's Deployment is still there (the garbage
+        collector has not removed it yet): its key is kept, so the claim is swept again."""
         models = self.caches.indices.get("models") or {}
         statuses = [
             (self.caches.one("models", k) or {}).get("status") or {}
@@ -672,12 +671,22 @@ class Controller:
             if k[0] == ns
         ]
         deployments = self.caches.indices.get("deployments") or {}
-        served = {
-            k
-            for dk in list(deployments.keys())
-            if dk[0] == ns and (k := served_key_of(self.caches.one("deployments", dk)))
-        }
-        return known_keys(claim, statuses, [u.spec_key for u in uses], protected | served)
+        served, lingering = set(), False
+        for dk in list(deployments.keys()):
+            d = self.caches.one("deployments", dk) if dk[0] == ns else None
+            k = served_key_of(d)
+            if d is None or not k:
+                continue
+            served.add(k)
+            owners = [
+                r.get("name")
+                for r in d["metadata"].get("ownerReferences") or []
+                if r.get("kind") == "SpyreModel"
+            ]
+            if owners and not any(self.caches.one("models", (ns, o)) for o in owners):
+                lingering = True
+        keys = known_keys(claim, statuses, [u.spec_key for u in uses], protected | served)
+        return keys, lingering
 
     async def _gc_failed(
         self, ns: str, claim: str, job: dict[str, Any], models: list[dict[str, Any]]

@@ -177,7 +177,8 @@ def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> No
         gone = plan_model("gone", NS, "uid-gone", _spec(1024))
         c._claim_sigs[(NS, "gone")] = (CLAIM, gone.key, "v")
         served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
-            names.ARTIFACT_KEY_ANNOTATION: "draining-key"}}}
+            names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
+                {"kind": "SpyreModel", "name": "gone"}]}}
         c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
         # its peers on the claim are reconciled, and one of them will sweep it
         assert c.claim_peers_if_changed((NS, "gone"), None) == [(NS, "a"), (NS, "b")]
@@ -189,12 +190,23 @@ def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> No
         assert gone.key not in keep  # the deleted model's: an orphan for the engine to time
         assert args[args.index("--orphans-unused-for") + 1] == "0"
         assert args[args.index("--remove") + 1] == ""
+        # gone-server's model is gone: the sweep is asked for again until it is deleted.
+        assert (NS, CLAIM) in c._sweep_requested
+        c.caches.indices["deployments"] = {}
+        c._gc_checked.clear()
+        c.caches.indices["jobs"] = {(NS, job.metadata.name): [{"metadata": {
+            "name": job.metadata.name}}]}
+        c.clock = lambda: "2026-11-22T00:00:09Z"
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert len(fake.jobs) == 2 and "draining-key" not in _gc_args(fake.jobs[1])[
+            _gc_args(fake.jobs[1]).index("--keep") + 1]
+        job = fake.jobs[1]
         # Served once: the request is spent, and the next evaluation makes no other Job.
         c._gc_checked.clear()
         c.caches.indices["jobs"] = {(NS, job.metadata.name): [{"metadata": {
             "name": job.metadata.name}}]}
         await c.collect_garbage((NS, "a"), plan_a)
-        assert len(fake.jobs) == 1
+        assert len(fake.jobs) == 2
         await c.stop()
     asyncio.run(run())
 
