@@ -4,6 +4,10 @@ One SpyreModel with ``retention: {keepLast: 0, unusedForSeconds: 0}`` is compile
 then edited to another compile shape. Its first artifact is then unused: the operator runs
 ``spyre-engine gc`` in a Job on the claim, which removes the directory (the catalog lives in
 it) while the new artifact keeps serving. Checked on the PV's files, not only in the status.
+
+Then a second SpyreModel on the same claim compiles its own shape (no replicas) and is
+deleted: its artifact is an orphan, which only the volume knows of. The peer's reconcile sweeps
+the claim (``--keep`` every key still known) and, with a zero retention, the GC Job removes it.
 """
 
 from __future__ import annotations
@@ -80,3 +84,34 @@ def test_an_artifact_an_edit_left_unused_is_removed_from_the_claim_by_a_gc_job(
     assert support.condition(env.kube.model(MODEL), "Ready")["status"] == "True"
     answer = support.completion(env.cp, env.ns, MODEL, "hello", max_tokens=4, ignore_eos=True)
     assert answer["usage"]["completion_tokens"] == 4, answer
+
+
+def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) -> None:
+    peer = "gc-peer"
+    serving = wait_ready(env.kube, MODEL)["status"]["servingArtifactKey"]
+    env.kube.apply_model(peer, {**_spec(env, 3), "replicas": 0})
+    art = support.wait_for(env.cp, env.ns, peer, "the peer's artifact", lambda: (
+        (c := support.condition(env.kube.model(peer), "ArtifactReady")) is not None
+        and c["status"] == "True" and env.kube.model(peer)["status"]["artifact"]
+    ), 900)  # fmt: skip
+    peer_key = art["key"]
+    assert peer_key != serving
+    root = claim_host_dir(env.cp, env.kube, art["claim"])
+    peer_dir = root / "artifacts" / peer_key
+    assert manifest.manifest_path(peer_dir).is_file()
+
+    env.kube.kubectl("delete", "spyremodel", peer, "--wait=true", "--timeout=60s")
+
+    def swept() -> list[dict[str, Any]]:
+        return [e for e in env.kube.items("events")
+                if e["involvedObject"]["name"] == MODEL and e.get("reason") == "ArtifactsCollected"
+                and names.short_key(peer_key) in e["message"]]  # fmt: skip
+
+    [event] = _wait("the deleted peer's artifact collected", swept, 300, env)
+    assert "listed by no SpyreModel" in event["message"], event["message"]
+    assert not peer_dir.exists()
+    # The survivor's artifact and the volume's orphan record are all that is left.
+    left = sorted(p.name for p in (root / "artifacts").iterdir())
+    assert left == sorted([serving, ".gc-orphans.json"]) or left == [serving], left
+    assert "files" in manifest.verify(root / "artifacts" / serving)
+    assert support.condition(env.kube.model(MODEL), "Ready")["status"] == "True"
