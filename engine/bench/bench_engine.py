@@ -24,12 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import httpx
-from spyre_engine.testing.process import EngineProcess, free_port
+from spyre_engine.testing.process import EngineProcess, free_port, http_status
 from spyre_engine.testing.tiny_model import build_tiny_model
 
 SHAPE = ["--max-model-len", "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
@@ -44,22 +43,12 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
 def wait_url(url: str, proc: subprocess.Popen[bytes], timeout: float = STARTUP_TIMEOUT) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
-        if status(url) == 200:
+        if http_status(url) == 200:
             return time.monotonic() - t0
         time.sleep(0.2)
     raise TimeoutError(url)

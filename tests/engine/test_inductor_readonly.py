@@ -14,14 +14,12 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import httpx
 import pytest
 from spyre_engine.launch import inductor_dirs
-from spyre_engine.testing.process import engine_command, free_port
+from spyre_engine.testing.process import engine_command, free_port, http_status
 
 from .conftest import SHAPE, STARTUP_TIMEOUT, run_engine
 
@@ -100,16 +98,6 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
 
 
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.skipif(
@@ -144,7 +132,7 @@ def test_inductor_serve_from_a_read_only_artifact_reuses_its_precompiled_header(
         )  # fmt: skip
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        while _status(f"http://127.0.0.1:{port}/health/startup") != 200:
+        while http_status(f"http://127.0.0.1:{port}/health/startup") != 200:
             assert engine.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "not started"
             time.sleep(0.5)

@@ -31,6 +31,17 @@ def engine_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "spyre_engine.cli", *args]
 
 
+def http_status(url: str, timeout: float = 3.0) -> int:
+    """HTTP status of GET ``url`` (0 when unreachable)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
 class EngineProcess:
     """A running ``spyre-engine serve`` (or precompile) in its own process group."""
 
@@ -63,13 +74,7 @@ class EngineProcess:
 
     def probe(self, path: str, timeout: float = 3.0) -> int:
         """HTTP status of GET ``path`` (0 when unreachable)."""
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (urllib.error.URLError, OSError):
-            return 0
+        return http_status(self.url + path, timeout)
 
     def wait_started(self, timeout: float = 300.0) -> float:
         """Wait until ``/health/startup`` is 200; return the seconds waited (raise with the log)."""
