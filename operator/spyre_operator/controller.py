@@ -228,6 +228,9 @@ class Controller:
         self._swept: dict[tuple[str, str], float] = {}
         #: (namespace, claim) -> the orphans the last sweep found: {key: first found, unix s}.
         self._orphans: dict[tuple[str, str], dict[str, int]] = {}
+        #: (namespace, claim) -> (when, bytes of every artifact dir, claim UID) measured by its
+        #: latest GC Job: counts towards ClaimNearlyFull with what the statuses list.
+        self._claim_measured: dict[tuple[str, str], tuple[str, int, str | None]] = {}
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
@@ -522,7 +525,8 @@ class Controller:
         return out
 
     def _claim_artifact_bytes(self, ns: str, claim: str, users: list[Any]) -> int | None:
-        """Size of the artifacts the claim's users list on it, each key once."""
+        """Size of the artifacts on the claim: those its users list, each key once, or what the
+        last GC Job measured on the volume if that is more (orphans, dirs nobody lists)."""
         pvc = self.caches.one("pvcs", (ns, claim))
         uid = ((pvc or {}).get("metadata") or {}).get("uid")
         sizes: dict[str, int] = {}
@@ -531,7 +535,11 @@ class Controller:
             for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []:
                 if a.get("claim") == claim and a.get("claimUID") in (None, uid):
                     sizes[a["key"]] = int(a.get("sizeBytes") or 0)
-        return sum(sizes.values()) if sizes else None
+        listed = sum(sizes.values()) if sizes else None
+        measured = self._claim_measured.get((ns, claim))
+        if measured is None or measured[2] != uid:
+            return listed
+        return max(listed or 0, measured[1]) or listed
 
     async def collect_garbage(self, key: ModelKey, plan: Any) -> None:
         """Act on finished GC Jobs of the model's claim, and start one when artifacts are due.
@@ -559,6 +567,7 @@ class Controller:
             if result is None:
                 continue
             self._gc_done.add(uid)
+            self._record_measured(ns, claim, job, result)
             announce = not self._finished_before_start(job) or _still_listed(
                 set(result.removed) - result.orphans_removed, claim, models
             )
@@ -716,6 +725,19 @@ class Controller:
             self._background(
                 self.applier.event(dict(m), "Warning", "ArtifactCollectionFailed", message[:1024])
             )
+
+    def _record_measured(self, ns: str, claim: str, job: dict[str, Any], result: GcResult) -> None:
+        """Keep the newest GC Job's measurement of the claim (a restart reads them in any
+        order)."""
+        if result.remaining_bytes is None:
+            return
+        when = str((job.get("status") or {}).get("completionTime") or "")
+        last = self._claim_measured.get((ns, claim))
+        if last is None or when >= last[0]:
+            pvc = self.caches.one("pvcs", (ns, claim))
+            uid = ((pvc or {}).get("metadata") or {}).get("uid")
+            self._claim_measured[(ns, claim)] = (when, result.remaining_bytes, uid)
+            self.enqueue([(ns, u.owner.name) for u in self.caches.all("claim_users", (ns, claim))])
 
     def _finished_before_start(self, job: dict[str, Any]) -> bool:
         """The Job finished before this operator process started: the previous one acted on

@@ -262,3 +262,28 @@ def test_after_a_restart_a_gc_job_the_old_process_announced_is_not_announced_aga
             assert fake.deleted == [names.precompile_job_name(old_key, CLAIM)]  # either way
             await c.stop()
     asyncio.run(run())
+
+
+def test_what_a_gc_job_measured_on_the_volume_counts_towards_the_claims_usage() -> None:
+    """Orphans take space no status lists: the claim's usage (ClaimNearlyFull) is the larger
+    of the listed artifacts and the newest GC Job's measurement of the volume."""
+    async def run() -> None:
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        old = _job("spyre-gc-1", gc_labels, {}, True)
+        new = _job("spyre-gc-2", gc_labels, {}, True)
+        old["status"]["completionTime"] = "2026-11-22T00:00:01Z"
+        new["status"]["completionTime"] = "2026-11-22T00:00:02Z"
+        c, fake, plan_a, _ = _setup([new, old])  # a restart reads them in any order
+        for job, remaining in ((old, 9_000_000), (new, 5_000_000)):
+            c._job_messages[job["metadata"]["uid"]] = [{"name": "p", "terminated": {
+                "exitCode": 0, "message": json.dumps({"removed": [], "skipped": [],
+                                                      "freedBytes": 0,
+                                                      "remainingBytes": remaining})}}]
+        users = c.caches.all("claim_users", (NS, CLAIM))
+        listed = c._claim_artifact_bytes(NS, CLAIM, users)
+        assert listed is not None and listed < 5_000_000  # the samples list no sizes
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert c._claim_artifact_bytes(NS, CLAIM, users) == 5_000_000  # the newest Job's
+        assert {(NS, "a"), (NS, "b")} <= set(c.queue._queued)  # their condition follows
+        await c.stop()
+    asyncio.run(run())
