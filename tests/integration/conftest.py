@@ -113,10 +113,13 @@ def crd(control_plane: ControlPlane) -> Path:
     return CRD_FILE
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(control_plane: ControlPlane, kubeconfig: Path, crd: Path) -> Iterator[OperatorProcess]:
     # Failed compiles are retried after 5 minutes here, so tests that watch a failed model see
     # no automatic retry; test_reconcile_correctness runs its own operator with short delays.
+    # Package scope: it watches every namespace, so it must be gone before tests/realpods,
+    # whose modules run their own operator per namespace (two operators reconciling one
+    # model doubled its Events there).
     op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
                          env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "300"})
     op.start()
