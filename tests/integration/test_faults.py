@@ -226,18 +226,22 @@ def test_always_failing_job_backs_off_and_recovers(kube: Kube, operator: Operato
                            if e["involvedObject"]["name"] == "failing"]),
         }
 
-    before, mine = counters(operator), footprint()
+    before, mine, raw = counters(operator), footprint(), operator.metrics()
     t0 = time.monotonic()
     time.sleep(60)
     after, minutes = counters(operator), (time.monotonic() - t0) / 60
     per_minute = {k: (after[k] - before[k]) / minutes for k in before}
+    moved = {k: v - raw.get(k, 0) for k, v in operator.metrics().items()
+             if k.startswith("spyre_operator_api_requests_total") and v != raw.get(k, 0)}
     # A failed compile waits out its backoff (5 minutes with the test operator): no new Job,
-    # no status or Event churn for this model, and the operator as a whole stays (almost)
+    # no status or Event churn for this model (exactly), and the operator as a whole stays
     # quiet. The operator's counters are process-wide: namespaces of earlier tests may still
-    # be winding down.
+    # be winding down (their GC evaluations and not-ready rechecks: 22 requests a minute was
+    # seen on a loaded run), so the bounds only rule out a retry loop, which at the 1 s base
+    # backoff would make 60 and more a minute.
     assert footprint() == mine
-    assert per_minute["writes"] <= 10, per_minute
-    assert per_minute["requests"] <= 20, per_minute
+    assert per_minute["writes"] <= 10, (per_minute, moved)
+    assert per_minute["requests"] <= 40, (per_minute, moved)
     assert per_minute["lease_requests"] <= 35, per_minute  # one renewal per 2 s
     assert kube.condition("failing", "Degraded")["reason"] == "PrecompileFailed"
     # fixing the cause and asking for a retry recovers
