@@ -473,9 +473,11 @@ class Controller:
             plan = None
         if plan is not None and obs.job is not None:
             obs.job_pods = await self._job_pods(ns, obs.job)
+        short = False  # replicas missing: their pods explain why, and may change unwatched
         if plan is not None and obs.deployment is not None:
             st = obs.deployment.get("status") or {}
             if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < spec.replicas:
+                short = True
                 obs.server_pods = await self._recent_server_pods(key)
         if plan is not None and plan.claim_managed:
             obs.collected = await self._collected(ns, plan.claim)
@@ -489,9 +491,12 @@ class Controller:
         self.stats.reconcile_seconds += time.perf_counter() - t0
         ready = C.find(decision.status.get("conditions"), C.READY)
         waiting = any(p.get("phase") == "Pending" for p in obs.server_pods)
-        if obs.server_pods and (waiting or (ready and ready.get("status") != C.TRUE)):
+        if short or (obs.server_pods and (waiting or (ready and ready.get("status") != C.TRUE))):
             # Nothing else wakes us: a crash loop or a pod waiting for a node (the scheduler
-            # writes only the pod, which is not watched).
+            # writes only the pod, which is not watched). Also while replicas are missing even
+            # if the pod list (cached SERVER_PODS_TTL) did not show the new pod yet: a scale-up
+            # right after a listing otherwise never looked again (InsufficientCapacity stayed
+            # unreported in a loaded run).
             self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
         return decision
 
