@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import httpx
-from spyre_engine.testing.process import EngineProcess, free_port, http_status
+from spyre_engine.testing.process import EngineProcess, free_port, http_status, kill_tree
 from spyre_engine.testing.tiny_model import build_tiny_model
 
 SHAPE = ["--max-model-len", "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
@@ -346,27 +346,7 @@ class TimedStart:
 
     def kill(self) -> None:
         """Kill the engine and every descendant's process group (vLLM runs in its own)."""
-        import psutil
-
-        groups = {self.proc.pid}
-        try:
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                try:
-                    groups.add(os.getpgid(child.pid))
-                    child.kill()
-                except (psutil.Error, OSError):
-                    pass
-        except psutil.Error:
-            pass
-        for group in groups:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_tree(self.proc)
         self._pump.join(timeout=5)
 
 

@@ -7,10 +7,8 @@ the tiny model) when TMPDIR was an empty private dir.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -19,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from spyre_engine.launch import inductor_dirs
-from spyre_engine.testing.process import engine_command, free_port, http_status
+from spyre_engine.testing.process import engine_command, free_port, http_status, kill_tree
 
 from .conftest import SHAPE, STARTUP_TIMEOUT, run_engine
 
@@ -81,23 +79,6 @@ def test_read_only_artifact_without_tmp_gets_an_empty_tmpdir(
     assert inductor_dirs(art, serving=False) == (art / "inductor", art / "tmp")
 
 
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the engine and the process group of each descendant (vLLM runs in its own)."""
-    import psutil
-
-    groups = {proc.pid}
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error, OSError):
-                groups.add(os.getpgid(child.pid))
-                child.kill()
-    for group in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=30)
-
-
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.skipif(
@@ -148,5 +129,5 @@ def test_inductor_serve_from_a_read_only_artifact_reuses_its_precompiled_header(
         rebuilt = [h for h in headers if not h.is_symlink()]
         assert not rebuilt, f"serve rebuilt inductor's precompiled header: {rebuilt}"
     finally:
-        _kill_tree(engine)
+        kill_tree(engine, timeout=30)
         shutil.rmtree(podtmp, ignore_errors=True)

@@ -42,6 +42,25 @@ def http_status(url: str, timeout: float = 3.0) -> int:
         return 0
 
 
+def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """SIGKILL ``proc`` and the process group of each descendant (vLLM runs its engine core in
+    its own), then reap ``proc``; safe to call twice."""
+    import psutil
+
+    groups = {proc.pid}
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error, OSError):
+                groups.add(os.getpgid(child.pid))
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout)
+
+
 class EngineProcess:
     """A running ``spyre-engine serve`` (or precompile) in its own process group."""
 
@@ -139,18 +158,5 @@ class EngineProcess:
 
     def kill(self) -> None:
         """Kill the engine and every descendant's process group; safe to call twice."""
-        import psutil
-
-        groups = {self.proc.pid}
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                with contextlib.suppress(psutil.Error, OSError):
-                    groups.add(os.getpgid(child.pid))
-                with contextlib.suppress(psutil.Error):
-                    child.kill()
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+        kill_tree(self.proc)
         self._log.close()
