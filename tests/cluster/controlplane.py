@@ -164,25 +164,44 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+#: What a predicate may raise while the thing it polls is still coming up: a connection refused
+#: or an HTTP error (OSError), a kubectl/subprocess failure (a 404, a timeout), and the shape
+#: errors of an object that is not filled in yet (``None["status"]``, a missing key, a partial
+#: JSON document). Anything else, above all ``AssertionError``, ends the wait at once.
+NOT_YET: tuple[type[Exception], ...] = (
+    OSError, subprocess.SubprocessError, LookupError, TypeError, ValueError, AttributeError,
+)
+
+
 def wait_until(
     predicate: Callable[[], Any],
     timeout: float,
     what: str,
     interval: float = 0.2,
+    retry: tuple[type[Exception], ...] = NOT_YET,
 ) -> Any:
-    """Poll ``predicate`` until it returns something truthy; raise TimeoutError otherwise."""
+    """Poll ``predicate`` until it returns something truthy and return that value.
+
+    An ``AssertionError`` or any exception outside ``retry`` propagates at once: an assertion
+    inside a wait fails the test. Exceptions in ``retry`` mean "not yet" and are polled
+    through; at the deadline the ``TimeoutError`` names the last one (and chains it).
+    """
     deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
+    last_exc: Exception | None = None
     while True:
         try:
             value = predicate()
             if value:
                 return value
-        except Exception as exc:  # noqa: BLE001 - keep polling, report the last error
+        except AssertionError:
+            raise
+        except retry as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
-            detail = f" (last error: {last_exc})" if last_exc else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+            detail = f" (last error: {type(last_exc).__name__}: {last_exc})" if last_exc else ""
+            raise TimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {what}{detail}"
+            ) from last_exc
         time.sleep(interval)
 
 

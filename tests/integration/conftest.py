@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.controlplane import ControlPlane, free_ports, wait_until
+from tests.cluster.controlplane import ControlPlane, KubectlError, free_ports, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
@@ -154,7 +154,8 @@ class Kube:
         if r.returncode != 0:
             if "NotFound" in r.stderr:
                 return None
-            raise RuntimeError(r.stderr)
+            # a KubectlError is "not yet" to wait_until (e.g. the API server restarting)
+            raise KubectlError(r.returncode, r.args, r.stdout, r.stderr)
         return json.loads(r.stdout)
 
     def items(self, kind: str, selector: str | None = None) -> list[dict[str, Any]]:

@@ -395,18 +395,15 @@ def wait_model_ready(cp: ControlPlane, namespace: str, name: str, timeout: float
 def wait_for(cp: ControlPlane, namespace: str, model: str, what: str,
              predicate: Callable[[], Any], timeout: float,
              detail: Callable[[], str] = lambda: "") -> Any:
-    """Poll ``predicate`` every 2 s until truthy and return its value; on timeout fail with
+    """Poll ``predicate`` every 2 s until truthy and return its value (:func:`wait_until`: an
+    assertion inside fails at once); on timeout fail with the last "not yet" error,
     ``detail()`` and :func:`describe` of the model (its status, pods and engine logs)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = predicate()
-        if v:
-            return v
-        time.sleep(2)
-    extra = detail()
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n"
-                         + (f"{extra}\n" if extra else "")
-                         + describe(cp, namespace, model))
+    try:
+        return wait_until(predicate, timeout, what, interval=2)
+    except TimeoutError as e:
+        extra = detail()
+        raise AssertionError(f"{e}\n" + (f"{extra}\n" if extra else "")
+                             + describe(cp, namespace, model)) from e.__cause__
 
 
 def describe(cp: ControlPlane, namespace: str, name: str, log_lines: int = 30) -> str:
