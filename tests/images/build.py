@@ -60,6 +60,9 @@ BASE_RECIPE: dict[str, object] = {
 #: not need it.
 ENGINE_CPU_PACKAGES = ["g++", "libpython3.11-dev"]
 
+#: engine/Containerfile's build arguments for the CPU image (see SPECS["engine"]).
+ENGINE_CPU_BUILD_ARGS: tuple[tuple[str, str], ...] = (("TORCH_INDEX", ""), ("VLLM_TARGET", ""))
+
 OPERATOR_REPO = "localhost/spyre-model-operator"
 ENGINE_REPO = "localhost/spyre-engine"
 
@@ -73,6 +76,8 @@ class ImageSpec:
     base_arg: str
     base: str  # "base" or "engine-cpu"
     extra_hashed: tuple[str, ...] = ()
+    #: --build-arg NAME=VALUE besides the base (hashed: a change rebuilds the image).
+    build_args: tuple[tuple[str, str], ...] = ()
 
 
 SPECS: dict[str, ImageSpec] = {
@@ -89,9 +94,13 @@ SPECS: dict[str, ImageSpec] = {
         name="engine",
         repo=ENGINE_REPO,
         containerfile="engine/Containerfile",
-        inputs=("pyproject.toml", "engine/spyre_engine"),
+        inputs=("pyproject.toml", "engine/spyre_engine", "engine/senlib.json"),
         base_arg="BASE",
         base="engine-cpu",
+        # The CPU variant of the production Containerfile: no spyre-runtime base, so no
+        # torch_sendnn whose torch to match (TORCH_INDEX empty: the torch vLLM's wheel pins)
+        # and PyPI's vLLM wheel instead of building it with VLLM_TARGET_DEVICE=empty.
+        build_args=ENGINE_CPU_BUILD_ARGS,
     ),
 }
 
@@ -188,6 +197,8 @@ def image_key(name: str) -> str:
     _hash_update(h, "base", _base_of(spec)[0].encode())
     for rel in (spec.containerfile, *spec.extra_hashed):
         _hash_update(h, rel, (ROOT / rel).read_bytes())
+    if spec.build_args:
+        _hash_update(h, "build-args", json.dumps(spec.build_args).encode())
     for rel in spec.inputs:
         for f in _files(rel):
             mode = "x" if os.access(f, os.X_OK) else "-"
@@ -426,6 +437,7 @@ def ensure_image(name: str, *, keep_in_storage: bool = True) -> Image:
             buildah(
                 "build", "--isolation", "chroot", "--pull=never", "--layers", "--force-rm",
                 "--build-arg", f"{spec.base_arg}={base}", *_build_volumes(spec),
+                *(a for k, v in spec.build_args for a in ("--build-arg", f"{k}={v}")),
                 "-f", str(ctx / spec.containerfile), "-t", img.ref, str(ctx),
             )  # fmt: skip
         finally:

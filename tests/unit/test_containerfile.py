@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -145,7 +146,8 @@ def test_engine_env_follows_upstreams_spyre_image() -> None:
     env = _env(ENGINE)
     assert env["PATH"].startswith("/opt/engine/bin:")
     assert env["VLLM_PLUGINS"] == "sendnn_inference"
-    for key in ("FLEX_COMPUTE", "FLEX_DEVICE", "DTLOG_LEVEL", "DT_DEEPRT_VERBOSE",
+    # upstream's "Required Spyre environment configuration", but FLEX_DEVICE (below)
+    for key in ("FLEX_COMPUTE", "DTLOG_LEVEL", "DT_DEEPRT_VERBOSE",
                 "DISTRIBUTED_STRATEGY_IGNORE_MODULES", "TORCH_SENDNN_LOG"):  # fmt: skip
         assert key in env
     # a read-only root filesystem: bytecode compiled at build time, never written at run time
@@ -163,7 +165,8 @@ def test_engine_venv_sees_the_bases_site_packages() -> None:
 def test_engine_installs_the_engine_extra_without_cuda_addons() -> None:
     runs = _runs(ENGINE)
     assert "-r /src/pyproject.toml --extra engine" in runs
-    assert "uv pip uninstall" in runs and "torchvision torchaudio torchcodec" in runs
+    assert "uv pip uninstall" in runs or "$uvpip uninstall" in runs
+    assert "torchvision torchaudio torchcodec" in runs
 
 
 def test_engine_dependencies_are_a_layer_of_their_own() -> None:
@@ -194,3 +197,166 @@ def test_engine_download_cache_never_lands_in_the_image() -> None:
     assert 'cache="--no-cache"' in runs
     assert "pip install --no-cache-dir" in runs
     assert "rm -rf /src" in runs
+
+
+# --- the production image against upstream's reference image ---------------------------------
+#
+# Pinned to torch-spyre/sendnn-inference docker/Dockerfile.amd64 (commit 5af45f6a, read for
+# this test), whose lines are quoted here:
+#   ARG BASE_IMAGE_URL="quay.io/ibm-aiu/spyre-runtime"
+#   ARG BASE_IMAGE_TAG="latest"
+#   uv venv /opt/vllm --seed --system-site-packages
+#   # Always install vllm with empty target device
+#   ENV VLLM_TARGET_DEVICE=empty
+#   # Required configuration file
+#   COPY docker/.senlib.json /home/senuser
+#   ENV ... FLEX_DEVICE=PF ...          (here: set by the operator from the card resource)
+# docker/simple_vllm_serve.sh:  source /etc/profile.d/ibm-aiu-setup.sh; exec vllm serve "$@"
+# pyproject.toml: torch from the "pytorch-cpu" index, url = "https://download.pytorch.org/whl/cpu"
+# docs/deploying/docker.md: the base's torch "is guaranteed to be compatible with
+# `torch_sendnn`. Overwriting this install with a different version of `torch` may cause issues."
+UPSTREAM_SENLIB = {
+    "RISCV": {"DOOM": {"enable": False}},
+    "SNT_MCI": {"DCR": {"MCI_CTRL": {"ENABLE_RISCV": "0x0"}}},
+}
+UPSTREAM_BASE = "quay.io/ibm-aiu/spyre-runtime:latest"
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+#: A stand-in for the base's python3 and the venv's python and uv: logs its argv, answers the
+#: version queries the dependency step makes, and creates the venv.
+_FAKE_TOOL = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$LOG"
+case "$*" in
+  *"-m venv"*) mkdir -p "${@: -1}/bin"; cp "$0" "${@: -1}/bin/python"; cp "$0" "${@: -1}/bin/uv";;
+  *'print(version("torch"))'*) echo "2.10.0+cpu";;
+  *'print("torch=="'*) printf 'torch==2.10.0+cpu\\ntorchvision==0.25.0+cpu\\n';;
+esac
+"""
+
+
+def _args(path: Path) -> dict[str, str]:
+    """Each ARG's default."""
+    out = {}
+    for op, rest in _instructions(path):
+        if op == "ARG":
+            name, _, default = rest.partition("=")
+            out[name] = default
+    return out
+
+
+def _build_args_of_the_cpu_image() -> dict[str, str]:
+    from tests.images import build
+
+    spec = build.SPECS["engine"]
+    return dict(spec.build_args)
+
+
+def render_dependency_step(tmp_path: Path, overrides: dict[str, str]) -> list[str]:
+    """Run the engine's dependency RUN step with bash as a builder would (its ARGs in the
+    environment), with stand-ins for python and uv; returns the commands it ran, in order."""
+    (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "--extra engine" in r]
+    root = tmp_path / "root"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "pyproject.toml").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(_FAKE_TOOL)
+    (bin_dir / "python3").chmod(0o755)
+    script = step.replace("/opt/engine", f"{root}/opt/engine").replace("/src", f"{root}/src")
+    log = tmp_path / "log"
+    env = {**_args(ENGINE), **overrides, "PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
+    subprocess.run(["bash", "-c", script], env=env, check=True)
+    return [line.replace(str(root), "") for line in log.read_text().splitlines()]
+
+
+def test_production_base_is_upstreams_spyre_runtime() -> None:
+    assert _args(ENGINE)["BASE"] == UPSTREAM_BASE
+
+
+def test_production_builds_vllm_for_the_empty_device_on_the_bases_cpu_torch(
+    tmp_path: Path,
+) -> None:
+    args = _args(ENGINE)
+    assert args["TORCH_INDEX"] == PYTORCH_CPU_INDEX and args["VLLM_TARGET"] == "empty"
+    ran = render_dependency_step(tmp_path, {})
+    assert ran[0] == "python3 -m venv --system-site-packages /opt/engine"
+    torch = next(i for i, c in enumerate(ran) if "--index-url" in c)
+    # the base's torch version (torch_sendnn's), CPU build, before anything else is installed
+    assert f'--index-url {PYTORCH_CPU_INDEX} torch==2.10.0 torchvision' in ran[torch]
+    engine = next(i for i, c in enumerate(ran) if "--extra engine" in c)
+    assert torch < engine
+    # every later install is held to that torch; vLLM built from source, not PyPI's CUDA wheel
+    assert "-c /src/constraints.txt" in ran[engine]
+    assert "--no-binary vllm --no-build-isolation-package vllm" in ran[engine]
+    assert not any("uninstall" in c and "torchvision" in c for c in ran)
+    # VLLM_TARGET_DEVICE reaches the build of vLLM
+    (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "--extra engine" in r]
+    assert 'VLLM_TARGET_DEVICE="$VLLM_TARGET" $uvpip install' in step
+
+
+def test_cpu_image_is_the_same_file_with_pypis_wheels(tmp_path: Path) -> None:
+    overrides = _build_args_of_the_cpu_image()
+    assert overrides == {"TORCH_INDEX": "", "VLLM_TARGET": ""}
+    ran = render_dependency_step(tmp_path, overrides)
+    assert not any("--index-url" in c or "--no-binary" in c for c in ran)
+    (engine,) = [c for c in ran if "--extra engine" in c]
+    assert "-r /src/pyproject.toml --extra engine" in engine
+    assert any("uninstall" in c and "torchvision torchaudio torchcodec" in c for c in ran)
+
+
+def test_production_ships_upstreams_senlib_json() -> None:
+    copies = [rest for op, rest in _instructions(ENGINE) if op == "COPY"]
+    assert "engine/senlib.json /home/engine/.senlib.json" in copies
+    assert json.loads((ROOT / "engine" / "senlib.json").read_text()) == UPSTREAM_SENLIB
+    from tests.images import build
+
+    assert "engine/senlib.json" in build.SPECS["engine"].inputs  # staged and hashed
+
+
+def test_flex_device_is_not_baked_the_operator_sets_it() -> None:
+    assert "FLEX_DEVICE" not in _env(ENGINE)
+    assert "FLEX_DEVICE=" not in _runs(ENGINE)
+
+
+def _entrypoint(tmp_path: Path) -> Path:
+    """The entrypoint the image's RUN writes, written under ``tmp_path`` instead."""
+    (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "entrypoint" in r]
+    script = tmp_path / "entrypoint"
+    senlib = tmp_path / "image-home" / ".senlib.json"
+    senlib.parent.mkdir()
+    senlib.write_text((ROOT / "engine" / "senlib.json").read_text())
+    text = step.replace("/usr/local/bin/spyre-engine-entrypoint", str(script))
+    subprocess.run(["bash", "-c", text.replace("/home/engine/.senlib.json", str(senlib))],
+                   check=True)  # fmt: skip
+    return script
+
+
+def test_entrypoint_survives_the_aiu_setup_failing_on_a_read_only_root(tmp_path: Path) -> None:
+    """ibm-aiu-setup.sh writes /tmp/etc and copies to /etc/aiu; with a read-only root the copy
+    fails, under the setup's own `set -e` too, and so does its last step (a chmod of /tmp/etc
+    on some bases). The engine must start anyway, with all the environment the setup exports
+    (the steps after a failing one run) and the .senlib.json in $HOME."""
+    script = _entrypoint(tmp_path)
+    setup = tmp_path / "ibm-aiu-setup.sh"
+    setup.write_text(
+        "set -e\nexport AIU_WORLD_SIZE=1\nmkdir -p \"$TMPDIR/etc\"\n"
+        "cp \"$TMPDIR/etc\" /proc/read-only/senlib_config.json\nexport AFTER=1\n"
+        "chmod -R g+w /proc/read-only\n"
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    engine = bin_dir / "spyre-engine"
+    engine.write_text('#!/bin/bash\necho "args=$* aiu=$AIU_WORLD_SIZE after=${AFTER:-}"\n'
+                      'readlink "$HOME/.senlib.json"\n')  # fmt: skip
+    engine.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(tmp_path),
+           "SPYRE_AIU_SETUP": str(setup)}  # fmt: skip
+    out = subprocess.run(["bash", str(script), "serve", "--x"], env=env, capture_output=True,
+                         text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    first, link = out.stdout.splitlines()
+    assert first == "args=serve --x aiu=1 after=1"
+    assert link.endswith("image-home/.senlib.json")
+    assert "exited 1 (read-only root?)" in out.stderr
