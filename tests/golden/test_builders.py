@@ -58,9 +58,17 @@ def test_golden(sample: str, kind: str, update_golden: bool) -> None:
         pytest.skip(f"{sample} has no {kind}")
     text = yaml.safe_dump(rendered[kind], sort_keys=True, width=100)
     path = DATA / f"{sample}.{kind}.yaml"
-    if update_golden or not path.exists():
+    if update_golden:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        if not update_golden:
-            pytest.fail(f"wrote missing golden file {path.name}; re-run")
+    # A missing golden file fails (and is never written without the flag): in CI a deleted file
+    # would otherwise pass on the run that recreates it.
+    assert path.exists(), f"golden file {path.name} is missing: run --update-golden, review it"
     assert text == path.read_text(), f"{path.name} differs: review and run --update-golden"
+
+
+def test_every_golden_file_belongs_to_a_case() -> None:
+    """A golden file whose sample or kind is gone is stale: it pins nothing."""
+    expected = {f"{sample}.{kind}.yaml" for sample, kind in CASES}
+    stale = sorted(p.name for p in DATA.glob("*.yaml") if p.name not in expected)
+    assert not stale, f"stale golden files (remove them): {stale}"
