@@ -26,6 +26,7 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod
 
 from . import conditions as C
+from . import jobs as job_status
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
@@ -511,8 +512,7 @@ class Controller:
 
     async def _gc_result(self, ns: str, job: dict[str, Any]) -> GcResult | None:
         """What a finished GC Job removed (None: running, failed, or no summary)."""
-        conds = (job.get("status") or {}).get("conditions") or []
-        if not any(c.get("type") == "Complete" and c.get("status") == "True" for c in conds):
+        if not job_status.complete(job):
             return None
         for p in await self._job_pods(ns, job):
             result = parse_gc_result((p.get("terminated") or {}).get("message"))
@@ -563,7 +563,7 @@ class Controller:
             uid = job["metadata"].get("uid")
             if uid in self._gc_done:
                 continue
-            if _failed(job):
+            if job_status.failed(job):
                 self._gc_done.add(uid)
                 if not self._finished_before_start(job):
                     await self._gc_failed(ns, claim, job, models)
@@ -590,7 +590,7 @@ class Controller:
             return
         if timer:
             self.queue.add_after(key, self.policy.gc_interval_seconds)
-        if any(not _finished(j) for j in jobs):
+        if any(not job_status.finished(j) for j in jobs):
             return  # one GC Job at a time per claim (a requested sweep waits for it)
         self._gc_checked[(ns, claim)] = clock
         if oldest is None or oldest.volume is None:
@@ -601,7 +601,7 @@ class Controller:
         protected = set()
         for j in self.caches.all("claim_jobs", (ns, claim)):  # precompiles in progress
             k = (j["metadata"].get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
-            if k and not _finished(j):
+            if k and not job_status.finished(j):
                 protected.add(k)
         uses, job_plan = [], plan
         for m in models:
@@ -747,16 +747,7 @@ class Controller:
     def _finished_before_start(self, job: dict[str, Any]) -> bool:
         """The Job finished before this operator process started: the previous one acted on
         it already, unless it was down (the caller checks what status still says)."""
-        st = job.get("status") or {}
-        done = st.get("completionTime") or next(
-            (
-                c.get("lastTransitionTime")
-                for c in st.get("conditions") or []
-                if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-            ),
-            None,
-        )
-        t, start = epoch(done), epoch(self.started_at)
+        t, start = epoch(job_status.finished_at(job)), epoch(self.started_at)
         return t is not None and start is not None and t < start
 
     async def _after_gc(
@@ -864,11 +855,7 @@ class Controller:
     async def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Pods of a finished Job (read once per Job: their termination messages)."""
         uid = job["metadata"]["uid"]
-        terminal = any(
-            c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
-            for c in (job.get("status") or {}).get("conditions") or []
-        )
-        if not terminal:
+        if not job_status.finished(job):
             return []
         if uid not in self._job_messages:
             pods = await self._pods(ns, {"batch.kubernetes.io/controller-uid": uid})
@@ -965,26 +952,12 @@ class Controller:
                 del self._deleted_jobs[uid]
 
 
-def _failed(job: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("status") == "True" and c.get("type") == "Failed"
-        for c in (job.get("status") or {}).get("conditions") or []
-    )
-
-
 def _still_listed(keys: set[str], claim: str, models: list[dict[str, Any]]) -> bool:
     """Some model's status.cache.artifacts lists one of ``keys`` on ``claim``."""
     return any(
         a.get("key") in keys and a.get("claim") == claim
         for m in models
         for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
-    )
-
-
-def _finished(job: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
-        for c in (job.get("status") or {}).get("conditions") or []
     )
 
 

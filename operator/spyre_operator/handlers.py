@@ -24,7 +24,7 @@ import kopf
 from lightkube import AsyncClient
 from pydantic import ValidationError
 
-from . import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .controller import Caches, Controller
 from .desired import names
@@ -345,10 +345,8 @@ async def on_model(
 async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A child changed: reconcile the SpyreModels that own it."""
     c = _controller(memo)
-    finished = any(  # a Job that just finished: the Deployment is what users wait for
-        cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True"
-        for cond in (body.get("status") or {}).get("conditions") or []
-    ) and body.get("kind") == "Job"
+    # a Job that just finished: the Deployment is what users wait for
+    finished = body.get("kind") == "Job" and jobs.finished(body)
     c.enqueue(c.models_for_owner_refs(namespace, body), urgent=finished)
 
 

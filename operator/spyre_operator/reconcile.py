@@ -21,7 +21,7 @@ from lightkube.resources.core_v1 import PersistentVolumeClaim
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from pydantic import ValidationError
 
-from . import GROUP
+from . import GROUP, jobs
 from . import conditions as C
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import parse_quantity
@@ -166,17 +166,10 @@ def _human_size(n: int | None) -> str:
     return f"{n} B"
 
 
-def _job_condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for c in job.get("status", {}).get("conditions") or []:
-        if c.get("type") == type_ and c.get("status") == "True":
-            return dict(c)
-    return None
-
-
 def _job_state(job: dict[str, Any]) -> str:
-    if _job_condition(job, "Complete"):
+    if jobs.complete(job):
         return READY
-    if _job_condition(job, "Failed"):
+    if jobs.failed(job):
         return FAILED
     return COMPILING
 
@@ -382,7 +375,7 @@ def _failure_message(
         msg = f"precompile container exited with code {term.get('exitCode')}"
     else:
         msg = "precompile Job failed"
-    failed = _job_condition(job, "Failed") or {}
+    failed = jobs.condition(job, jobs.FAILED) or {}
     detail = str(failed.get("message") or failed.get("reason") or "")
     return f"{msg} ({detail})" if detail else msg
 
@@ -511,7 +504,7 @@ def decide_artifact(
         return out
 
     if state == FAILED:
-        failed_at = _parse_time((_job_condition(job, "Failed") or {}).get("lastTransitionTime"))
+        failed_at = _parse_time((jobs.condition(job, jobs.FAILED) or {}).get("lastTransitionTime"))
         current = _parse_time(now) or datetime.now(UTC)
         due = (failed_at or current) + timedelta(seconds=policy.retry_delay(attempts))
         if token and token != old_token:

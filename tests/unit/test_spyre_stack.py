@@ -180,3 +180,24 @@ def test_production_sample_compiles_off_the_cards_and_serves_on_them() -> None:
     assert arg(container(dep), "--backend") == "sendnn"
     assert container(dep).resources.limits["ibm.com/spyre_pf"] == "4"
     assert dep.schedulerName == "spyre-scheduler" and "HF_TOKEN" not in env(container(dep))
+
+
+@pytest.mark.parametrize(
+    ("resource", "device"),
+    [("ibm.com/spyre_vf", "VF"), ("ibm.com/spyre_pf", "PF"), ("ibm.com/spyre_pf_tier1", "PF"),
+     ("ibm.com/aiu_pf", "PF")],
+)  # fmt: skip
+def test_flex_device_follows_the_card_resource(resource: str, device: str) -> None:
+    """Upstream's image bakes FLEX_DEVICE=PF; a VF card run with PF does not work, so the pods
+    on the cards say what they were given. A compile-only Job has none (the engine sets
+    COMPILE), nor do CPU backends."""
+    spec = {**GENERATE, "accelerator": {"resourceName": resource}}
+    job, dep = built(spec)
+    assert env(container(dep))["FLEX_DEVICE"].value == device
+    assert "FLEX_DEVICE" not in env(container(job))
+    on_cards, _ = built({**spec, "precompile": {"onCards": True}})
+    assert env(container(on_cards))["FLEX_DEVICE"].value == device
+    cpu_job, cpu_dep = built({**spec, "compile": {"backend": "inductor"}})
+    assert "FLEX_DEVICE" not in env(container(cpu_dep))
+    # the user cannot set another one (the API server refuses it, like every operator variable)
+    assert "'FLEX_DEVICE'" in crd_messages()

@@ -356,6 +356,8 @@ OPERATOR_ENV = (
     "HOME",
     "SPYRE_ENGINE_POD_NAME",
     "SENDNN_INFERENCE_MODEL_CONFIG_FILE",
+    # VF or PF, from accelerator.resourceName (desired/pod.py flex_device)
+    "FLEX_DEVICE",
 )
 
 

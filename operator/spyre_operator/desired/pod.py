@@ -90,7 +90,8 @@ def card_requests(spec: SpyreModelSpec, on_cards: bool) -> dict[str, int]:
     """The Spyre card request of a pod (none for a pod that does not use cards)."""
     if not on_cards:
         return {}
-    return {spec.accelerator.resource_name: spec.compile.tensor_parallel_size}
+    # plan_model resolved the shape: tensorParallelSize is set (1 only for a bare spec).
+    return {spec.accelerator.resource_name: spec.compile.tensor_parallel_size or 1}
 
 
 def shape_args(plan: ModelPlan, backend: str) -> list[str]:
@@ -116,10 +117,25 @@ def shape_args(plan: ModelPlan, backend: str) -> list[str]:
     return args
 
 
+def flex_device(resource_name: str) -> str:
+    """The Spyre runtime's FLEX_DEVICE for the card resource a pod requests: ``VF`` for virtual
+    functions (ibm.com/spyre_vf), else ``PF`` (ibm.com/spyre_pf, its tiers, ibm.com/aiu_pf).
+
+    Upstream's image bakes ``FLEX_DEVICE=PF`` and documents PF and VF as separate settings; the
+    device plugin hands the pod whichever the resource names, so the pod must say the same.
+    """
+    name = resource_name.rpartition("/")[2].lower()
+    return "VF" if name.endswith("_vf") or "_vf_" in name else "PF"
+
+
 def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
-    """The Spyre plugin's cache settings for the artifact ``key``."""
+    """The Spyre plugin's cache settings for the artifact ``key``, and for a pod on the cards
+    (``backend`` sendnn) the FLEX_DEVICE of its card resource."""
+    on_cards = backend == CARD_BACKEND
+    flex = plan.spec.accelerator.resource_name
     return [
         *model_config_env(plan.spec),
+        *([EnvVar(name="FLEX_DEVICE", value=flex_device(flex))] if on_cards else []),
         EnvVar(name="TORCH_SENDNN_CACHE_ENABLE", value="1"),
         EnvVar(name="TORCH_SENDNN_CACHE_DIR", value=plan.artifact_dir(key)),
         EnvVar(name="SENDNN_INFERENCE_DYNAMO_BACKEND", value=backend),
