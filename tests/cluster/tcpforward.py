@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Forward TCP connections: ``tcpforward.py LISTEN_HOST:PORT TARGET_HOST:PORT``.
+"""Forward TCP connections and UDP datagrams:
+``tcpforward.py LISTEN_HOST:PORT TARGET_HOST:PORT [[udp:]LISTEN TARGET ...]``.
 
-The API server listens on 127.0.0.1 only. The real node lives in its own network namespace
-and reaches the host through a veth pair; this forwarder listens on the host end of that
-pair (an address that exists only while the node does) and relays to the API server's
-loopback port. TLS passes through untouched. Standard library only.
+The API server and CoreDNS listen on 127.0.0.1 only. The real node lives in its own network
+namespace and reaches the host through a veth pair; this forwarder listens on the host end of
+that pair (an address that exists only while the node does) and relays to their loopback
+ports: TCP for the API server (TLS passes through untouched), TCP and UDP (a ``udp:`` LISTEN)
+for cluster DNS. Standard library only.
 """
 
 from __future__ import annotations
@@ -29,29 +31,107 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             pass
 
 
-async def main(listen: str, target: str) -> None:
-    lhost, lport = listen.rsplit(":", 1)
-    thost, tport = target.rsplit(":", 1)
+UDP_IDLE_SECONDS = 30.0  # a client's upstream socket is closed after this long unused
 
-    async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            sr, sw = await asyncio.open_connection(thost, int(tport))
-        except OSError:
-            cw.close()
-            return
-        await asyncio.gather(_pipe(cr, sw), _pipe(sr, cw))
-        for w in (cw, sw):
-            w.close()
 
-    server = await asyncio.start_server(handle, lhost, int(lport), reuse_address=True)
-    stop = asyncio.Event()
+class _UdpUpstream(asyncio.DatagramProtocol):
+    """One client's socket towards the target: replies go back to that client."""
+
+    def __init__(self, listener: asyncio.DatagramTransport, client: tuple[str, int]) -> None:
+        self.listener, self.client = listener, client
+        self.transport: asyncio.DatagramTransport | None = None
+        self.used = asyncio.get_running_loop().time()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.used = asyncio.get_running_loop().time()
+        self.listener.sendto(data, self.client)
+
+
+class _UdpListener(asyncio.DatagramProtocol):
+    """Relays each client's datagrams through its own upstream socket (so replies find it)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.transport: asyncio.DatagramTransport | None = None
+        self.upstreams: dict[tuple[str, int], _UdpUpstream] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        asyncio.ensure_future(self._relay(data, addr))
+
+    async def _relay(self, data: bytes, client: tuple[str, int]) -> None:
+        loop = asyncio.get_running_loop()
+        up = self.upstreams.get(client)
+        if up is None or up.transport is None or up.transport.is_closing():
+            assert self.transport is not None
+            listener = self.transport
+            _, up = await loop.create_datagram_endpoint(
+                lambda: _UdpUpstream(listener, client), remote_addr=self.target)
+            self.upstreams[client] = up
+        up.used = loop.time()
+        assert up.transport is not None
+        up.transport.sendto(data)
+
+    async def expire(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(UDP_IDLE_SECONDS / 3)
+            for client, up in list(self.upstreams.items()):
+                if loop.time() - up.used > UDP_IDLE_SECONDS and up.transport is not None:
+                    up.transport.close()
+                    del self.upstreams[client]
+
+
+def _hostport(spec: str) -> tuple[str, int]:
+    host, port = spec.rsplit(":", 1)
+    return host, int(port)
+
+
+async def main(pairs: list[tuple[str, str]]) -> None:
     loop = asyncio.get_running_loop()
+    servers = []
+    tasks = []
+    for listen, target in pairs:
+        thost, tport = _hostport(target)
+        if listen.startswith("udp:"):
+            proto = _UdpListener((thost, tport))
+            await loop.create_datagram_endpoint(lambda p=proto: p,  # type: ignore[misc]
+                                                local_addr=_hostport(listen[4:]))
+            tasks.append(asyncio.ensure_future(proto.expire()))
+        else:
+            lhost, lport = _hostport(listen)
+
+            async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter,
+                             thost: str = thost, tport: int = tport) -> None:
+                try:
+                    sr, sw = await asyncio.open_connection(thost, tport)
+                except OSError:
+                    cw.close()
+                    return
+                await asyncio.gather(_pipe(cr, sw), _pipe(sr, cw))
+                for w in (cw, sw):
+                    w.close()
+
+            servers.append(await asyncio.start_server(handle, lhost, lport,
+                                                      reuse_address=True))
+        print(f"forwarding {listen} -> {target}", flush=True)
+    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"forwarding {listen} -> {target}", flush=True)
-    async with server:
-        await stop.wait()
+    await stop.wait()
+    for t in tasks:
+        t.cancel()
+    for s in servers:
+        s.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    args = sys.argv[1:]
+    if not args or len(args) % 2:
+        sys.exit(__doc__)
+    asyncio.run(main(list(zip(args[::2], args[1::2], strict=True))))
