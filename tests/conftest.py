@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.cluster.fixtures"]
+pytest_plugins = ["tests.cluster.fixtures", "tests.cluster.watchdog"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

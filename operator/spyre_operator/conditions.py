@@ -52,8 +52,10 @@ CLAIM_CONFLICT = "ClaimConflict"
 CLAIM_IMMUTABLE = "ClaimImmutable"
 #: CacheVolumeReady (still True): the artifacts use cache.usageWarningPercent of the claim.
 CLAIM_NEARLY_FULL = "ClaimNearlyFull"
+#: The PVC is being deleted (deletionTimestamp set): its finalizers hold it while pods use it.
+CLAIM_TERMINATING = "ClaimTerminating"
 #: CacheVolumeReady reasons that make the model Degraded.
-CLAIM_PROBLEMS = frozenset({CLAIM_NOT_FOUND, CLAIM_LOST})
+CLAIM_PROBLEMS = frozenset({CLAIM_NOT_FOUND, CLAIM_LOST, CLAIM_TERMINATING})
 # ArtifactReady
 COMPILING = "Compiling"
 ARTIFACT_AVAILABLE = "ArtifactAvailable"
@@ -83,6 +85,12 @@ ARTIFACT_CORRUPT = "ArtifactCorrupt"
 ARTIFACT_MISMATCH = "ArtifactMismatch"
 #: Engine failure reasons of a serving pod that replace the generic EngineFailed in conditions.
 ENGINE_SERVE_REASONS = frozenset({ARTIFACT_CORRUPT, ARTIFACT_MISMATCH})
+#: A serving container cannot start because its image cannot be pulled (ErrImagePull,
+#: ImagePullBackOff, InvalidImageName; the message is the kubelet's).
+IMAGE_PULL_FAILED = "ImagePullFailed"
+#: A serving container cannot be created: a Secret, ConfigMap or key it references is
+#: missing (CreateContainerConfigError, CreateContainerError; the message is the kubelet's).
+CONTAINER_CONFIG_ERROR = "ContainerConfigError"
 ROLLOUT_STALLED = "RolloutStalled"
 #: Progressing: replicas are missing because no node has the cards (or CPU, memory) they
 #: need; the model keeps serving on the others.
@@ -126,6 +134,7 @@ WARNING_REASONS = frozenset(
     {
         CLAIM_LOST,
         CLAIM_NOT_FOUND,
+        CLAIM_TERMINATING,
         PRECOMPILE_FAILED,
         MODEL_NOT_FOUND,
         MODEL_ACCESS_DENIED,
@@ -134,6 +143,8 @@ WARNING_REASONS = frozenset(
         ENGINE_FAILED,
         ARTIFACT_CORRUPT,
         ARTIFACT_MISMATCH,
+        IMAGE_PULL_FAILED,
+        CONTAINER_CONFIG_ERROR,
         ROLLOUT_STALLED,
         RECONCILE_ERROR,
         NAME_CONFLICT,
@@ -200,6 +211,20 @@ def merge_conditions(
             }
         )
     return out
+
+
+def set_condition(
+    current: Iterable[dict[str, Any]] | None, cond: Cond, generation: int, now: str
+) -> list[dict[str, Any]]:
+    """``current`` with the condition of ``cond.type`` replaced (or added), the others as
+    they are (a report that decides nothing else, e.g. a reconcile that failed)."""
+    listed = list(current or [])
+    others = [c for c in listed if c.get("type") != cond.type]
+    mine = merge_conditions(listed, [cond], generation, now)
+    return sorted(
+        [*others, *mine],
+        key=lambda c: TYPES.index(c.get("type")) if c.get("type") in TYPES else 99,
+    )
 
 
 def find(conditions: Iterable[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:

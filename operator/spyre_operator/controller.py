@@ -42,6 +42,7 @@ from .reconcile import (
     Policy,
     WriteError,
     decide,
+    write_error_message,
 )
 from .reconcile import (
     served_key as served_key_of,
@@ -908,7 +909,7 @@ class Controller:
             elif isinstance(r, BaseException):
                 raise r
         if obs.write_errors and all(_terminating(e.message) for e in obs.write_errors):
-            raise RejectedWrites(_write_error_message(obs.write_errors))  # nothing to tell
+            raise RejectedWrites(write_error_message(obs.write_errors) or "")  # nothing to tell
         if obs.foreign or obs.write_errors:
             again = decide(dict(model), obs, self.clock(), self.policy)
             d.status, d.events = again.status, again.events
@@ -921,7 +922,7 @@ class Controller:
                 self._background(self.applier.event(dict(model), type_, reason, message))
         self._expire_deleted_jobs()
         if obs.write_errors:
-            raise RejectedWrites(_write_error_message(obs.write_errors))
+            raise RejectedWrites(write_error_message(obs.write_errors) or "")
 
     async def _ensure_job(
         self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None
@@ -982,10 +983,6 @@ def namespace_going_away(e: BaseException) -> bool:
     return gone or (e.status.code == 403 and _terminating(e.status.message or ""))
 
 
-def _write_error_message(errors: list[WriteError]) -> str:
-    return "; ".join(f"{e.kind} {e.name}: {e.code} {e.message}" for e in errors)
-
-
 def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The few fields of a pod the reconcile reads (termination messages, crash loops)."""
     meta = pod.get("metadata", {})
@@ -1016,6 +1013,9 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         waiting = (state.get("waiting") or {}).get("reason")
         if waiting:
             out["waiting"] = waiting
+            message = (state.get("waiting") or {}).get("message")
+            if message:  # the kubelet's: which image, which Secret or ConfigMap
+                out["waitingMessage"] = str(message)[:512]
         out["ready"] = bool(cs.get("ready"))
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":

@@ -371,5 +371,7 @@ async def on_pvc(
     """A PVC changed: reconcile the SpyreModels caching on it (one of them if only drift)."""
     c = _controller(memo)
     phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
+    if phase is not None and (body.get("metadata") or {}).get("deletionTimestamp"):
+        phase = "Terminating"  # every user's CacheVolumeReady changes (ClaimTerminating)
     c.enqueue(c.models_for_pvc_event(namespace, name, phase))
     c.enqueue(c.models_for_model_claim(namespace, name))

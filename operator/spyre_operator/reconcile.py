@@ -227,6 +227,9 @@ def _claim_condition(plan: ModelPlan, pvc: dict[str, Any] | None) -> C.Cond:
             f"PersistentVolumeClaim {plan.claim} not found in namespace {plan.namespace}; "
             "create it, or unset cache.claimName to let the operator create one",
         )
+    terminating = _claim_terminating(plan, pvc)
+    if terminating is not None:
+        return C.Cond(t, C.FALSE, C.CLAIM_TERMINATING, terminating)
     phase = (pvc.get("status") or {}).get("phase") or "Pending"
     if phase == "Bound":
         vol = (pvc.get("spec") or {}).get("volumeName", "")
@@ -240,6 +243,27 @@ def _claim_condition(plan: ModelPlan, pvc: dict[str, Any] | None) -> C.Cond:
         f"PVC {plan.claim} is Pending: no matching PersistentVolume yet, or its StorageClass "
         "binds on first use",
     )
+
+
+def _claim_terminating(plan: ModelPlan, pvc: dict[str, Any]) -> str | None:
+    """Why a PVC that is being deleted still exists (its finalizers), if it is."""
+    meta = pvc.get("metadata") or {}
+    since = meta.get("deletionTimestamp")
+    if not since:
+        return None
+    finalizers = meta.get("finalizers") or []
+    held = (
+        f"held by {', '.join(finalizers)}"
+        + (" while pods still mount it" if "kubernetes.io/pvc-protection" in finalizers else "")
+        if finalizers
+        else "no finalizer holds it"
+    )
+    then = (
+        "the operator then creates an empty one and compiles again"
+        if plan.claim_managed
+        else "create it again, or name another claim in cache.claimName"
+    )
+    return f"PVC {plan.claim} is being deleted (since {since}; {held}): once it is gone {then}"
 
 
 def _claim_usage(
@@ -767,10 +791,26 @@ def _rollout(deployment: dict[str, Any] | None, replicas: int, key: str | None) 
 NODE_ENDED_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeShutdown", "Terminated"})
 
 
+#: Kubelet reasons of a container that waits and cannot start without a fix: the condition
+#: reason for each (the kubelet's own reason and message go into the condition's message).
+_WAITING_REASONS = {
+    "ErrImagePull": C.IMAGE_PULL_FAILED,
+    "ImagePullBackOff": C.IMAGE_PULL_FAILED,
+    "InvalidImageName": C.IMAGE_PULL_FAILED,
+    "ErrImageNeverPull": C.IMAGE_PULL_FAILED,
+    "CreateContainerConfigError": C.CONTAINER_CONFIG_ERROR,
+    "CreateContainerError": C.CONTAINER_CONFIG_ERROR,
+}
+
+
 def _engine_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     """A serving container that exited non-zero (e.g. refusing a mismatched artifact): the
     condition reason (the engine's own when it names the artifact's problem, else EngineFailed)
     and the message.
+
+    A container the kubelet cannot start (its image cannot be pulled, a Secret or ConfigMap
+    it references is missing) is reported the same way, with the kubelet's reason and
+    message, rather than as a rollout in progress until the progress deadline.
 
     Not a pod the node ended (evicted under disk or memory pressure, node shutdown,
     preemption): its container was killed, not failed, and the Deployment replaces it; the
@@ -791,6 +831,10 @@ def _engine_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
             return C.ENGINE_FAILED, f"pod {p['name']}: engine exited with code {code}"
         if p.get("waiting") == "CrashLoopBackOff":
             return C.ENGINE_FAILED, f"pod {p['name']}: CrashLoopBackOff"
+        stuck = _WAITING_REASONS.get(p.get("waiting") or "")
+        if stuck is not None:
+            detail = f": {p['waitingMessage']}" if p.get("waitingMessage") else ""
+            return stuck, f"pod {p['name']}: {p['waiting']}{detail}"[:1024]
     return None
 
 
@@ -926,6 +970,36 @@ def decide_routing(plan: ModelPlan, obs: Observed, old_conditions: Any) -> Routi
 # ------------------------------------------------------------------------------ status
 
 
+@dataclass(frozen=True)
+class _StatusFacts:
+    """What Ready, Progressing and Degraded are decided from, read once."""
+
+    roll: Rollout
+    #: The Deployment serves the spec's artifact on the spec's claim.
+    current: bool
+    #: (reason, message) of a serving pod that failed or cannot start.
+    engine_failure: tuple[str, str] | None
+    #: The API server rejected a write of this reconcile (its message).
+    write_error: str | None
+    #: Same-named objects the model wants that are not the operator's (why).
+    conflict: str | None
+
+
+def _conflict(plan: ModelPlan, obs: Observed) -> str | None:
+    """The same-named objects that are not the operator's, among those the model wants.
+
+    A foreign PodDisruptionBudget or HorizontalPodAutoscaler is in the way only when the
+    model asks for one (more than one replica, spec.autoscaling): otherwise it is left alone
+    and is no reason to mark the model Degraded (GitOps health would fail for nothing).
+    """
+    unwanted = set()
+    if not wants_pdb(plan):
+        unwanted.add("PodDisruptionBudget")
+    if not wants_hpa(plan):
+        unwanted.add("HorizontalPodAutoscaler")
+    return "; ".join(v for k, v in obs.foreign.items() if k not in unwanted) or None
+
+
 def decide_status(
     plan: ModelPlan,
     obs: Observed,
@@ -939,21 +1013,35 @@ def decide_status(
     scaled to zero). Fewer replicas than asked is reported by Progressing, and by Degraded
     once the rollout stalls; it never turns Ready False while pods serve.
     """
-    replicas = plan.spec.replicas
-    roll = _rollout(obs.deployment, replicas, serving.key)
-    current = serving.current(plan)
-    engine_failure = _engine_failure(
-        [p for p in obs.server_pods if p.get("artifact") == names.short_key(serving.key or "")]
+    facts = _StatusFacts(
+        roll=_rollout(obs.deployment, plan.spec.replicas, serving.key),
+        current=serving.current(plan),
+        engine_failure=_engine_failure(
+            [p for p in obs.server_pods if p.get("artifact") == names.short_key(serving.key or "")]
+        ),
+        write_error=write_error_message(obs.write_errors),
+        conflict=_conflict(plan, obs),
     )
-    write_error = _write_error_message(obs.write_errors)
-    foreign = "; ".join(obs.foreign.values()) or None
+    conds = [
+        _ready(plan, cache, artifact, serving, facts),
+        cache.cond,
+        artifact.cond,
+        _progressing(plan, obs, cache, artifact, serving, facts),
+        _degraded(plan, obs, cache, artifact, facts),
+    ]
+    if plan.spec.autoscaling is not None:
+        conds.append(_autoscaling_condition(obs.hpa))
+    return conds
 
-    # Degraded: the first problem users must act on.
+
+def _degraded(
+    plan: ModelPlan, obs: Observed, cache: CacheOutcome, artifact: ArtifactOutcome, f: _StatusFacts
+) -> C.Cond:
+    """Degraded: the first problem users must act on."""
     claim_problem = cache.cond if cache.cond.reason in C.CLAIM_PROBLEMS else cache.problem
-    degraded = C.Cond(C.DEGRADED, C.FALSE, C.AS_EXPECTED, "")
     for reason, message in (
-        (C.NAME_CONFLICT, foreign),
-        (C.RECONCILE_ERROR, write_error),
+        (C.NAME_CONFLICT, f.conflict),
+        (C.RECONCILE_ERROR, f.write_error),
         (artifact.cond.reason, artifact.cond.message if artifact.phase == FAILED else None),
         (claim_problem.reason if claim_problem else "", claim_problem and claim_problem.message),
         (
@@ -962,89 +1050,95 @@ def decide_status(
             if obs.model_pvc_exists
             else f"model claim {plan.model_claim} not found in namespace {plan.namespace}",
         ),
-        engine_failure or ("", None),
-        (C.ROLLOUT_STALLED, roll.stall),
+        f.engine_failure or ("", None),
+        (C.ROLLOUT_STALLED, f.roll.stall),
     ):
         if message:
-            degraded = C.Cond(C.DEGRADED, C.TRUE, reason, message)
-            break
+            return C.Cond(C.DEGRADED, C.TRUE, reason, message)
+    return C.Cond(C.DEGRADED, C.FALSE, C.AS_EXPECTED, "")
 
-    # Ready: does the endpoint serve?
+
+def _ready(
+    plan: ModelPlan,
+    cache: CacheOutcome,
+    artifact: ArtifactOutcome,
+    serving: ServingOutcome,
+    f: _StatusFacts,
+) -> C.Cond:
+    """Ready: does the endpoint serve?"""
+    replicas, roll = plan.spec.replicas, f.roll
     if serving.key is None or serving.plan is None:
-        if foreign:
-            ready = C.Cond(C.READY, C.FALSE, C.NAME_CONFLICT, foreign)
-        elif write_error:
-            ready = C.Cond(C.READY, C.FALSE, C.RECONCILE_ERROR, write_error)
-        elif artifact.phase == FAILED:
-            ready = C.Cond(C.READY, C.FALSE, artifact.cond.reason, artifact.cond.message)
-        elif cache.missing:
-            ready = C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache.cond.message)
-        else:
-            ready = C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
-    elif replicas == 0:
-        ready = C.Cond(C.READY, C.TRUE, C.SCALED_TO_ZERO, "scaled to zero replicas")
-    elif roll.available > 0 and not current:
+        if f.conflict:
+            return C.Cond(C.READY, C.FALSE, C.NAME_CONFLICT, f.conflict)
+        if f.write_error:
+            return C.Cond(C.READY, C.FALSE, C.RECONCILE_ERROR, f.write_error)
+        if artifact.phase == FAILED:
+            return C.Cond(C.READY, C.FALSE, artifact.cond.reason, artifact.cond.message)
+        if cache.missing:
+            return C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache.cond.message)
+        return C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
+    if replicas == 0:
+        return C.Cond(C.READY, C.TRUE, C.SCALED_TO_ZERO, "scaled to zero replicas")
+    if roll.available > 0 and not f.current:
         what = (
             f"artifact {names.short_key(serving.key)}"
             if serving.key != plan.key
             else f"artifact {plan.short_key} from PVC {serving.plan.claim}"
         )
-        ready = C.Cond(
+        return C.Cond(
             C.READY,
             C.TRUE,
             C.SERVING_PREVIOUS_ARTIFACT,
             f"serving {what} while {plan.short_key} on PVC {plan.claim} "
             + ("failed to compile" if artifact.phase == FAILED else "compiles"),
         )
-    elif roll.available > 0:
-        ready = C.Cond(
+    if roll.available > 0:
+        return C.Cond(
             C.READY,
             C.TRUE,
             C.SERVING,
             f"{roll.available}/{replicas} replicas serving artifact {plan.short_key}",
         )
-    elif foreign or write_error:
-        ready = C.Cond(
-            C.READY,
-            C.FALSE,
-            C.NAME_CONFLICT if foreign else C.RECONCILE_ERROR,
-            foreign or write_error or "",
-        )
-    elif engine_failure:
-        ready = C.Cond(C.READY, C.FALSE, *engine_failure)
-    else:
-        ready = C.Cond(
-            C.READY,
-            C.FALSE,
-            C.ROLLING_OUT if roll.total else C.PODS_NOT_READY,
-            f"0/{replicas} replicas available",
-        )
+    if f.conflict:
+        return C.Cond(C.READY, C.FALSE, C.NAME_CONFLICT, f.conflict)
+    if f.write_error:
+        return C.Cond(C.READY, C.FALSE, C.RECONCILE_ERROR, f.write_error)
+    if f.engine_failure:
+        return C.Cond(C.READY, C.FALSE, *f.engine_failure)
+    return C.Cond(
+        C.READY,
+        C.FALSE,
+        C.ROLLING_OUT if roll.total else C.PODS_NOT_READY,
+        f"0/{replicas} replicas available",
+    )
 
+
+def _progressing(
+    plan: ModelPlan,
+    obs: Observed,
+    cache: CacheOutcome,
+    artifact: ArtifactOutcome,
+    serving: ServingOutcome,
+    f: _StatusFacts,
+) -> C.Cond:
+    """Progressing: compiling, or rolling out (with why replicas wait for a node)."""
+    roll = f.roll
     if artifact.phase in (PENDING, COMPILING) and not cache.missing:
-        progressing = C.Cond(C.PROGRESSING, C.TRUE, C.COMPILING, artifact.cond.message)
-    elif serving.key is not None and not (current and roll.done) and not roll.stall:
-        unschedulable = _unschedulable(obs.server_pods)
-        if unschedulable:
-            progressing = C.Cond(
-                C.PROGRESSING,
-                C.TRUE,
-                C.INSUFFICIENT_CAPACITY,
-                f"{roll.available}/{replicas} replicas available; {unschedulable}",
-            )
-        else:
-            progressing = C.Cond(
-                C.PROGRESSING,
-                C.TRUE,
-                C.ROLLING_OUT,
-                f"rolling out artifact {plan.short_key}: {roll.available}/{replicas} replicas "
-                "available",
-            )
-    else:
-        progressing = C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
-    conds = [ready, cache.cond, artifact.cond, progressing, degraded]
-    if plan.spec.autoscaling is not None:
-        conds.append(_autoscaling_condition(obs.hpa))
-    return conds
+        return C.Cond(C.PROGRESSING, C.TRUE, C.COMPILING, artifact.cond.message)
+    if serving.key is None or (f.current and roll.done) or roll.stall:
+        return C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
+    available = f"{roll.available}/{plan.spec.replicas} replicas available"
+    unschedulable = _unschedulable(obs.server_pods)
+    if unschedulable:
+        return C.Cond(
+            C.PROGRESSING, C.TRUE, C.INSUFFICIENT_CAPACITY, f"{available}; {unschedulable}"
+        )
+    return C.Cond(
+        C.PROGRESSING,
+        C.TRUE,
+        C.ROLLING_OUT,
+        f"rolling out artifact {plan.short_key}: {available}",
+    )
 
 
 def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
@@ -1107,7 +1201,8 @@ def _autoscaling_condition(hpa: dict[str, Any] | None) -> C.Cond:
     return C.Cond(C.AUTOSCALING, C.TRUE, C.AUTOSCALER_ACTIVE, message)
 
 
-def _write_error_message(errors: list[WriteError]) -> str | None:
+def write_error_message(errors: list[WriteError]) -> str | None:
+    """The API server's rejections of a reconcile's writes, for status and the log."""
     if not errors:
         return None
     return "; ".join(
@@ -1254,4 +1349,5 @@ __all__ = [
     "decide_status",
     "served_key",
     "shape_text",
+    "write_error_message",
 ]

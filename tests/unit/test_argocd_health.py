@@ -109,7 +109,8 @@ def test_health(obj: dict[str, Any], expected: str) -> None:
 @pytest.mark.parametrize(
     "reason",
     [C.PRECOMPILE_FAILED, C.CLAIM_NOT_FOUND, C.CLAIM_LOST, C.ENGINE_FAILED, C.ROLLOUT_STALLED,
-     C.INVALID_SPEC, C.ARTIFACT_CORRUPT, C.ARTIFACT_MISMATCH],
+     C.INVALID_SPEC, C.ARTIFACT_CORRUPT, C.ARTIFACT_MISMATCH, C.IMAGE_PULL_FAILED,
+     C.CONTAINER_CONFIG_ERROR, C.CLAIM_TERMINATING],
 )
 def test_every_degraded_reason_is_degraded(reason: str) -> None:
     st, message = health(sample(status(("False", reason), degraded=("True", reason))))

@@ -1,0 +1,98 @@
+"""The whole-run bound: a session stops soon after the control plane is gone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFTEST = '''
+import pytest
+
+
+class FakeControlPlane:
+    server = "https://127.0.0.1:1"
+    logs = "/nowhere/logs"
+
+    def __init__(self, up):
+        self.up = up
+
+    def apiserver_ready(self):
+        return self.up
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    return FakeControlPlane(UP)
+'''
+
+TESTS = '''
+import time
+
+
+def test_first(control_plane):
+    assert False, "a wait timed out"
+
+
+def test_second(control_plane):
+    assert False, "another wait timed out"
+
+
+def test_third(control_plane):
+    time.sleep(0)
+
+
+def test_fourth(control_plane):
+    pass
+'''
+
+
+def run(tmp_path: Path, up: bool) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "conftest.py").write_text(f"UP = {up}\n" + CONFTEST)
+    (tmp_path / "test_cluster_gone.py").write_text(TESTS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_CLUSTER_GONE_GRACE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.cluster.watchdog", "-p",
+         "no:cacheprovider", "-q", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+
+
+def test_the_session_stops_after_two_failures_without_the_control_plane(tmp_path: Path) -> None:
+    r = run(tmp_path, up=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out  # interrupted, like --maxfail
+    # the first fails on its own, the second at setup; the last two never run
+    assert "1 failed, 1 error in" in out and "passed" not in out, out
+    assert "ERROR test_cluster_gone.py::test_second - Failed: the control plane is unreac" in out
+    assert "the control plane is gone (https://127.0.0.1:1/readyz does not answer since" in out
+    assert "test_cluster_gone.py::test_first failed" in out, out
+
+
+def test_failures_with_a_live_control_plane_do_not_stop_the_session(tmp_path: Path) -> None:
+    r = run(tmp_path, up=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "2 failed, 2 passed" in out, out
+    assert "control plane is gone" not in out
+
+
+def test_ci_run_stops_a_hung_run_at_its_budget_and_names_the_test(tmp_path: Path) -> None:
+    """``.ci/run`` bounds the whole run: at the budget pytest gets SIGINT, says where it was,
+    and the script names the running test (CI's own 90-minute kill says nothing)."""
+    (tmp_path / "test_hang.py").write_text(
+        "import time\n\ndef test_quick():\n    pass\n\n"
+        "def test_hangs():\n    time.sleep(600)\n")
+    command = (f"{sys.executable} -m pytest -p tests.cluster.watchdog -p no:cacheprovider -q "
+               f"-c {os.devnull} --rootdir {tmp_path} {tmp_path}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_CI_BUDGET": "8s",
+           "SPYRE_CI_COMMAND": command}
+    r = subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, env=env,
+                       timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 124, out
+    assert "CI budget exceeded: the test run was stopped after" in out, out
+    assert "Running at the time: test_hang.py::test_hangs (started" in out, out
+    assert "KeyboardInterrupt" in out and "test_hang.py:7" in out, out  # where it hung
