@@ -11,7 +11,6 @@ watches, level-based decisions, one in-flight reconcile per model.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
@@ -22,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod
 
 from . import conditions as C
@@ -30,10 +28,9 @@ from . import jobs as job_status
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
-from .desired.gcjob import COMPONENT_GC, Sweep, build_gc_job
 from .desired.plan import plan_model
 from .desired.routing import inference_pool_name
-from .gc import ClaimUse, GcResult, epoch, keys_to_remove, known_keys, parse_gc_result
+from .gc import GarbageCollector
 from .reconcile import (
     API_UNKNOWN,
     DEFAULT_POLICY,
@@ -42,10 +39,6 @@ from .reconcile import (
     Policy,
     WriteError,
     decide,
-    write_error_message,
-)
-from .reconcile import (
-    served_key as served_key_of,
 )
 
 log = logging.getLogger(__name__)
@@ -60,9 +53,6 @@ ERROR_BACKOFF_MAX = 300.0
 SERVER_PODS_TTL = 5.0
 #: Events posted concurrently in the background.
 EVENT_CONCURRENCY = 8
-#: A claim nobody left is still swept for orphans this often (or every unusedForSeconds, if
-#: longer): orphans of a SpyreModel deleted while the operator was down are found too.
-SWEEP_MIN_PERIOD_SECONDS = 3600.0
 #: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
 #: coroutines keep throughput up (the benchmark at 500 models; see tests/bench/RESULTS.md).
 DEFAULT_WORKERS = 32
@@ -215,24 +205,9 @@ class Controller:
         self._server_pods: dict[ModelKey, tuple[float, list[dict[str, Any]]]] = {}
         self._claim_sigs: dict[ModelKey, tuple[str, str, str | None]] = {}
         self._pvc_phases: dict[tuple[str, str], str] = {}
-        #: (namespace, claim) -> when its artifacts were last evaluated for GC (monotonic).
-        self._gc_checked: dict[tuple[str, str], float] = {}
-        #: Finished GC Jobs (uid) whose result was acted upon (Events, precompile Jobs). In
-        #: memory: after a restart, a Job that finished before ``started_at`` is announced
-        #: again only if some status still lists a key it removed (the old process had not
-        #: acted on it).
-        self._gc_done: set[str] = set()
         self.started_at = clock()
-        #: Claims a SpyreModel left (deleted, or moved): sweep them for orphans soon.
-        self._sweep_requested: set[tuple[str, str]] = set()
-        #: (namespace, claim) -> when it was last swept (monotonic; set at the first look,
-        #: so a restart makes no burst of sweeps).
-        self._swept: dict[tuple[str, str], float] = {}
-        #: (namespace, claim) -> the orphans the last sweep found: {key: first found, unix s}.
-        self._orphans: dict[tuple[str, str], dict[str, int]] = {}
-        #: (namespace, claim) -> (when, bytes of every artifact dir, claim UID) measured by its
-        #: latest GC Job: counts towards ClaimNearlyFull with what the statuses list.
-        self._claim_measured: dict[tuple[str, str], tuple[str, int, str | None]] = {}
+        #: Artifact GC of the managed cache claims (its own state; reads self.caches).
+        self.gc = GarbageCollector(self)
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
@@ -360,7 +335,7 @@ class Controller:
             return []
         if sig is None or sig[0] != old[0]:
             # Deleted (or moved): what only it listed on the old claim is an orphan now.
-            self._sweep_requested.add((key[0], old[0]))
+            self.gc.sweep_requested.add((key[0], old[0]))
         peers = set(self.models_for_claim(key[0], old[0]))
         if sig is not None and sig[0] != old[0]:
             peers |= set(self.models_for_claim(key[0], sig[0]))
@@ -419,7 +394,7 @@ class Controller:
                 key=lambda o: (o.name, o.uid),
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
-            claim_artifact_bytes=self._claim_artifact_bytes(ns, plan_claim, users),
+            claim_artifact_bytes=self.gc.claim_artifact_bytes(ns, plan_claim, users),
         )
         self._observe_inference_pool(obs, ns, name)
         for kind, attr in (
@@ -482,7 +457,7 @@ class Controller:
                 short = True
                 obs.server_pods = await self._recent_server_pods(key)
         if plan is not None and plan.claim_managed:
-            obs.collected = await self._collected(ns, plan.claim)
+            obs.collected = await self.gc.collected(ns, plan.claim)
         decision = decide(model, obs, self.clock(), self.policy)
         await self.execute(model, obs, decision)
         if plan is not None and plan.claim_managed:
@@ -504,322 +479,9 @@ class Controller:
 
     # ------------------------------------------------------------------ garbage collection
 
-    def _gc_jobs(self, ns: str, claim: str) -> list[dict[str, Any]]:
-        return [
-            j
-            for j in self.caches.all("claim_jobs", (ns, claim))
-            if (j["metadata"].get("labels") or {}).get(names.COMPONENT) == COMPONENT_GC
-        ]
-
-    async def _gc_result(self, ns: str, job: dict[str, Any]) -> GcResult | None:
-        """What a finished GC Job removed (None: running, failed, or no summary)."""
-        if not job_status.complete(job):
-            return None
-        for p in await self._job_pods(ns, job):
-            result = parse_gc_result((p.get("terminated") or {}).get("message"))
-            if result is not None:
-                return result
-        return None
-
-    async def _collected(self, ns: str, claim: str) -> set[str]:
-        """Keys the claim's finished GC Jobs removed (their pods are read once per Job)."""
-        out: set[str] = set()
-        for job in self._gc_jobs(ns, claim):
-            result = await self._gc_result(ns, job)
-            if result is not None:
-                out |= set(result.removed)
-        return out
-
-    def _claim_artifact_bytes(self, ns: str, claim: str, users: list[Any]) -> int | None:
-        """Size of the artifacts on the claim: those its users list, each key once, or what the
-        last GC Job measured on the volume if that is more (orphans, dirs nobody lists)."""
-        pvc = self.caches.one("pvcs", (ns, claim))
-        uid = ((pvc or {}).get("metadata") or {}).get("uid")
-        sizes: dict[str, int] = {}
-        for u in users:
-            m = self.caches.one("models", (ns, u.owner.name)) or {}
-            for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []:
-                if a.get("claim") == claim and a.get("claimUID") in (None, uid):
-                    sizes[a["key"]] = int(a.get("sizeBytes") or 0)
-        listed = sum(sizes.values()) if sizes else None
-        measured = self._claim_measured.get((ns, claim))
-        if measured is None or measured[2] != uid:
-            return listed
-        return max(listed or 0, measured[1]) or listed
-
     async def collect_garbage(self, key: ModelKey, plan: Any) -> None:
-        """Act on finished GC Jobs of the model's claim, and start one when artifacts are due.
-
-        Evaluation runs at most every ``policy.gc_interval_seconds`` per claim (any user's
-        reconcile may do it), never on every reconcile. Only the claim's oldest user is
-        requeued for the next evaluation: one timer per claim, not one per model.
-        """
-        ns, claim = plan.namespace, plan.claim
-        jobs = self._gc_jobs(ns, claim)
-        users = self.caches.all("claim_users", (ns, claim))
-        oldest = min(users, key=lambda u: (u.created, u.owner.name), default=None)
-        timer = oldest is not None and oldest.owner.name == key[1]
-        models = [m for u in users if (m := self.caches.one("models", (ns, u.owner.name)))]
-        for job in jobs:
-            uid = job["metadata"].get("uid")
-            if uid in self._gc_done:
-                continue
-            if job_status.failed(job):
-                self._gc_done.add(uid)
-                if not self._finished_before_start(job):
-                    await self._gc_failed(ns, claim, job, models)
-                continue
-            result = await self._gc_result(ns, job)
-            if result is None:
-                continue
-            self._gc_done.add(uid)
-            self._record_measured(ns, claim, job, result)
-            announce = not self._finished_before_start(job) or _still_listed(
-                set(result.removed) - result.orphans_removed, claim, models
-            )
-            await self._after_gc(ns, claim, result, models, announce)
-        clock = time.monotonic()
-        checked = self._gc_checked.get((ns, claim))
-        requested = (ns, claim) in self._sweep_requested
-        if (
-            checked is not None
-            and clock - checked < self.policy.gc_interval_seconds
-            and not requested
-        ):
-            if timer:
-                self.queue.add_after(key, self.policy.gc_interval_seconds - (clock - checked))
-            return
-        if timer:
-            self.queue.add_after(key, self.policy.gc_interval_seconds)
-        if any(not job_status.finished(j) for j in jobs):
-            return  # one GC Job at a time per claim (a requested sweep waits for it)
-        self._gc_checked[(ns, claim)] = clock
-        if oldest is None or oldest.volume is None:
-            return
-        pvc = self.caches.one("pvcs", (ns, claim))
-        if pvc is None:
-            return
-        protected = set()
-        for j in self.caches.all("claim_jobs", (ns, claim)):  # precompiles in progress
-            k = (j["metadata"].get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
-            if k and not job_status.finished(j):
-                protected.add(k)
-        uses, job_plan = [], plan
-        for m in models:
-            served = served_key_of(
-                self.caches.one("deployments", (ns, names.server_name(m["metadata"]["name"])))
-            )
-            if served:
-                protected.add(served)
-            try:
-                spec = SpyreModelSpec.model_validate(m.get("spec") or {})
-                m_plan = plan_model(m["metadata"]["name"], ns, m["metadata"].get("uid", ""), spec)
-                spec_key = m_plan.key
-                if m["metadata"]["name"] == oldest.owner.name:
-                    job_plan = m_plan  # the oldest user's image and placement, like its PVC
-            except Exception:  # noqa: BLE001 - an invalid spec needs nothing
-                spec_key = None
-            artifacts = ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
-            uses.append(ClaimUse(m["metadata"]["name"], spec_key, list(artifacts)))
-        retention, now = oldest.volume.retention, self.clock()
-        remove = keys_to_remove(
-            claim,
-            (pvc.get("metadata") or {}).get("uid"),
-            uses,
-            protected,
-            retention,
-            now,
-        )
-        # Removed by a finished GC Job, but the users' status may not say so yet.
-        removed = await self._collected(ns, claim)
-        remove = [k for k in remove if k not in removed]
-        due = retention.enabled and self._sweep_due(ns, claim, retention, now, clock)
-        if not remove and not due:
-            return
-        # Every GC Job also sweeps (it runs anyway); only a due sweep is a new decision, named
-        # by its time: the same removal alone never makes a second Job.
-        keep, lingering = self._known_keys(ns, claim, uses, protected)
-        sweep = Sweep(frozenset(keep), retention.unused_for_seconds, now if due else "")
-        gc_job = build_gc_job(job_plan, remove, [u.owner for u in users], sweep)
-        name = gc_job.metadata.name if gc_job.metadata else ""
-        if self.caches.one("jobs", (ns, name)) is not None:
-            return  # this very set was collected already (or is being)
-        log.info(
-            "cache claim %s/%s: removing unused artifacts %s%s",
-            ns,
-            claim,
-            remove,
-            ", sweeping orphans" if due else "",
-        )
-        await self.applier.ensure_job(gc_job, None)
-        if due:
-            self._swept[(ns, claim)] = clock
-            if not lingering:  # else sweep again once the deleted model's Deployment is gone
-                self._sweep_requested.discard((ns, claim))
-
-    def _sweep_due(self, ns: str, claim: str, retention: Any, now: str, clock: float) -> bool:
-        """Sweep the claim for orphans: a SpyreModel left it, an orphan the last sweep found
-        is due, or none ran for ``unusedForSeconds`` (at least SWEEP_MIN_PERIOD_SECONDS)."""
-        if (ns, claim) in self._sweep_requested:
-            return True
-        orphans = self._orphans.get((ns, claim))
-        t = epoch(now)
-        if orphans and t is not None:
-            if t - min(orphans.values()) >= retention.unused_for_seconds:
-                return True
-        swept = self._swept.setdefault((ns, claim), clock)
-        period = max(retention.unused_for_seconds, SWEEP_MIN_PERIOD_SECONDS)
-        return clock - swept >= period
-
-    def _known_keys(
-        self, ns: str, claim: str, uses: list[ClaimUse], protected: set[str]
-    ) -> tuple[set[str], bool]:
-        """Every key of ``claim`` the operator knows (see gc.known_keys): the statuses of
-        every SpyreModel in the namespace (users or not, e.g. one with an invalid spec now),
-        the users' spec keys, and the keys every Deployment of the namespace serves. True
-        with them while a deleted SpyreModel's Deployment is still there (the garbage
-        collector has not removed it yet): its key is kept, so the claim is swept again."""
-        models = self.caches.indices.get("models") or {}
-        statuses = [
-            (self.caches.one("models", k) or {}).get("status") or {}
-            for k in list(models.keys())
-            if k[0] == ns
-        ]
-        deployments = self.caches.indices.get("deployments") or {}
-        served, lingering = set(), False
-        for dk in list(deployments.keys()):
-            d = self.caches.one("deployments", dk) if dk[0] == ns else None
-            k = served_key_of(d)
-            if d is None or not k:
-                continue
-            served.add(k)
-            owners = [
-                r.get("name")
-                for r in d["metadata"].get("ownerReferences") or []
-                if r.get("kind") == "SpyreModel"
-            ]
-            if owners and not any(self.caches.one("models", (ns, o)) for o in owners):
-                lingering = True
-        keys = known_keys(claim, statuses, [u.spec_key for u in uses], protected | served)
-        return keys, lingering
-
-    async def _gc_failed(
-        self, ns: str, claim: str, job: dict[str, Any], models: list[dict[str, Any]]
-    ) -> None:
-        """A GC Job failed: a Warning on every user of the claim, with the engine's reason.
-
-        Nothing was dropped from any status; the same key set is tried again once the Job is
-        gone (ttlSecondsAfterFinished), or at once if it is deleted.
-        """
-        why = ""
-        for p in await self._job_pods(ns, job):
-            why = str((p.get("terminated") or {}).get("message") or "").strip() or why
-        conds = (job.get("status") or {}).get("conditions") or []
-        why = why or next(
-            (
-                str(c.get("message") or c.get("reason") or "")
-                for c in conds
-                if c.get("type") == "Failed"
-            ),
-            "",
-        )
-        message = (
-            f"GC Job {job['metadata'].get('name')} on cache claim {claim} failed"
-            f"{': ' + why if why else ''}; nothing was removed from status"
-        )
-        for m in models:
-            self._background(
-                self.applier.event(dict(m), "Warning", "ArtifactCollectionFailed", message[:1024])
-            )
-
-    def _record_measured(self, ns: str, claim: str, job: dict[str, Any], result: GcResult) -> None:
-        """Keep the newest GC Job's measurement of the claim (a restart reads them in any
-        order)."""
-        if result.remaining_bytes is None:
-            return
-        when = str((job.get("status") or {}).get("completionTime") or "")
-        last = self._claim_measured.get((ns, claim))
-        if last is None or when >= last[0]:
-            pvc = self.caches.one("pvcs", (ns, claim))
-            uid = ((pvc or {}).get("metadata") or {}).get("uid")
-            self._claim_measured[(ns, claim)] = (when, result.remaining_bytes, uid)
-            self.enqueue([(ns, u.owner.name) for u in self.caches.all("claim_users", (ns, claim))])
-
-    def _finished_before_start(self, job: dict[str, Any]) -> bool:
-        """The Job finished before this operator process started: the previous one acted on
-        it already, unless it was down (the caller checks what status still says)."""
-        t, start = epoch(job_status.finished_at(job)), epoch(self.started_at)
-        return t is not None and start is not None and t < start
-
-    async def _after_gc(
-        self,
-        ns: str,
-        claim: str,
-        result: GcResult,
-        models: list[dict[str, Any]],
-        announce: bool = True,
-    ) -> None:
-        """A GC Job finished: drop the removed keys' precompile Jobs (a revert compiles again),
-        tell every user of the claim (``announce``: not again after an operator restart), and
-        reconcile them (their status.cache drops the keys)."""
-        for k in result.removed:
-            name = names.precompile_job_name(k, claim)
-            live = self.caches.one("jobs", (ns, name))
-            if live is not None:
-                self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
-                await self.applier.delete(Job, name, ns)
-        self._announce_orphans(ns, claim, result, models if announce else [])
-        if not result.removed:
-            return
-        if not announce:
-            self.enqueue([(ns, m["metadata"]["name"]) for m in models])
-            return
-        mine_removed = sorted(result.removed)
-        orphans = len(result.orphans_removed)
-        message = (
-            f"removed {len(mine_removed)} unused artifact(s) from cache claim {claim}"
-            f"{f' ({orphans} listed by no SpyreModel)' if orphans else ''}, "
-            f"freed {result.freed_bytes} bytes: {', '.join(k[:12] for k in mine_removed)}"
-        )
-        if result.remaining_bytes is not None:
-            message += f"; {result.remaining_bytes} bytes of artifacts left on the claim"
-        if result.skipped:
-            message += f"; skipped {', '.join(sorted(k[:12] for k in result.skipped))}"
-        for m in models:
-            self._background(
-                self.applier.event(dict(m), "Normal", "ArtifactsCollected", message[:1024])
-            )
-        self.enqueue([(ns, m["metadata"]["name"]) for m in models])
-
-    def _announce_orphans(
-        self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
-    ) -> None:
-        """Remember a sweep's pending orphans (the next sweep is due when the oldest is) and
-        tell the claim's users when the set changed: space no SpyreModel accounts for."""
-        before = self._orphans.get((ns, claim)) or {}
-        now = dict(result.orphans)
-        if now:
-            self._orphans[(ns, claim)] = now
-        else:
-            self._orphans.pop((ns, claim), None)
-        if not now or set(now) == set(before):
-            return
-        user = next(iter(models), None)
-        volume = None
-        if user is not None:
-            with contextlib.suppress(Exception):
-                volume = SpyreModelSpec.model_validate(user.get("spec") or {}).cache.volume
-        wait = f"{volume.retention.unused_for_seconds} s" if volume else "the retention period"
-        message = (
-            f"{result.orphan_count} artifact(s) on cache claim {claim} "
-            f"({result.orphan_bytes} bytes) are listed by no SpyreModel (a deleted one's): "
-            f"{', '.join(k[:12] for k in sorted(now))}; removed once unused for {wait} "
-            "unless a SpyreModel needs them again"
-        )
-        for m in models:
-            self._background(
-                self.applier.event(dict(m), "Normal", "ArtifactsOrphaned", message[:1024])
-            )
+        """Artifact GC of the model's claim: see gc.GarbageCollector.collect."""
+        await self.gc.collect(key, plan)
 
     async def _recent_server_pods(self, key: ModelKey) -> list[dict[str, Any]]:
         """The model's serving pods, listed at most every SERVER_PODS_TTL seconds.
@@ -909,7 +571,7 @@ class Controller:
             elif isinstance(r, BaseException):
                 raise r
         if obs.write_errors and all(_terminating(e.message) for e in obs.write_errors):
-            raise RejectedWrites(write_error_message(obs.write_errors) or "")  # nothing to tell
+            raise RejectedWrites(_write_error_message(obs.write_errors))  # nothing to tell
         if obs.foreign or obs.write_errors:
             again = decide(dict(model), obs, self.clock(), self.policy)
             d.status, d.events = again.status, again.events
@@ -922,7 +584,7 @@ class Controller:
                 self._background(self.applier.event(dict(model), type_, reason, message))
         self._expire_deleted_jobs()
         if obs.write_errors:
-            raise RejectedWrites(write_error_message(obs.write_errors) or "")
+            raise RejectedWrites(_write_error_message(obs.write_errors))
 
     async def _ensure_job(
         self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None
@@ -953,15 +615,6 @@ class Controller:
                 del self._deleted_jobs[uid]
 
 
-def _still_listed(keys: set[str], claim: str, models: list[dict[str, Any]]) -> bool:
-    """Some model's status.cache.artifacts lists one of ``keys`` on ``claim``."""
-    return any(
-        a.get("key") in keys and a.get("claim") == claim
-        for m in models
-        for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
-    )
-
-
 def _rejected(e: ApiError) -> bool:
     """A client error the API server will repeat until something changes (not a race)."""
     code = e.status.code or 0
@@ -981,6 +634,10 @@ def namespace_going_away(e: BaseException) -> bool:
     details = e.status.details
     gone = e.status.code == 404 and details is not None and details.kind == "namespaces"
     return gone or (e.status.code == 403 and _terminating(e.status.message or ""))
+
+
+def _write_error_message(errors: list[WriteError]) -> str:
+    return "; ".join(f"{e.kind} {e.name}: {e.code} {e.message}" for e in errors)
 
 
 def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -1013,9 +670,6 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         waiting = (state.get("waiting") or {}).get("reason")
         if waiting:
             out["waiting"] = waiting
-            message = (state.get("waiting") or {}).get("message")
-            if message:  # the kubelet's: which image, which Secret or ConfigMap
-                out["waitingMessage"] = str(message)[:512]
         out["ready"] = bool(cs.get("ready"))
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":

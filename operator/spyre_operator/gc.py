@@ -14,13 +14,25 @@ on the volume from the first gc that finds them and remove them once unknown for
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .api.v1alpha1 import CacheRetention
+from lightkube.resources.batch_v1 import Job
+
+from . import jobs
+from .api.v1alpha1 import CacheRetention, SpyreModelSpec
+from .desired import names
+from .desired.gcjob import COMPONENT_GC, Sweep, build_gc_job
+from .desired.plan import plan_model
+from .reconcile import served_key as served_key_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -181,11 +193,431 @@ def parse_gc_result(message: str | None) -> GcResult | None:
     return None
 
 
+
+# ------------------------------------------------------------------------------ collaborator
+
+#: Finished GC Jobs remembered (as acted upon) before the gone ones are forgotten.
+DONE_MIN_LIMIT = 256
+#: A claim nobody left is still swept for orphans this often (or every unusedForSeconds, if
+#: longer): orphans of a SpyreModel deleted while the operator was down are found too.
+SWEEP_MIN_PERIOD_SECONDS = 3600.0
+
+ModelKey = tuple[str, str]
+
+
+def still_listed(keys: set[str], claim: str, models: list[dict[str, Any]]) -> bool:
+    """Some model's status.cache.artifacts lists one of ``keys`` on ``claim``."""
+    return any(
+        a.get("key") in keys and a.get("claim") == claim
+        for m in models
+        for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
+    )
+
+
+class GarbageCollector:
+    """Artifact GC of the managed cache claims, for the controller (``c``): acts on finished
+    GC Jobs, decides when a claim is evaluated and creates its GC Job. It reads the
+    controller's caches and writes through its applier; its state is its own."""
+
+    def __init__(self, controller: Any) -> None:
+        self.c = controller
+        #: (namespace, claim) -> when its artifacts were last evaluated for GC (monotonic).
+        self._checked: dict[tuple[str, str], float] = {}
+        #: Finished GC Jobs (uid -> namespace, name) whose result was acted upon (Events,
+        #: precompile Jobs); forgotten once the Job is gone. In memory: after a restart, a
+        #: Job that finished before ``started_at`` is announced again only if some status
+        #: still lists a key it removed (the old process had not acted on it).
+        self._done: dict[str, tuple[str, str]] = {}
+        self._done_limit = DONE_MIN_LIMIT
+        #: Claims a SpyreModel left (deleted, or moved): sweep them for orphans soon.
+        self.sweep_requested: set[tuple[str, str]] = set()
+        #: (namespace, claim) -> when it was last swept (monotonic; set at the first look,
+        #: so a restart makes no burst of sweeps).
+        self._swept: dict[tuple[str, str], float] = {}
+        #: (namespace, claim) -> the orphans the last sweep found: {key: first found, unix s}.
+        self._orphans: dict[tuple[str, str], dict[str, int]] = {}
+        #: (namespace, claim) -> (when, bytes of every artifact dir, claim UID) measured by its
+        #: latest GC Job: counts towards ClaimNearlyFull with what the statuses list.
+        self._claim_measured: dict[tuple[str, str], tuple[str, int, str | None]] = {}
+
+
+    def jobs(self, ns: str, claim: str) -> list[dict[str, Any]]:
+        return [
+            j
+            for j in self.c.caches.all("claim_jobs", (ns, claim))
+            if (j["metadata"].get("labels") or {}).get(names.COMPONENT) == COMPONENT_GC
+        ]
+
+    async def result(self, ns: str, job: dict[str, Any]) -> GcResult | None:
+        """What a finished GC Job removed (None: running, failed, or no summary)."""
+        if not jobs.complete(job):
+            return None
+        for p in await self.c._job_pods(ns, job):
+            result = parse_gc_result((p.get("terminated") or {}).get("message"))
+            if result is not None:
+                return result
+        return None
+
+    async def collected(self, ns: str, claim: str) -> set[str]:
+        """Keys the claim's finished GC Jobs removed (their pods are read once per Job)."""
+        out: set[str] = set()
+        for job in self.jobs(ns, claim):
+            result = await self.result(ns, job)
+            if result is not None:
+                out |= set(result.removed)
+        return out
+
+    def claim_artifact_bytes(self, ns: str, claim: str, users: list[Any]) -> int | None:
+        """Size of the artifacts on the claim: those its users list, each key once, or what the
+        last GC Job measured on the volume if that is more (orphans, dirs nobody lists)."""
+        pvc = self.c.caches.one("pvcs", (ns, claim))
+        uid = ((pvc or {}).get("metadata") or {}).get("uid")
+        sizes: dict[str, int] = {}
+        for u in users:
+            m = self.c.caches.one("models", (ns, u.owner.name)) or {}
+            for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []:
+                if a.get("claim") == claim and a.get("claimUID") in (None, uid):
+                    sizes[a["key"]] = int(a.get("sizeBytes") or 0)
+        listed = sum(sizes.values()) if sizes else None
+        measured = self._claim_measured.get((ns, claim))
+        if measured is None or measured[2] != uid:
+            return listed
+        return max(listed or 0, measured[1]) or listed
+
+    async def collect(self, key: ModelKey, plan: Any) -> None:
+        """Act on finished GC Jobs of the model's claim, and start one when artifacts are due.
+
+        Evaluation runs at most every ``policy.gc_interval_seconds`` per claim (any user's
+        reconcile may do it), never on every reconcile. Only the claim's oldest user is
+        requeued for the next evaluation: one timer per claim, not one per model. Nothing is
+        written (Job deleted, GC Job created) while this replica does not hold the lease.
+        """
+        if not self.c.may_write():
+            return
+        ns, claim = plan.namespace, plan.claim
+        gc_jobs = self.jobs(ns, claim)
+        users = self.c.caches.all("claim_users", (ns, claim))
+        oldest = min(users, key=lambda u: (u.created, u.owner.name), default=None)
+        models = [m for u in users if (m := self.c.caches.one("models", (ns, u.owner.name)))]
+        await self._act_on_finished(ns, claim, gc_jobs, models)
+        timer = oldest is not None and oldest.owner.name == key[1]
+        if not self._evaluation_due(key, ns, claim, gc_jobs, timer):
+            return
+        if oldest is None or oldest.volume is None:
+            return
+        pvc = self.c.caches.one("pvcs", (ns, claim))
+        if pvc is None:
+            return
+        await self._start_job(ns, claim, plan, pvc, users, oldest, models)
+
+    async def _act_on_finished(
+        self, ns: str, claim: str, gc_jobs: list[dict[str, Any]], models: list[dict[str, Any]]
+    ) -> None:
+        """Announce each finished GC Job once (failed: a Warning; complete: what it removed)."""
+        self._forget_gone_jobs()
+        for job in gc_jobs:
+            uid = job["metadata"].get("uid")
+            if uid in self._done:
+                continue
+            if jobs.failed(job):
+                self._done[uid] = (ns, job["metadata"].get("name"))
+                if not self._finished_before_start(job):
+                    await self._failed_job(ns, claim, job, models)
+                continue
+            result = await self.result(ns, job)
+            if result is None:
+                continue
+            self._done[uid] = (ns, job["metadata"].get("name"))
+            self._record_measured(ns, claim, job, result)
+            announce = not self._finished_before_start(job) or still_listed(
+                set(result.removed) - result.orphans_removed, claim, models
+            )
+            await self._after(ns, claim, result, models, announce)
+
+    def _forget_gone_jobs(self) -> None:
+        """Bound ``_done``: a uid whose Job is gone (TTL, deleted) is never seen again."""
+        if len(self._done) <= self._done_limit:
+            return
+        for uid, (ns, name) in list(self._done.items()):
+            live = self.c.caches.one("jobs", (ns, name))
+            if live is None or live["metadata"].get("uid") != uid:
+                del self._done[uid]
+        self._done_limit = max(DONE_MIN_LIMIT, 2 * len(self._done))
+
+    def _evaluation_due(
+        self, key: ModelKey, ns: str, claim: str, gc_jobs: list[dict[str, Any]], timer: bool
+    ) -> bool:
+        """Whether to evaluate the claim now (and requeue its timer user for the next time)."""
+        clock = time.monotonic()
+        checked = self._checked.get((ns, claim))
+        interval = self.c.policy.gc_interval_seconds
+        if checked is not None and clock - checked < interval and not self._requested(ns, claim):
+            if timer:
+                self.c.queue.add_after(key, interval - (clock - checked))
+            return False
+        if timer:
+            self.c.queue.add_after(key, interval)
+        if any(not jobs.finished(j) for j in gc_jobs):
+            return False  # one GC Job at a time per claim (a requested sweep waits for it)
+        self._checked[(ns, claim)] = clock
+        return True
+
+    def _requested(self, ns: str, claim: str) -> bool:
+        return (ns, claim) in self.sweep_requested
+
+    def _uses(
+        self, ns: str, models: list[dict[str, Any]], oldest_name: str, plan: Any
+    ) -> tuple[list[ClaimUse], Any]:
+        """Each user's spec key and status artifacts; the oldest user's plan (for the Job)."""
+        uses, job_plan = [], plan
+        for m in models:
+            try:
+                spec = SpyreModelSpec.model_validate(m.get("spec") or {})
+                m_plan = plan_model(m["metadata"]["name"], ns, m["metadata"].get("uid", ""), spec)
+                spec_key = m_plan.key
+                if m["metadata"]["name"] == oldest_name:
+                    job_plan = m_plan  # the oldest user's image and placement, like its PVC
+            except Exception:  # noqa: BLE001 - an invalid spec needs nothing
+                spec_key = None
+            artifacts = ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
+            uses.append(ClaimUse(m["metadata"]["name"], spec_key, list(artifacts)))
+        return uses, job_plan
+
+    def _protected(self, ns: str, claim: str) -> set[str]:
+        """Keys of the claim written by a precompile Job that has not finished."""
+        protected = set()
+        for j in self.c.caches.all("claim_jobs", (ns, claim)):
+            k = (j["metadata"].get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
+            if k and not jobs.finished(j):
+                protected.add(k)
+        return protected
+
+    async def _start_job(
+        self,
+        ns: str,
+        claim: str,
+        plan: Any,
+        pvc: dict[str, Any],
+        users: list[Any],
+        oldest: Any,
+        models: list[dict[str, Any]],
+    ) -> None:
+        """Create the GC Job for the claim's due keys (and a due sweep), if any."""
+        clock = time.monotonic()
+        protected = self._protected(ns, claim)
+        for m in models:
+            served = served_key_of(
+                self.c.caches.one("deployments", (ns, names.server_name(m["metadata"]["name"])))
+            )
+            if served:
+                protected.add(served)
+        uses, job_plan = self._uses(ns, models, oldest.owner.name, plan)
+        retention, now = oldest.volume.retention, self.c.clock()
+        remove = keys_to_remove(
+            claim, (pvc.get("metadata") or {}).get("uid"), uses, protected, retention, now
+        )
+        # Removed by a finished GC Job, but the users' status may not say so yet.
+        removed = await self.collected(ns, claim)
+        remove = [k for k in remove if k not in removed]
+        due = retention.enabled and self._sweep_due(ns, claim, retention, now, clock)
+        if not remove and not due:
+            return
+        # Every GC Job also sweeps (it runs anyway); only a due sweep is a new decision, named
+        # by its time: the same removal alone never makes a second Job.
+        keep, lingering = self._known_keys(ns, claim, uses, protected)
+        sweep = Sweep(frozenset(keep), retention.unused_for_seconds, now if due else "")
+        gc_job = build_gc_job(job_plan, remove, [u.owner for u in users], sweep)
+        name = gc_job.metadata.name if gc_job.metadata else ""
+        if self.c.caches.one("jobs", (ns, name)) is not None:
+            return  # this very set was collected already (or is being)
+        if not self.c.may_write():
+            return
+        log.info(
+            "cache claim %s/%s: removing unused artifacts %s%s",
+            ns,
+            claim,
+            remove,
+            ", sweeping orphans" if due else "",
+        )
+        await self.c.applier.ensure_job(gc_job, None)
+        if due:
+            self._swept[(ns, claim)] = clock
+            if not lingering:  # else sweep again once the deleted model's Deployment is gone
+                self.sweep_requested.discard((ns, claim))
+
+    def _sweep_due(self, ns: str, claim: str, retention: Any, now: str, clock: float) -> bool:
+        """Sweep the claim for orphans: a SpyreModel left it, an orphan the last sweep found
+        is due, or none ran for ``unusedForSeconds`` (at least SWEEP_MIN_PERIOD_SECONDS)."""
+        if (ns, claim) in self.sweep_requested:
+            return True
+        orphans = self._orphans.get((ns, claim))
+        t = epoch(now)
+        if orphans and t is not None:
+            if t - min(orphans.values()) >= retention.unused_for_seconds:
+                return True
+        swept = self._swept.setdefault((ns, claim), clock)
+        period = max(retention.unused_for_seconds, SWEEP_MIN_PERIOD_SECONDS)
+        return clock - swept >= period
+
+    def _known_keys(
+        self, ns: str, claim: str, uses: list[ClaimUse], protected: set[str]
+    ) -> tuple[set[str], bool]:
+        """Every key of ``claim`` the operator knows (see gc.known_keys): the statuses of
+        every SpyreModel in the namespace (users or not, e.g. one with an invalid spec now),
+        the users' spec keys, and the keys every Deployment of the namespace serves. True
+        with them while a deleted SpyreModel's Deployment is still there (the garbage
+        collector has not removed it yet): its key is kept, so the claim is swept again."""
+        models = self.c.caches.indices.get("models") or {}
+        statuses = [
+            (self.c.caches.one("models", k) or {}).get("status") or {}
+            for k in list(models.keys())
+            if k[0] == ns
+        ]
+        deployments = self.c.caches.indices.get("deployments") or {}
+        served, lingering = set(), False
+        for dk in list(deployments.keys()):
+            d = self.c.caches.one("deployments", dk) if dk[0] == ns else None
+            k = served_key_of(d)
+            if d is None or not k:
+                continue
+            served.add(k)
+            owners = [
+                r.get("name")
+                for r in d["metadata"].get("ownerReferences") or []
+                if r.get("kind") == "SpyreModel"
+            ]
+            if owners and not any(self.c.caches.one("models", (ns, o)) for o in owners):
+                lingering = True
+        keys = known_keys(claim, statuses, [u.spec_key for u in uses], protected | served)
+        return keys, lingering
+
+    async def _failed_job(
+        self, ns: str, claim: str, job: dict[str, Any], models: list[dict[str, Any]]
+    ) -> None:
+        """A GC Job failed: a Warning on every user of the claim, with the engine's reason.
+
+        Nothing was dropped from any status; the same key set is tried again once the Job is
+        gone (ttlSecondsAfterFinished), or at once if it is deleted.
+        """
+        why = ""
+        for p in await self.c._job_pods(ns, job):
+            why = str((p.get("terminated") or {}).get("message") or "").strip() or why
+        conds = (job.get("status") or {}).get("conditions") or []
+        why = why or next(
+            (
+                str(c.get("message") or c.get("reason") or "")
+                for c in conds
+                if c.get("type") == "Failed"
+            ),
+            "",
+        )
+        message = (
+            f"GC Job {job['metadata'].get('name')} on cache claim {claim} failed"
+            f"{': ' + why if why else ''}; nothing was removed from status"
+        )
+        for m in models:
+            self.c._background(
+                self.c.applier.event(dict(m), "Warning", "ArtifactCollectionFailed", message[:1024])
+            )
+
+    def _record_measured(self, ns: str, claim: str, job: dict[str, Any], result: GcResult) -> None:
+        """Keep the newest GC Job's measurement of the claim (a restart reads them in any
+        order)."""
+        if result.remaining_bytes is None:
+            return
+        when = str((job.get("status") or {}).get("completionTime") or "")
+        last = self._claim_measured.get((ns, claim))
+        if last is None or when >= last[0]:
+            pvc = self.c.caches.one("pvcs", (ns, claim))
+            uid = ((pvc or {}).get("metadata") or {}).get("uid")
+            self._claim_measured[(ns, claim)] = (when, result.remaining_bytes, uid)
+            users = self.c.caches.all("claim_users", (ns, claim))
+            self.c.enqueue([(ns, u.owner.name) for u in users])
+
+    def _finished_before_start(self, job: dict[str, Any]) -> bool:
+        """The Job finished before this operator process started: the previous one acted on
+        it already, unless it was down (the caller checks what status still says)."""
+        t, start = epoch(jobs.finished_at(job)), epoch(self.c.started_at)
+        return t is not None and start is not None and t < start
+
+    async def _after(
+        self,
+        ns: str,
+        claim: str,
+        result: GcResult,
+        models: list[dict[str, Any]],
+        announce: bool = True,
+    ) -> None:
+        """A GC Job finished: drop the removed keys' precompile Jobs (a revert compiles again),
+        tell every user of the claim (``announce``: not again after an operator restart), and
+        reconcile them (their status.cache drops the keys)."""
+        for k in result.removed:
+            name = names.precompile_job_name(k, claim)
+            live = self.c.caches.one("jobs", (ns, name))
+            if live is not None:
+                self.c._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
+                await self.c.applier.delete(Job, name, ns)
+        self._announce_orphans(ns, claim, result, models if announce else [])
+        if not result.removed:
+            return
+        if not announce:
+            self.c.enqueue([(ns, m["metadata"]["name"]) for m in models])
+            return
+        mine_removed = sorted(result.removed)
+        orphans = len(result.orphans_removed)
+        message = (
+            f"removed {len(mine_removed)} unused artifact(s) from cache claim {claim}"
+            f"{f' ({orphans} listed by no SpyreModel)' if orphans else ''}, "
+            f"freed {result.freed_bytes} bytes: {', '.join(k[:12] for k in mine_removed)}"
+        )
+        if result.remaining_bytes is not None:
+            message += f"; {result.remaining_bytes} bytes of artifacts left on the claim"
+        if result.skipped:
+            message += f"; skipped {', '.join(sorted(k[:12] for k in result.skipped))}"
+        for m in models:
+            self.c._background(
+                self.c.applier.event(dict(m), "Normal", "ArtifactsCollected", message[:1024])
+            )
+        self.c.enqueue([(ns, m["metadata"]["name"]) for m in models])
+
+    def _announce_orphans(
+        self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
+    ) -> None:
+        """Remember a sweep's pending orphans (the next sweep is due when the oldest is) and
+        tell the claim's users when the set changed: space no SpyreModel accounts for."""
+        before = self._orphans.get((ns, claim)) or {}
+        now = dict(result.orphans)
+        if now:
+            self._orphans[(ns, claim)] = now
+        else:
+            self._orphans.pop((ns, claim), None)
+        if not now or set(now) == set(before):
+            return
+        user = next(iter(models), None)
+        volume = None
+        if user is not None:
+            with contextlib.suppress(Exception):
+                volume = SpyreModelSpec.model_validate(user.get("spec") or {}).cache.volume
+        wait = f"{volume.retention.unused_for_seconds} s" if volume else "the retention period"
+        message = (
+            f"{result.orphan_count} artifact(s) on cache claim {claim} "
+            f"({result.orphan_bytes} bytes) are listed by no SpyreModel (a deleted one's): "
+            f"{', '.join(k[:12] for k in sorted(now))}; removed once unused for {wait} "
+            "unless a SpyreModel needs them again"
+        )
+        for m in models:
+            self.c._background(
+                self.c.applier.event(dict(m), "Normal", "ArtifactsOrphaned", message[:1024])
+            )
+
+
 __all__ = [
     "ClaimUse",
+    "GarbageCollector",
     "GcResult",
     "epoch",
     "keys_to_remove",
     "known_keys",
     "parse_gc_result",
+    "still_listed",
 ]

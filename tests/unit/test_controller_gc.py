@@ -126,7 +126,7 @@ def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> Non
                    "freedBytes": 9, "remainingBytes": 1234}
         c._job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
-        assert await c._collected(NS, CLAIM) == {old_key}
+        assert await c.gc.collected(NS, CLAIM) == {old_key}
         await c.collect_garbage((NS, "a"), plan_a)
         await c.collect_garbage((NS, "b"), plan_a)
         await asyncio.gather(*c._pending)
@@ -191,9 +191,9 @@ def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> No
         assert args[args.index("--orphans-unused-for") + 1] == "0"
         assert args[args.index("--remove") + 1] == ""
         # gone-server's model is gone: the sweep is asked for again until it is deleted.
-        assert (NS, CLAIM) in c._sweep_requested
+        assert (NS, CLAIM) in c.gc.sweep_requested
         c.caches.indices["deployments"] = {}
-        c._gc_checked.clear()
+        c.gc._checked.clear()
         c.caches.indices["jobs"] = {(NS, job.metadata.name): [{"metadata": {
             "name": job.metadata.name}}]}
         c.clock = lambda: "2026-11-22T00:00:09Z"
@@ -202,7 +202,7 @@ def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> No
             _gc_args(fake.jobs[1]).index("--keep") + 1]
         job = fake.jobs[1]
         # Served once: the request is spent, and the next evaluation makes no other Job.
-        c._gc_checked.clear()
+        c.gc._checked.clear()
         c.caches.indices["jobs"] = {(NS, job.metadata.name): [{"metadata": {
             "name": job.metadata.name}}]}
         await c.collect_garbage((NS, "a"), plan_a)
@@ -280,10 +280,10 @@ def test_what_a_gc_job_measured_on_the_volume_counts_towards_the_claims_usage() 
                                                       "freedBytes": 0,
                                                       "remainingBytes": remaining})}}]
         users = c.caches.all("claim_users", (NS, CLAIM))
-        listed = c._claim_artifact_bytes(NS, CLAIM, users)
+        listed = c.gc.claim_artifact_bytes(NS, CLAIM, users)
         assert listed is not None and listed < 5_000_000  # the samples list no sizes
         await c.collect_garbage((NS, "a"), plan_a)
-        assert c._claim_artifact_bytes(NS, CLAIM, users) == 5_000_000  # the newest Job's
+        assert c.gc.claim_artifact_bytes(NS, CLAIM, users) == 5_000_000  # the newest Job's
         assert {(NS, "a"), (NS, "b")} <= set(c.queue._queued)  # their condition follows
         await c.stop()
     asyncio.run(run())
