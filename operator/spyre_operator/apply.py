@@ -114,10 +114,13 @@ class Applier:
         self.client = client
         self.instance = instance
         self.writes: Counter[str] = Counter()
+        #: writes per namespace: a test counts the writes for its own models only
+        self.namespace_writes: Counter[str] = Counter()
         self.skipped = 0
 
-    def _count(self, verb: str, kind: str) -> None:
+    def _count(self, verb: str, kind: str, namespace: str | None) -> None:
         self.writes[f"{verb} {kind}"] += 1
+        self.namespace_writes[namespace or ""] += 1
 
     async def apply(self, obj: Any, live: dict[str, Any] | None) -> bool:
         """Server-side apply ``obj`` unless ``live`` already matches. Returns True if written."""
@@ -127,7 +130,7 @@ class Applier:
             self.skipped += 1
             return False
         await self.client.apply(obj, field_manager=FIELD_MANAGER, force=True)
-        self._count("apply", desired["kind"])
+        self._count("apply", desired["kind"], desired["metadata"].get("namespace"))
         log.info(
             "%s %s %s/%s",
             "Created" if live is None else "Updated",
@@ -167,7 +170,7 @@ class Applier:
             patch_type=PatchType.MERGE,
             field_manager=FIELD_MANAGER,
         )
-        self._count("patch", "Job")
+        self._count("patch", "Job", meta.namespace)
         log.info("Updated owners of Job %s/%s", meta.namespace, meta.name)
         return True
 
@@ -181,7 +184,7 @@ class Applier:
             if e.status.code == 404:
                 return False
             raise
-        self._count("delete", resource.__name__)
+        self._count("delete", resource.__name__, namespace)
         log.info("Deleted %s %s/%s", resource.__name__, namespace, name)
         return True
 
@@ -199,7 +202,7 @@ class Applier:
             status=status,
         )
         await self.client.apply(obj, field_manager=FIELD_MANAGER, force=True)
-        self._count("apply", "SpyreModel/status")
+        self._count("apply", "SpyreModel/status", namespace)
         return True
 
     async def event(self, model: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -230,6 +233,6 @@ class Applier:
         )
         try:
             await self.client.create(ev)
-            self._count("create", "Event")
+            self._count("create", "Event", meta["namespace"])
         except ApiError as e:  # events are informational; never fail a reconcile on them
             log.warning("could not record event %s on %s: %s", reason, meta["name"], e)

@@ -32,6 +32,12 @@ def render(controller: Controller) -> str:
         verb, kind = key.split(" ", 1)
         lines.append(f'spyre_operator_writes_total{{verb="{verb}",kind="{kind}"}} {n}')
     lines += [
+        "# HELP spyre_operator_namespace_writes_total API writes by the namespace written to.",
+        "# TYPE spyre_operator_namespace_writes_total counter",
+    ]
+    for ns, n in sorted(controller.applier.namespace_writes.items()):
+        lines.append(f'spyre_operator_namespace_writes_total{{namespace="{ns}"}} {n}')
+    lines += [
         "# HELP spyre_operator_api_requests_total API requests the reconcile made (not kopf's"
         " watches), by verb and resource.",
         "# TYPE spyre_operator_api_requests_total counter",
