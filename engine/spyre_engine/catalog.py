@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator, Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -69,20 +70,64 @@ def entry_data(
     return data
 
 
+#: The Spyre compiler stack under the plugin, as Python distributions of the base image:
+#: torch_sendnn (torch's sendnn backend, which compiles and loads the graphs) and deeptools
+#: (the Spyre compiler). Whether a sendnn artifact loads depends on them, not on the plugin.
+COMPILER_STACK = ("torch_sendnn", "deeptools")
+
+
+def compiler_stack() -> dict[str, str | None]:
+    """Versions of :data:`COMPILER_STACK` installed here; None for each one that is absent
+    (every one on the CPU image)."""
+    out: dict[str, str | None] = {}
+    for dist in COMPILER_STACK:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 def make_entry(
     settings: EngineSettings,
     model_name: str,
     plugin_version: str,
     config_json: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    stack: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """A full catalog entry; ``dynamo_backend`` says which backend compiled it (the plugin
-    reads only ``sendnn_inference_version`` and ``data``)."""
+    """A full catalog entry; ``dynamo_backend`` says which backend compiled it and
+    ``compiler_stack`` with what (:func:`compiler_stack`, unless given); the plugin reads only
+    ``sendnn_inference_version`` and ``data``."""
     return {
         "sendnn_inference_version": plugin_version,
         "dynamo_backend": settings.backend,
+        "compiler_stack": dict(compiler_stack() if stack is None else stack),
         "data": entry_data(settings, model_name, config_json, env),
     }
+
+
+def stack_mismatch(entry: dict[str, Any], installed: Mapping[str, str | None]) -> str | None:
+    """Why a sendnn server with the ``installed`` stack must not load ``entry``'s graphs, or
+    None. torch_sendnn loads only graphs its own compiler wrote; a base image upgrade under the
+    same image reference would otherwise load (or crash on) graphs of the old stack. Entries
+    without ``compiler_stack`` (older precompiles, hand-written) are not checked; inductor and
+    eager entries neither (no Spyre graphs)."""
+    recorded = entry.get("compiler_stack")
+    if not isinstance(recorded, dict) or entry.get("dynamo_backend") not in SENDNN_BACKENDS:
+        return None
+    differ = [
+        f"{dist} {recorded.get(dist) or 'absent'} (running {installed.get(dist) or 'absent'})"
+        for dist in sorted(set(recorded) | set(installed))
+        if recorded.get(dist) != installed.get(dist)
+    ]
+    if not differ:
+        return None
+    return (
+        "the artifact was compiled by another Spyre compiler stack: "
+        + ", ".join(differ)
+        + "; precompile it again with this image"
+    )
 
 
 def read_catalog(artifact_dir: Path) -> list[dict[str, Any]]:
@@ -207,6 +252,7 @@ def add_entry(artifact_dir: Path, entry: dict[str, Any]) -> bool:
             e.get("data") == entry["data"]
             and e.get("sendnn_inference_version") == entry.get("sendnn_inference_version")
             and e.get("dynamo_backend") == entry.get("dynamo_backend")
+            and e.get("compiler_stack") == entry.get("compiler_stack")
             for e in entries
         ):
             return False
@@ -260,6 +306,7 @@ __all__ = [
     "CatalogError",
     "add_entry",
     "catalog_path",
+    "compiler_stack",
     "describe",
     "entry_data",
     "entry_matches",
@@ -268,4 +315,5 @@ __all__ = [
     "make_entry",
     "read_catalog",
     "serves_with",
+    "stack_mismatch",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spyre_engine.settings import (
+    SENDNN_BACKENDS,
     CacheSettings,
     EngineSettings,
     PrecompileSettings,
@@ -273,6 +274,10 @@ def select_entry(
         raise ArtifactMismatch(
             f"{path} has this shape only for model(s) {', '.join(models)}, not {model_path}"
         )
+    if settings.backend in SENDNN_BACKENDS:
+        stale = catalog.stack_mismatch(entry, catalog.compiler_stack())
+        if stale:
+            raise ArtifactMismatch(f"{path}: {stale}")
     missing = [k for k in catalog.OPTIONAL_KEYS if k in shape and k not in entry["data"]]
     if missing:
         log.warning("The catalog entry does not record %s; not checked", ", ".join(missing))

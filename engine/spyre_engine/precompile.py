@@ -223,8 +223,9 @@ def _precompile_locked(
         logged = run_warmup(settings, model_path, env)
     compile_seconds = time.monotonic() - started
 
+    stack = catalog.compiler_stack()
     entry = catalog.make_entry(
-        settings, model_path, versions["sendnn_inference"] or "unknown", config_json, env
+        settings, model_path, versions["sendnn_inference"] or "unknown", config_json, env, stack
     )
     record_what_was_compiled(entry["data"], logged, settings.is_pooling)
     try:
@@ -253,5 +254,5 @@ def _precompile_locked(
         compileSeconds=round(compile_seconds, 3),
         sizeBytes=directory_size(artifact),
         modelRevision=model_revision(model_path),
-        versions=Versions(**versions),
+        versions=Versions(**versions, **stack),
     )

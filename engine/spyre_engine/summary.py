@@ -36,6 +36,12 @@ class Versions(BaseModel):
     sendnn_inference: str | None = Field(None, description="sendnn-inference (Spyre plugin)")
     vllm: str | None = Field(None, description="vLLM")
     torch: str | None = Field(None, description="PyTorch")
+    torch_sendnn: str | None = Field(
+        None, description="torch_sendnn (Spyre compiler stack; absent on the CPU image)"
+    )
+    deeptools: str | None = Field(
+        None, description="deeptools (the Spyre compiler; absent where the base has none)"
+    )
 
 
 class PrecompileSummary(BaseModel):

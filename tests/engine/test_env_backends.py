@@ -154,6 +154,40 @@ def test_a_compile_only_artifact_is_served_by_sendnn_only(tmp_path: Path) -> Non
         select_entry(_serve(art, **other), entries, str(model))
 
 
+def test_an_artifact_of_another_compiler_stack_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch_sendnn loads only graphs its own stack compiled: a base image upgraded under the
+    same image reference (same artifact key) must fail with ArtifactMismatch, not load them."""
+    from spyre_engine import catalog
+    from spyre_engine.cli import ArtifactMismatch, select_entry
+
+    model = _model(tmp_path)
+    art = tmp_path / "art"
+    shape = {"max_model_len": 4096, "max_num_seqs": 4, "max_num_batched_tokens": 1024}
+    pre = _pre(art, backend="sendnn_compile_only", require_known_config=False, **shape)
+    # What this (CPU) machine has: no Spyre stack, recorded as absent.
+    assert catalog.make_entry(pre, str(model), "2.6.3")["compiler_stack"] == {
+        "torch_sendnn": None,
+        "deeptools": None,
+    }
+    built = {"torch_sendnn": "1.2.0", "deeptools": "5.1.0"}
+    entry = catalog.make_entry(pre, str(model), "2.6.3", {"model_type": "granite"}, stack=built)
+    catalog.add_entry(art, entry)
+    entries = catalog.read_catalog(art)
+    monkeypatch.setattr(catalog, "compiler_stack", lambda: dict(built))
+    assert select_entry(_serve(art, **shape), entries, str(model)) == entry
+    monkeypatch.setattr(catalog, "compiler_stack", lambda: {**built, "torch_sendnn": "1.3.0"})
+    with pytest.raises(ArtifactMismatch, match=r"torch_sendnn 1\.2\.0 \(running 1\.3\.0\)"):
+        select_entry(_serve(art, **shape), entries, str(model))
+    # A stack recorded as absent is a stack too (compiled where torch_sendnn was missing).
+    assert catalog.stack_mismatch({**entry, "compiler_stack": {}}, built) is not None
+    # Entries without a record (older, hand-written) and CPU backends' entries are not checked.
+    assert catalog.stack_mismatch({k: v for k, v in entry.items() if k != "compiler_stack"},
+                                  built) is None  # fmt: skip
+    assert catalog.stack_mismatch({**entry, "dynamo_backend": "inductor"}, {}) is None
+
+
 def test_the_catalog_compares_types_and_accepts_the_empty_dict(tmp_path: Path) -> None:
     from spyre_engine import catalog
 

@@ -125,6 +125,8 @@ def test_catalog_add_is_idempotent_and_in_plugin_format(tmp_path: Path) -> None:
         {
             "sendnn_inference_version": "2.6.3",
             "dynamo_backend": "sendnn",
+            # the CPU machine has no Spyre compiler stack: recorded as absent
+            "compiler_stack": {"torch_sendnn": None, "deeptools": None},
             "data": {
                 "MODEL_NAME": "/m",
                 "NUM_AIUS": 1,
