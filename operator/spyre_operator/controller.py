@@ -146,6 +146,8 @@ class Stats:
     reconciles: int = 0
     errors: int = 0
     reconcile_seconds: float = 0.0
+    #: reconciles per model namespace: a test confirms its own model was reconciled
+    namespace_reconciles: Counter[str] = field(default_factory=Counter)
 
 
 class RejectedWrites(Exception):
@@ -465,6 +467,7 @@ class Controller:
         if decision.requeue_after is not None:
             self.queue.add_after(key, decision.requeue_after)
         self.stats.reconciles += 1
+        self.stats.namespace_reconciles[ns] += 1
         self.stats.reconcile_seconds += time.perf_counter() - t0
         ready = C.find(decision.status.get("conditions"), C.READY)
         waiting = any(p.get("phase") == "Pending" for p in obs.server_pods)

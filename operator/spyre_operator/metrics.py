@@ -25,6 +25,10 @@ def render(controller: Controller) -> str:
         "# HELP spyre_operator_reconcile_seconds_total Time spent reconciling.",
         "# TYPE spyre_operator_reconcile_seconds_total counter",
         f"spyre_operator_reconcile_seconds_total {s.reconcile_seconds:.6f}",
+        "# HELP spyre_operator_namespace_reconciles_total Reconciles run, by model namespace.",
+        "# TYPE spyre_operator_namespace_reconciles_total counter",
+        *(f'spyre_operator_namespace_reconciles_total{{namespace="{ns}"}} {n}'
+          for ns, n in sorted(s.namespace_reconciles.items())),
         "# HELP spyre_operator_writes_total API writes by verb and kind.",
         "# TYPE spyre_operator_writes_total counter",
     ]

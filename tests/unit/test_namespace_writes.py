@@ -1,4 +1,4 @@
-"""The operator counts its writes per namespace, so a test can count its own model's writes."""
+"""The operator counts its writes and reconciles per namespace, so a test counts its own model's."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from lightkube.resources.core_v1 import Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from spyre_operator import metrics
 from spyre_operator.apply import Applier, with_applied_hash
+from spyre_operator.controller import Stats
 
 
 class RecordingClient:
@@ -55,8 +56,10 @@ def test_writes_are_counted_per_namespace_and_rendered() -> None:
     assert applier.namespace_writes == Counter({"team-a": 3, "team-b": 1})
     assert sum(applier.writes.values()) == 4  # the by-kind counter is unchanged
     controller = SimpleNamespace(
-        stats=SimpleNamespace(reconciles=1, errors=0, reconcile_seconds=0.1),
+        stats=Stats(reconciles=3, namespace_reconciles=Counter({"team-a": 2, "team-b": 1})),
         applier=applier, requests=Counter(), queue=[], active=threading.Event())
     text = metrics.render(controller)  # type: ignore[arg-type]
     assert 'spyre_operator_namespace_writes_total{namespace="team-a"} 3\n' in text, text
     assert 'spyre_operator_namespace_writes_total{namespace="team-b"} 1\n' in text, text
+    assert 'spyre_operator_namespace_reconciles_total{namespace="team-a"} 2\n' in text, text
+    assert "spyre_operator_reconciles_total 3\n" in text, text
