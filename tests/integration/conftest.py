@@ -95,7 +95,18 @@ class OperatorProcess:
         return out
 
     def writes(self) -> float:
+        """All API writes of this process (every namespace)."""
         return sum(v for k, v in self.metrics().items() if k.startswith("spyre_operator_writes"))
+
+    def namespace_writes(self, namespace: str) -> float:
+        """API writes to ``namespace`` only (other tests' models and teardown not counted)."""
+        return self.metrics().get(
+            f'spyre_operator_namespace_writes_total{{namespace="{namespace}"}}', 0.0)
+
+    def namespace_reconciles(self, namespace: str) -> float:
+        """Reconciles of the models in ``namespace``."""
+        return self.metrics().get(
+            f'spyre_operator_namespace_reconciles_total{{namespace="{namespace}"}}', 0.0)
 
     def log_tail(self, n: int = 40) -> str:
         if not self.log_path or not self.log_path.exists():
@@ -203,6 +214,48 @@ class Kube:
 
         wait_until(ok, timeout, desc or "condition")
         return box[-1]
+
+
+def reconcile_now(kube: Kube, operator: OperatorProcess, name: str, timeout: float = 30) -> None:
+    """Make ``operator`` reconcile model ``name`` and wait until a full reconcile that saw the
+    current state has finished: the bounded wait before asserting that nothing moved.
+
+    The model is labelled twice (a metadata change wakes the operator, no spec edit), each time
+    waiting until a reconcile in its namespace finished (``namespace_reconciles``). The second
+    finished reconcile started after the first finished (one at a time per model), so it
+    started after the first label: it saw everything written before this call.
+    """
+    for n in (1, 2):
+        done = operator.namespace_reconciles(kube.ns)
+        kube.kubectl("label", "--overwrite", f"spyremodel/{name}", f"spyre-test-poke={n}")
+        kube.wait(lambda done=done: operator.namespace_reconciles(kube.ns) > done, timeout,
+                  f"a reconcile of {name} after poke {n}")
+
+
+def settle_writes(operator: OperatorProcess, namespace: str, quiet: float = 4.0,
+                  limit: float = 90.0) -> None:
+    """Wait until the operator has written nothing to ``namespace`` for ``quiet`` seconds."""
+    deadline = time.monotonic() + limit
+    last, since = operator.namespace_writes(namespace), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = operator.namespace_writes(namespace)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+    raise AssertionError(f"the operator kept writing to {namespace} for {limit:.0f} s\n"
+                         f"{operator.log_tail(20)}")
+
+
+def holds(predicate: Callable[[], Any], seconds: float, what: str, interval: float = 0.3) -> None:
+    """Assert ``predicate`` stays true for ``seconds``, failing as soon as it does not."""
+    end = time.monotonic() + seconds
+    while True:
+        assert predicate(), f"{what} stopped holding"
+        if time.monotonic() >= end:
+            return
+        time.sleep(interval)
 
 
 @pytest.fixture

@@ -7,12 +7,11 @@ a termination message) and the serving pods (Ready).
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
-from .conftest import Kube, OperatorProcess
+from .conftest import Kube, OperatorProcess, reconcile_now, settle_writes
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +165,7 @@ def test_compile_edit_keeps_old_pods_until_new_artifact(
     kube.wait_condition("m", "Progressing", "True", reason="Compiling")
     ready = kube.wait_condition("m", "Ready", "True", reason="ServingPreviousArtifact")
     assert old_key[:12] in ready["message"]
-    time.sleep(2)  # give a wrong implementation the chance to roll early
+    reconcile_now(kube, operator, "m")  # a wrong implementation would roll early here
     dep = deployment(kube, "m")
     assert artifact_of(dep) == old_key[:12], "Deployment switched before the artifact was ready"
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -200,7 +199,9 @@ def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProc
     assert "next retry at" in kube.condition("bad", "ArtifactReady")["message"]
     # fix the cause (here: the pod's annotations), then ask for a retry now
     kube.apply_model("bad", spec(precompile={"backoffLimit": 1}))
-    time.sleep(2)
+    gen = kube.model("bad")["metadata"]["generation"]
+    kube.wait(lambda: kube.model("bad")["status"].get("observedGeneration") == gen, 30,
+              "the edit reconciled (observedGeneration)")
     assert kube.model("bad")["status"]["artifact"]["phase"] == "Failed", \
         "an edit that does not change the artifact is no reason to retry"
     kube.kubectl("annotate", "--overwrite", "spyremodel/bad", f"{GROUP}/retry-compile=1")
@@ -239,7 +240,7 @@ def test_a_replica_without_a_card_keeps_the_model_ready_and_says_why(
         ({"compile": {"warmupShapes": [{"promptLen": 64, "batchSize": 1}]}},
          "warmupShapes apply only to pooling models"),
         ({"compile": {"tensorParallelSize": 3}}, "tensorParallelSize must be 1, 2, 4 or 8"),
-        ({"task": "embed"}, "set compile.warmupShapes"),
+        ({"task": "embed", "compile": {"warmupShapes": []}}, "must not be empty"),
         ({"model": {"uri": "s3://bucket/model"}}, "hf://org/name"),
         ({"serving": {"extraArgs": ["--max-model-len=99"]}}, "must not set flags"),
         ({"cache": {"volume": {"retention": {"keepLast": -1}}}}, "keepLast"),
@@ -267,43 +268,31 @@ def test_api_server_rejects_bad_specs(kube: Kube, crd: Any, bad: dict[str, Any],
 def test_idle_period_makes_no_writes(kube: Kube, operator: OperatorProcess) -> None:
     kube.apply_model("idle", spec(replicas=2))
     kube.wait_condition("idle", "Ready")
-    settle_writes(operator)  # trailing status updates (the second replica's readiness)
+    settle_writes(operator, kube.ns)  # trailing status updates (the second replica's readiness)
 
     def versions() -> dict[str, str]:
-        out = {"model": kube.model("idle")["metadata"]["resourceVersion"]}
+        out = {}
         for kind in ("deployment", "service", "pdb", "job", "pvc"):
             for o in kube.items(kind):
                 out[f"{kind}/{o['metadata']['name']}"] = o["metadata"]["resourceVersion"]
         return out
 
-    before, writes_before = versions(), write_counts(operator)
+    before, kinds_before = versions(), write_counts(operator)
+    writes_before = operator.namespace_writes(kube.ns)
+    assert writes_before > 0, "the operator's writes to this namespace are not counted"
     # poke the operator: an unrelated label on the model triggers a full reconcile
-    kube.kubectl("label", "spyremodel/idle", "poke=1")
-    time.sleep(8)
-    after = versions()
-    before.pop("model"), after.pop("model")  # the label itself changed the model
-    assert after == before, "an idle reconcile changed a child"
-    written = {k: v - writes_before.get(k, 0) for k, v in write_counts(operator).items()
-               if v != writes_before.get(k, 0)}
-    assert not written, (
-        f"the operator wrote during an idle period: {written}\n{operator.log_tail(15)}")
+    reconcile_now(kube, operator, "idle")
+    assert versions() == before, "an idle reconcile changed a child"
+    written = operator.namespace_writes(kube.ns) - writes_before
+    kinds = {k: v - kinds_before.get(k, 0) for k, v in write_counts(operator).items()
+             if v != kinds_before.get(k, 0)}  # process-wide, to say what was written
+    assert written == 0, (
+        f"the operator wrote {written:.0f} times to {kube.ns} during an idle period "
+        f"(all namespaces: {kinds})\n{operator.log_tail(15)}")
 
 
 def write_counts(operator: OperatorProcess) -> dict[str, float]:
     return {k: v for k, v in operator.metrics().items() if k.startswith("spyre_operator_writes")}
-
-
-def settle_writes(operator: OperatorProcess, quiet: float = 4.0, limit: float = 90.0) -> None:
-    """Wait until the operator has written nothing for ``quiet`` seconds."""
-    deadline, last, since = time.monotonic() + limit, operator.writes(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = operator.writes()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return
-    raise AssertionError(f"the operator kept writing for {limit:.0f} s\n{operator.log_tail(20)}")
 
 
 def test_deletion_cleans_up(kube: Kube, operator: OperatorProcess) -> None:
@@ -330,7 +319,9 @@ def test_operator_restart_mid_compile_makes_no_duplicate_job(
     kube.wait_condition("r", "ArtifactReady", "False", reason="Compiling")
     operator.kill()
     operator.start()
-    time.sleep(2)
+    # the new process's counters start at 0: once it reconciled r, a duplicate would exist
+    kube.wait(lambda: operator.namespace_reconciles(kube.ns) >= 1, 30,
+              "the restarted operator reconciled r")
     assert [j["metadata"]["uid"] for j in jobs(kube)] == [job["metadata"]["uid"]]
     release(kube, job["metadata"]["name"])
     kube.wait_condition("r", "Ready", timeout=60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from tests.cluster.controlplane import ControlPlane
 
-from .conftest import Kube, OperatorProcess
+from .conftest import Kube, OperatorProcess, holds, reconcile_now, settle_writes
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +107,7 @@ def test_switching_the_cache_claim_compiles_there_before_moving(
     ready = kube.wait_condition("m", "Ready", "True", reason="ServingPreviousArtifact")
     assert "cache-b" in ready["message"]
     assert kube.model("m")["status"]["artifact"]["claim"] == "cache-b"
-    time.sleep(2)  # give a wrong implementation the chance to move early
+    reconcile_now(kube, operator, "m")  # a wrong implementation would move here
     assert claims_of(kube.get("deployment", "m")) == ["spyre-compile-cache"]
     kube.kubectl("annotate", "pods", "-l", f"job-name={job['metadata']['name']}",
                  "kwok.spyre.dev/hold-")
@@ -163,7 +162,7 @@ def test_same_named_service_that_is_not_ours_is_not_taken_over(
     kube.apply_model("taken", spec())
     c = kube.wait_condition("taken", "Degraded", "True", reason="NameConflict", timeout=60)
     assert "Service taken" in c["message"]
-    time.sleep(2)
+    reconcile_now(kube, operator, "taken")  # a wrong implementation would take it over here
     after = kube.get("service", "taken")
     assert after["spec"]["selector"] == before["spec"]["selector"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
@@ -198,7 +197,7 @@ def test_scale_does_not_retry_a_failed_compile(kube: Kube, operator: OperatorPro
     uids = sorted(j["metadata"]["uid"] for j in jobs(kube))
     kube.kubectl("scale", "spyremodel/f", "--replicas=2")
     kube.wait(lambda: kube.model("f")["status"]["observedGeneration"] == 2, 30, "observed")
-    time.sleep(3)
+    reconcile_now(kube, operator, "f")
     assert sorted(j["metadata"]["uid"] for j in jobs(kube)) == uids
 
 
@@ -245,20 +244,20 @@ def test_two_operators_never_both_write(
         kube.apply_model("a", spec())
         kube.wait_condition("a", "Ready")
         assert standby.writes() == 0, "the standby wrote while the leader held the lease"
+        settle_writes(operator, kube.ns)  # a's trailing status writes
+        paused_writes = operator.namespace_writes(kube.ns)
         # pause the leader: the standby takes over once the lease (15 s) runs out
         operator.proc.send_signal(signal.SIGSTOP)
-        paused_writes = None
         try:
             kube.apply_model("b", spec(serving={"port": 8081}))
             kube.wait_condition("b", "Ready", timeout=60)
         finally:
             operator.proc.send_signal(signal.SIGCONT)
-        time.sleep(1)
-        paused_writes = operator.writes()
         kube.apply_model("c", spec(serving={"port": 8082}))
         kube.wait_condition("c", "Ready", timeout=60)
-        time.sleep(2)
-        assert operator.writes() == paused_writes, "the old leader wrote after losing its lease"
+        # counted from before the pause: a write right after waking up counts too
+        holds(lambda: operator.namespace_writes(kube.ns) == paused_writes, 3,
+              "the old leader not writing after losing its lease")
     finally:
         standby.stop()
     # the first operator leads again (within the lease) and serves new models
