@@ -53,6 +53,8 @@ ERROR_BACKOFF_MAX = 300.0
 SERVER_PODS_TTL = 5.0
 #: Events posted concurrently in the background.
 EVENT_CONCURRENCY = 8
+#: Terminal Jobs whose pods are remembered before the gone ones are forgotten.
+JOB_MESSAGES_MIN_LIMIT = 256
 #: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
 #: coroutines keep throughput up (the benchmark at 500 models; see tests/bench/RESULTS.md).
 DEFAULT_WORKERS = 32
@@ -146,8 +148,6 @@ class Stats:
     reconciles: int = 0
     errors: int = 0
     reconcile_seconds: float = 0.0
-    #: reconciles per model namespace: a test confirms its own model was reconciled
-    namespace_reconciles: Counter[str] = field(default_factory=Counter)
 
 
 class RejectedWrites(Exception):
@@ -199,6 +199,7 @@ class Controller:
         self._failures: dict[ModelKey, int] = {}
         self._deleted_jobs: dict[str, float] = {}  # uid -> when we deleted it
         self._job_messages: dict[str, list[dict[str, Any]]] = {}  # terminal Job uid -> pods
+        self._job_messages_limit = JOB_MESSAGES_MIN_LIMIT
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
         #: Events are informational: a few at a time, never ahead of the reconcile's writes.
@@ -467,7 +468,6 @@ class Controller:
         if decision.requeue_after is not None:
             self.queue.add_after(key, decision.requeue_after)
         self.stats.reconciles += 1
-        self.stats.namespace_reconciles[ns] += 1
         self.stats.reconcile_seconds += time.perf_counter() - t0
         ready = C.find(decision.status.get("conditions"), C.READY)
         waiting = any(p.get("phase") == "Pending" for p in obs.server_pods)
@@ -525,8 +525,23 @@ class Controller:
             return []
         if uid not in self._job_messages:
             pods = await self._pods(ns, {"batch.kubernetes.io/controller-uid": uid})
+            self._forget_gone_job_messages()
             self._job_messages[uid] = pods
         return self._job_messages[uid]
+
+    def _forget_gone_job_messages(self) -> None:
+        """Bound ``_job_messages``: drop the Jobs that are gone (TTL, deleted, superseded);
+        a uid is never seen again. Checked when the map doubled, so amortised O(1)."""
+        if len(self._job_messages) < self._job_messages_limit:
+            return
+        live = {
+            j["metadata"].get("uid")
+            for store in list((self.caches.indices.get("jobs") or {}).values())
+            for j in list(store)
+        }
+        for uid in [u for u in self._job_messages if u not in live]:
+            del self._job_messages[uid]
+        self._job_messages_limit = max(JOB_MESSAGES_MIN_LIMIT, 2 * len(self._job_messages))
 
     async def execute(self, model: Mapping[str, Any], obs: Observed, d: Decision) -> None:
         """Hand a decision to the apply layer; rejected writes end up in status.

@@ -214,6 +214,16 @@ def still_listed(keys: set[str], claim: str, models: list[dict[str, Any]]) -> bo
     )
 
 
+def mounts_claim(workload: dict[str, Any], claim: str) -> bool:
+    """The pod template of a Deployment or Job mounts PVC ``claim`` (or lists no volumes at
+    all: unknown counts as mounted, so its key is kept)."""
+    pod = (((workload.get("spec") or {}).get("template") or {}).get("spec")) or {}
+    volumes = pod.get("volumes")
+    if not volumes:
+        return True
+    return any((v.get("persistentVolumeClaim") or {}).get("claimName") == claim for v in volumes)
+
+
 class GarbageCollector:
     """Artifact GC of the managed cache claims, for the controller (``c``): acts on finished
     GC Jobs, decides when a claim is evaluated and creates its GC Job. It reads the
@@ -384,11 +394,20 @@ class GarbageCollector:
         return uses, job_plan
 
     def _protected(self, ns: str, claim: str) -> set[str]:
-        """Keys of the claim written by a precompile Job that has not finished."""
+        """Keys of the claim in use now, as far as the caches show: written by a precompile
+        Job that has not finished, or served by any Deployment of the namespace that mounts
+        the claim, not only its users' (a model that moved to another claim, or whose spec
+        is invalid now, still serves from this one until its rollout ends). The GC pod checks
+        again, with the pods and Jobs of the moment, right before each removal."""
         protected = set()
         for j in self.c.caches.all("claim_jobs", (ns, claim)):
             k = (j["metadata"].get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
             if k and not jobs.finished(j):
+                protected.add(k)
+        for dk in list((self.c.caches.indices.get("deployments") or {}).keys()):
+            d = self.c.caches.one("deployments", dk) if dk[0] == ns else None
+            k = served_key_of(d)
+            if d is not None and k and mounts_claim(d, claim):
                 protected.add(k)
         return protected
 
@@ -405,12 +424,6 @@ class GarbageCollector:
         """Create the GC Job for the claim's due keys (and a due sweep), if any."""
         clock = time.monotonic()
         protected = self._protected(ns, claim)
-        for m in models:
-            served = served_key_of(
-                self.c.caches.one("deployments", (ns, names.server_name(m["metadata"]["name"])))
-            )
-            if served:
-                protected.add(served)
         uses, job_plan = self._uses(ns, models, oldest.owner.name, plan)
         retention, now = oldest.volume.retention, self.c.clock()
         remove = keys_to_remove(
@@ -617,6 +630,7 @@ __all__ = [
     "GcResult",
     "epoch",
     "keys_to_remove",
+    "mounts_claim",
     "known_keys",
     "parse_gc_result",
     "still_listed",

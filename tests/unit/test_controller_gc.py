@@ -287,3 +287,79 @@ def test_what_a_gc_job_measured_on_the_volume_counts_towards_the_claims_usage() 
         assert {(NS, "a"), (NS, "b")} <= set(c.queue._queued)  # their condition follows
         await c.stop()
     asyncio.run(run())
+
+
+def _gc_done_job(i: int) -> dict[str, Any]:
+    gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+    job = _job(f"spyre-gc-h{i}", gc_labels, {}, True)
+    job["status"]["completionTime"] = "2026-11-22T00:00:00Z"
+    return job
+
+
+def test_memory_of_finished_jobs_is_bounded_by_the_jobs_that_still_exist() -> None:
+    """An hourly sweep adds a GC Job per claim; once a Job is gone (its TTL), neither the
+    record that it was acted upon nor its pods' messages are kept."""
+    async def run() -> None:
+        c, fake, plan_a, _ = _setup([])
+        summary = json.dumps({"removed": [], "skipped": [], "freedBytes": 0})
+
+        async def pods(ns: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+            return [{"name": "p", "terminated": {"exitCode": 0, "message": summary}}]
+
+        c._pods = pods  # type: ignore[method-assign]
+        for i in range(2000):
+            job = _gc_done_job(i)
+            c.caches.indices["claim_jobs"][(NS, CLAIM)] = [job]
+            c.caches.indices["jobs"] = {(NS, job["metadata"]["name"]): [job]}
+            await c.collect_garbage((NS, "a"), plan_a)
+            assert job["metadata"]["uid"] in c.gc._done  # acted upon: not again
+            c.caches.indices["claim_jobs"][(NS, CLAIM)] = []
+            c.caches.indices["jobs"] = {}  # gone (ttlSecondsAfterFinished)
+        assert len(c.gc._done) <= 600
+        assert len(c._job_messages) <= 600
+        await c.stop()
+    asyncio.run(run())
+
+
+def test_a_replica_that_does_not_hold_the_lease_creates_no_gc_job() -> None:
+    async def run() -> None:
+        c, fake, plan_a, _ = _setup([_precompile(_key("a", 2048), True)])
+        c.may_write = lambda: False
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert fake.jobs == []
+        c.may_write = lambda: True
+        c.gc._checked.clear()
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert len(fake.jobs) == 1
+        await c.stop()
+    asyncio.run(run())
+
+
+def _deployment(model: str, key: str, claim: str) -> dict[str, Any]:
+    return {"metadata": {"name": names.server_name(model), "namespace": NS,
+                         "annotations": {names.ARTIFACT_KEY_ANNOTATION: key},
+                         "ownerReferences": [{"kind": "SpyreModel", "name": model}]},
+            "spec": {"template": {"spec": {"volumes": [
+                {"name": "cache", "persistentVolumeClaim": {"claimName": claim,
+                                                            "readOnly": True}}]}}}}
+
+
+def test_a_key_a_model_that_left_the_claim_still_serves_from_it_is_not_removed() -> None:
+    """Model c moved to another claim (its new compile is slow) or its spec became invalid:
+    it is no user of this claim any more, but its Deployment still serves a key from it."""
+    async def run() -> None:
+        c, fake, plan_a, old_key = _setup([_precompile(_key("a", 2048), True)])
+        c.caches.indices["deployments"] = {
+            (NS, names.server_name("c")): [_deployment("c", old_key, CLAIM)]}
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert fake.jobs == [] or not fake.jobs[0].metadata.annotations[GC_KEYS_ANNOTATION]
+        # Served from another claim, it is no reason to keep this claim's copy.
+        c.caches.indices["deployments"] = {
+            (NS, names.server_name("c")): [_deployment("c", old_key, "elsewhere")]}
+        c.gc._checked.clear()
+        fake.jobs.clear()
+        await c.collect_garbage((NS, "a"), plan_a)
+        [job] = fake.jobs
+        assert job.metadata.annotations[GC_KEYS_ANNOTATION] == old_key
+        await c.stop()
+    asyncio.run(run())
