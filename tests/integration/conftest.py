@@ -258,6 +258,24 @@ def holds(predicate: Callable[[], Any], seconds: float, what: str, interval: flo
         time.sleep(interval)
 
 
+def holds_over_reconciles(kube: Kube, operator: OperatorProcess, predicate: Callable[[], Any],
+                          what: str, reconciles: int = 3, seconds: float = 5,
+                          timeout: float = 60) -> None:
+    """Assert ``predicate`` holds (polled; fails at once when it does not) for at least
+    ``seconds`` *and* until ``operator`` finished ``reconciles`` more reconciles in the
+    namespace: "nothing happens" bounded by what the operator did, not only by time."""
+    start, t0 = operator.namespace_reconciles(kube.ns), time.monotonic()
+    while True:
+        assert predicate(), f"{what} stopped holding"
+        ran = operator.namespace_reconciles(kube.ns) - start
+        if ran >= reconciles and time.monotonic() - t0 >= seconds:
+            return
+        assert time.monotonic() - t0 < timeout, (
+            f"only {ran:.0f} of {reconciles} reconciles in {kube.ns} within {timeout:.0f} s "
+            f"while checking that {what} holds")
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def kube(control_plane: ControlPlane, namespace: str) -> Kube:
     return Kube(control_plane, namespace)

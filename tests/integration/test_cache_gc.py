@@ -8,12 +8,11 @@ model needs or serves is never among them.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
-from .conftest import ControlPlane, Kube, OperatorProcess
+from .conftest import ControlPlane, Kube, OperatorProcess, holds_over_reconciles
 from .test_operator import GROUP, HOLD, artifact_of, deployment, release, spec
 
 pytestmark = pytest.mark.integration
@@ -75,8 +74,9 @@ def test_an_edit_leaves_an_unused_artifact_that_a_gc_job_removes(
         kube.wait(lambda: any(c.get("type") == "Complete" for c in
                               (kube.get("job", job["metadata"]["name"]).get("status") or {})
                               .get("conditions") or []), 60, "the GC Job done")
-        time.sleep(5)  # a few more evaluations (2 s apart): none may add a Job
-        assert len(gc_jobs()) == 1
+        # a few more evaluations (2 s apart, the timer user reconciled each time): none may
+        # add a Job
+        holds_over_reconciles(kube, fast, lambda: len(gc_jobs()) == 1, "one GC Job")
         in_use = {key_a2, key_b}
         for removed in seen.values():
             assert not set(removed) & in_use, f"an in-use key listed: {removed}"
@@ -105,8 +105,9 @@ def test_gc_off_then_on_collects_and_says_so(
         kube.apply_model("a", spec(compile={"maxModelLen": 4096}, cache=off))
         kube.wait(lambda: [a["key"] for a in kube.model("a")["status"]["cache"]["artifacts"]
                            if not a["inUse"]] == [key_a], 90, "the old artifact unused")
-        time.sleep(5)  # a few evaluations (2 s apart): the oldest user's retention is off
-        assert not kube.items("jobs", GC_SELECTOR)
+        # a few evaluations (2 s apart): the oldest user's retention is off
+        holds_over_reconciles(kube, fast, lambda: not kube.items("jobs", GC_SELECTOR),
+                              "no GC Job")
         assert any(j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key_a
                    for j in kube.items("jobs", "app.kubernetes.io/component=precompile"))
 
@@ -170,8 +171,9 @@ def test_the_key_of_a_running_precompile_is_not_collected_until_it_finishes(
         assert names_of_key(kube, key_x) == [x_job], "X's Job still running"
 
         kube.apply_model("a", spec(compile={"maxModelLen": 4096}, cache=NO_RETENTION))
-        time.sleep(6)  # a few evaluations (2 s apart): X is unused but being written
-        assert not kube.items("jobs", GC_SELECTOR)
+        # a few evaluations (2 s apart): X is unused but being written
+        holds_over_reconciles(kube, fast, lambda: not kube.items("jobs", GC_SELECTOR),
+                              "no GC Job", seconds=6)
 
         release(kube, x_job)
         job = kube.wait(lambda: next(iter(kube.items("jobs", GC_SELECTOR)), None), 60,

@@ -9,7 +9,6 @@ pool's status the way one does (status.parents[].conditions, as the v1 API defin
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.thirdparty import INFERENCE_POOL_CRD, crd_name, installed_crd, remove_crd
 
-from .conftest import Kube, OperatorProcess
+from .conftest import Kube, OperatorProcess, reconcile_now, settle_writes
 from .test_operator import spec
 
 pytestmark = pytest.mark.integration
@@ -104,12 +103,11 @@ def test_inference_pool_from_missing_crd_to_accepted(
         c = kube.wait_condition("routed", "RoutingReady", "True", reason="InferencePoolAccepted")
         assert f"Gateway {kube.ns}/inference-gw" in c["message"]
         # Idle: a reconcile (the model touched) writes nothing; the pool is read from the watch.
-        time.sleep(2)  # trailing status writes and Events of the transition
-        writes, reads = routing_operator.writes(), pool_reads(routing_operator)
+        settle_writes(routing_operator, kube.ns)  # trailing status writes and Events
+        writes, reads = routing_operator.namespace_writes(kube.ns), pool_reads(routing_operator)
         version = kube.get("inferencepool", "routed")["metadata"]["resourceVersion"]
-        kube.kubectl("label", "spyremodel/routed", "poke=1")
-        time.sleep(3)
-        assert routing_operator.writes() == writes, "an idle reconcile wrote"
+        reconcile_now(kube, routing_operator, "routed")
+        assert routing_operator.namespace_writes(kube.ns) == writes, "an idle reconcile wrote"
         assert pool_reads(routing_operator) == reads, "a reconcile read the pool from the API"
         assert kube.get("inferencepool", "routed")["metadata"]["resourceVersion"] == version
         parent_status(kube, "False", "NotSupportedByParent", "no inference extension here")
