@@ -190,20 +190,26 @@ class Applier:
 
     async def apply_status(
         self, name: str, namespace: str, status: dict[str, Any], current: dict[str, Any] | None
-    ) -> bool:
-        """Server-side apply the status subresource, unless it is unchanged."""
+    ) -> str | None:
+        """Server-side apply the status subresource, unless ``current`` (the live status, or
+        what this operator wrote last while the watch has not delivered it) is equal.
+
+        Returns the resourceVersion written ("" if the server sent none), None if skipped.
+        Applied with force: a status field another field manager took over is taken back.
+        """
         if current == status:
             self.skipped += 1
-            return False
+            return None
         obj = SpyreModelResource.Status(
             apiVersion=f"{GROUP}/{VERSION}",
             kind=KIND,
             metadata=ObjectMeta(name=name, namespace=namespace),
             status=status,
         )
-        await self.client.apply(obj, field_manager=FIELD_MANAGER, force=True)
+        written = await self.client.apply(obj, field_manager=FIELD_MANAGER, force=True)
         self._count("apply", "SpyreModel/status", namespace)
-        return True
+        meta = getattr(written, "metadata", None)
+        return str(getattr(meta, "resourceVersion", None) or "")
 
     async def event(self, model: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Record a Kubernetes Event on a SpyreModel (best effort)."""

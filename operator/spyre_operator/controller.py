@@ -20,8 +20,10 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
+from pydantic import ValidationError
 
 from . import conditions as C
 from . import jobs as job_status
@@ -39,6 +41,7 @@ from .reconcile import (
     Policy,
     WriteError,
     decide,
+    write_error_message,
 )
 
 log = logging.getLogger(__name__)
@@ -154,6 +157,18 @@ class RejectedWrites(Exception):
     """Some writes of a reconcile were rejected; status says so, the worker backs off."""
 
 
+class NotLeader(RuntimeError):
+    """The leader lease is not held (any more): this replica must not write."""
+
+
+def unexpected(e: BaseException) -> bool:
+    """An error no cluster state explains (a bug, e.g. in observe()), as opposed to the API
+    server refusing or failing a request, the connection dropping, or losing the lease."""
+    return not isinstance(
+        e, ApiError | RejectedWrites | NotLeader | httpx.HTTPError | OSError | TimeoutError
+    )
+
+
 def foreign_owner(kind: str, live: Mapping[str, Any], model: str) -> str | None:
     """Why ``live`` (a child named after ``model``) is not the operator's, or None if it is.
 
@@ -204,7 +219,8 @@ class Controller:
         self._pending: set[asyncio.Task[None]] = set()
         #: Events are informational: a few at a time, never ahead of the reconcile's writes.
         self._event_slots = asyncio.Semaphore(EVENT_CONCURRENCY)
-        self._written_status: dict[ModelKey, tuple[str | None, dict[str, Any]]] = {}
+        #: key -> (uid, resourceVersion decided from, status written): see _with_written_status.
+        self._written_status: dict[ModelKey, tuple[str | None, str | None, dict[str, Any]]] = {}
         self._server_pods: dict[ModelKey, tuple[float, list[dict[str, Any]]]] = {}
         self._claim_sigs: dict[ModelKey, tuple[str, str, str | None]] = {}
         self._pvc_phases: dict[tuple[str, str], str] = {}
@@ -259,12 +275,39 @@ class Controller:
                     delay,
                     type(e).__name__,
                     e,
+                    exc_info=unexpected(e),
                 )
+                if unexpected(e):
+                    await self._report_failure(key, e)
                 self.queue.add_after(key, delay)
             else:
                 self._failures.pop(key, None)
             finally:
                 self.queue.done(key)
+
+    async def _report_failure(self, key: ModelKey, error: BaseException) -> None:
+        """An unexpected error: Reconciling=True ReconcileError with its message and a Warning
+        Event; every other field of status, and every child, stays as it is.
+
+        Best effort: a failure to report is logged, the worker backs off either way.
+        """
+        model = self.caches.one("models", key)
+        if model is None or model["metadata"].get("deletionTimestamp") or not self.may_write():
+            return
+        model = self._with_written_status(key, model)
+        meta, old = model["metadata"], model.get("status") or {}
+        message = f"reconcile failed, retrying: {type(error).__name__}: {error}"[:1024]
+        cond = C.Cond(C.RECONCILING, C.TRUE, C.RECONCILE_ERROR, message)
+        generation = meta.get("generation", 1)
+        conds = C.set_condition(old.get("conditions"), cond, generation, self.clock())
+        status = {**old, "conditions": conds}
+        try:
+            rv = await self.applier.apply_status(key[1], key[0], status, old)
+            if rv is not None:
+                self._remember_status(key, model, status)
+                await self.applier.event(dict(model), "Warning", C.RECONCILE_ERROR, message)
+        except Exception as e:  # noqa: BLE001 - reporting must not hide the original error
+            log.warning("could not report the failure of %s/%s: %s", *key, e)
 
     def set_leader(self, leading: bool) -> None:
         """Leader election callback: only the leader writes; a new leader resyncs everything."""
@@ -446,17 +489,20 @@ class Controller:
         model = self._with_written_status(key, model)
         try:
             spec = SpyreModelSpec.model_validate(model.get("spec") or {})
+        except ValidationError:  # invalid spec: decide() reports it, writes no child
+            obs, plan = Observed(), None
+        else:
+            # Anything else that fails here is a bug: it propagates, so nothing is decided
+            # from a partial observation (the worker reports it and backs off).
             plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec)
             obs = self.observe(model, plan.claim, plan.key, plan.job_name, plan.model_claim)
-        except Exception:  # noqa: BLE001 - invalid spec: decide() reports it as a condition
-            obs = Observed()
-            plan = None
         if plan is not None and obs.job is not None:
             obs.job_pods = await self._job_pods(ns, obs.job)
         short = False  # replicas missing: their pods explain why, and may change unwatched
         if plan is not None and obs.deployment is not None:
             st = obs.deployment.get("status") or {}
-            if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < spec.replicas:
+            wanted = plan.spec.replicas
+            if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < wanted:
                 short = True
                 obs.server_pods = await self._recent_server_pods(key)
         if plan is not None and plan.claim_managed:
@@ -504,19 +550,30 @@ class Controller:
     def _with_written_status(self, key: ModelKey, model: dict[str, Any]) -> dict[str, Any]:
         """``model`` with the status this operator last wrote, if the cache has not caught up.
 
-        Only this operator writes the status, so until the watch delivers our last write
-        that write is the newest status. Deciding from the older cached status would
-        rewrite the same status and post its transition Events a second time (it did
-        under load, with concurrent reconciles).
+        Until the watch delivers our last write, that write is the newest status: deciding
+        from the older cached status would rewrite the same status and post its transition
+        Events a second time (it did under load, with concurrent reconciles). The cache has
+        caught up once it holds any other version of the model than the one that write was
+        decided from: from then on the live status is compared, so a status field another
+        field manager changed is written back (it was not while the operator compared with
+        its own last write).
         """
-        uid = model["metadata"].get("uid")
+        meta = model["metadata"]
         written = self._written_status.get(key)
         if written is None:
             return model
-        if written[0] != uid or model.get("status") == written[1]:
+        uid, decided_from, status = written
+        if uid != meta.get("uid") or meta.get("resourceVersion") != decided_from:
             del self._written_status[key]
             return model
-        return {**model, "status": written[1]}
+        return {**model, "status": status}
+
+    def _remember_status(
+        self, key: ModelKey, model: Mapping[str, Any], status: dict[str, Any]
+    ) -> None:
+        """Decide from ``status`` until the cache holds a newer version than ``model``."""
+        meta = model["metadata"]
+        self._written_status[key] = (meta.get("uid"), meta.get("resourceVersion"), status)
 
     async def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Pods of a finished Job (read once per Job: their termination messages)."""
@@ -561,7 +618,7 @@ class Controller:
             "InferencePool": obs.inference_pool,
         }
         if not self.may_write():
-            raise RuntimeError("leader lease not held; not writing")
+            raise NotLeader("leader lease not held; not writing")
         for resource, obj_name in d.delete:
             live = obs.job if resource.__name__ == "Job" else None
             if live is not None:
@@ -589,20 +646,20 @@ class Controller:
             elif isinstance(r, BaseException):
                 raise r
         if obs.write_errors and all(_terminating(e.message) for e in obs.write_errors):
-            raise RejectedWrites(_write_error_message(obs.write_errors))  # nothing to tell
+            raise RejectedWrites(write_error_message(obs.write_errors) or "")  # nothing to tell
         if obs.foreign or obs.write_errors:
             again = decide(dict(model), obs, self.clock(), self.policy)
             d.status, d.events = again.status, again.events
         if not self.may_write():
-            raise RuntimeError("leader lease not held; not writing")
-        wrote = await self.applier.apply_status(name, ns, d.status, model.get("status"))
-        if wrote:
-            self._written_status[(ns, name)] = (model["metadata"].get("uid"), d.status)
+            raise NotLeader("leader lease not held; not writing")
+        rv = await self.applier.apply_status(name, ns, d.status, model.get("status"))
+        if rv is not None:
+            self._remember_status((ns, name), model, d.status)
             for type_, reason, message in d.events:
                 self._background(self.applier.event(dict(model), type_, reason, message))
         self._expire_deleted_jobs()
         if obs.write_errors:
-            raise RejectedWrites(_write_error_message(obs.write_errors))
+            raise RejectedWrites(write_error_message(obs.write_errors) or "")
 
     async def _ensure_job(
         self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None
@@ -654,10 +711,6 @@ def namespace_going_away(e: BaseException) -> bool:
     return gone or (e.status.code == 403 and _terminating(e.status.message or ""))
 
 
-def _write_error_message(errors: list[WriteError]) -> str:
-    return "; ".join(f"{e.kind} {e.name}: {e.code} {e.message}" for e in errors)
-
-
 def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """The few fields of a pod the reconcile reads (termination messages, crash loops)."""
     meta = pod.get("metadata", {})
@@ -688,6 +741,9 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         waiting = (state.get("waiting") or {}).get("reason")
         if waiting:
             out["waiting"] = waiting
+            message = (state.get("waiting") or {}).get("message")
+            if message:  # the kubelet's: which image, which Secret or ConfigMap
+                out["waitingMessage"] = str(message)[:512]
         out["ready"] = bool(cs.get("ready"))
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":

@@ -82,6 +82,9 @@ class OperatorProcess:
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(
             f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
@@ -134,8 +137,34 @@ def operator(control_plane: ControlPlane, kubeconfig: Path, crd: Path) -> Iterat
     op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
                          env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "300"})
     op.start()
+    _host_operators.append(op)
     yield op
+    _host_operators.remove(op)
     op.stop()
+
+
+#: The package's all-namespaces operator, once a test started it (see ``no_host_operator``).
+_host_operators: list[OperatorProcess] = []
+
+
+@pytest.fixture(scope="module")
+def no_host_operator() -> Iterator[None]:
+    """The operator under test runs alone: the package's all-namespaces operator (admin
+    credentials), if an earlier module started it, is stopped for the module and started again
+    after it. Otherwise it reconciles the module's models too and writes the children the
+    operator under test must write with its own (chart) RBAC: a missing verb went unnoticed."""
+    stopped = [op for op in _host_operators if op.running()]
+    for op in stopped:
+        op.stop()
+    yield
+    for op in stopped:
+        op.start()
+
+
+def assert_no_host_operator() -> None:
+    """Fail if the package's operator runs (a test of another operator asks for this)."""
+    running = [op.log_path for op in _host_operators if op.running()]
+    assert not running, f"the package's all-namespaces operator is running: {running}"
 
 
 class Kube:

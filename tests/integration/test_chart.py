@@ -42,9 +42,10 @@ from tests.cluster.thirdparty import (
     remove_crd,
 )
 
-from .conftest import Kube, OperatorProcess
+from .conftest import Kube, OperatorProcess, assert_no_host_operator
 
-pytestmark = pytest.mark.integration
+# The operator under test (the chart's RBAC) runs alone: see no_host_operator.
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_host_operator")]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "spyre-model-operator"
@@ -247,6 +248,13 @@ def test_install_serve_upgrade_uninstall(
                    and e.get("reportingComponent") == "serving.spyre.dev/spyre-model-operator"
                    for e in events)
         assert not _forbidden_lines(op.log_path.read_text() if op.log_path else ""), op.log_tail()
+        # ... and it wrote every child itself, with the chart's RBAC (no other operator ran)
+        assert_no_host_operator()
+        assert op.namespace_writes(models_namespace) > 0, op.metrics()
+        wrote = {k.split('kind="')[1].rstrip('"}') for k, v in op.metrics().items()
+                 if k.startswith("spyre_operator_writes_total") and v > 0}
+        assert {"Deployment", "Service", "PodDisruptionBudget", "InferencePool",
+                "PersistentVolumeClaim", "Job", "SpyreModel/status", "Event"} <= wrote, wrote
 
         # The operator's ServiceAccount can do nothing outside the watched namespace.
         sa = f"system:serviceaccount:{namespace}:{RELEASE}"

@@ -14,10 +14,10 @@ Checked against the code before the fix: the same image, uid 65533, with ``kopf.
 called without ``identity`` (as cli.py did before) exits at once with ``KeyError: 'getpwuid():
 uid not found: 65533'``; the fixed entry point keeps running (see the report of issue 10).
 
-The session's host operator (``operator`` fixture), if an earlier test started it, watches
-every namespace and may reconcile this model too; the test therefore checks that the chart's
-pod holds its Lease and reconciled the model itself (its own /metrics), not merely that the
-model got Ready.
+The package's host operator (``operator`` fixture) is stopped for this module
+(``no_host_operator``): the chart's pod is the only operator, so its RBAC is what wrote every
+child. The test checks that the pod holds its Lease, wrote to the model's namespace itself (its
+own /metrics: ``spyre_operator_namespace_writes_total``) and logged no ``Forbidden``.
 """
 
 from __future__ import annotations
@@ -29,11 +29,15 @@ from typing import Any
 import pytest
 from spyre_operator.desired.pod import CACHE_VOLUME
 
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.node import NODE_NAME, RealNode
 from tests.realpods import support as s
 
+from .conftest import assert_no_host_operator
+from .test_chart import _forbidden_lines
+
 pytestmark = [pytest.mark.integration, pytest.mark.realpods, pytest.mark.slow,
+              pytest.mark.usefixtures("no_host_operator"),
               # Cold: the engine image build (~10 min) + import (~3 min) + a compile and a
               # vLLM start on 2 shared cores. Warm: ~3-5 min.
               pytest.mark.timeout(3600)]
@@ -78,12 +82,13 @@ def _check_operator_pod(cp: ControlPlane, ns: str, pod: dict[str, Any], uid: int
     log = s.operator_logs(cp, ns)
     assert "getpwuid" not in log and "Traceback" not in log, log[-3000:]
     # The pod, not some other operator, holds the release's Lease.
-    holder = lambda: cp.kubectl_json(  # noqa: E731
-        "get", "lease", s.RELEASE, "-n", ns)["spec"].get("holderIdentity")
-    deadline = time.monotonic() + 60
-    while holder() != pod["metadata"]["name"] and time.monotonic() < deadline:
-        time.sleep(1)
-    assert holder() == pod["metadata"]["name"], s.operator_diagnostics(cp, ns)
+    name = pod["metadata"]["name"]
+    try:
+        wait_until(lambda: cp.kubectl_json("get", "lease", s.RELEASE, "-n", ns)["spec"]
+                   .get("holderIdentity") == name, 60, f"{name} holding the Lease", 1)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}\n{s.operator_diagnostics(cp, ns)}") from None
+    assert_no_host_operator()
 
 
 def test_chart_operator_pod_reconciles_a_real_model(
@@ -127,6 +132,11 @@ def test_chart_operator_pod_reconciles_a_real_model(
     m = _pod_metrics(cp, ns, pod_now)
     assert m.get("spyre_operator_leader") == 1.0, m
     assert m.get("spyre_operator_reconciles_total", 0) > 0, m
+    # It wrote the model's children and status itself, with the chart's RBAC, and was never
+    # refused (a missing Role verb shows as a 403 in its log and a Degraded model).
+    assert m.get(f'spyre_operator_namespace_writes_total{{namespace="{ns}"}}', 0) > 0, m
+    log = s.operator_logs(cp, op_ns, tail=2000)
+    assert not _forbidden_lines(log), "\n".join(_forbidden_lines(log)[:20])
     job = s.jobs(cp, ns)[0]["status"]
     print(f"Job {job.get('startTime')} -> {job.get('completionTime')}; "
           f"apply -> Job complete {tl.since(tl.job_complete)}, -> pod Ready "
@@ -151,8 +161,15 @@ def test_chart_operator_pod_runs_as_a_uid_without_passwd_entry(
     r = cp.kubectl("exec", "-n", op_ns, pod["metadata"]["name"], "--", "python", "-c",
                    "import getpass; getpass.getuser()", check=False)
     assert r.returncode != 0 and "uid not found: 65533" in r.stderr, (r.stdout, r.stderr)
-    # Still Ready, no restart, 20 s on (a crash after start-up would show by now).
-    time.sleep(20)
+    # It reconciles under that uid: a model whose weights claim is missing gets its status
+    # (written by this pod, the only operator) without any pod of its own.
+    s.apply_model(cp, namespace, "nothere", s.tiny_model_spec(
+        images["engine"], "pvc://missing-claim/tiny", backend="eager"))
+    wait_until(lambda: any(c["type"] == "Degraded" and c["reason"] == "ClaimNotFound"
+                           for c in (s.get_model(cp, namespace, "nothere") or {})
+                           .get("status", {}).get("conditions", [])),
+               120, "the pod's status for the model (Degraded ClaimNotFound)", 1)
+    # Still Ready, no restart, after a reconcile (a crash after start-up would show by now).
     pod_now = s.operator_pods(cp, op_ns)[0]
     assert s.pod_ready(pod_now), s.operator_diagnostics(cp, op_ns)
     assert pod_now["status"]["containerStatuses"][0]["restartCount"] == 0

@@ -53,15 +53,16 @@ def test_pvc_events_wake_all_users_only_on_phase_changes() -> None:
 def test_decides_from_the_status_it_last_wrote_until_the_cache_catches_up() -> None:
     c = controller({})
     key = ("ns", "a")
-    stale = {"metadata": {"name": "a", "uid": "u1"}, "status": {"observedGeneration": 1}}
+    stale = {"metadata": {"name": "a", "uid": "u1", "resourceVersion": "5"},
+             "status": {"observedGeneration": 1}}
     written = {"observedGeneration": 2}
-    c._written_status[key] = ("u1", written)
+    c._remember_status(key, stale, written)
     assert c._with_written_status(key, stale)["status"] == written
-    caught_up = {**stale, "status": written}
+    caught_up = {"metadata": {**stale["metadata"], "resourceVersion": "6"}, "status": written}
     assert c._with_written_status(key, caught_up) is caught_up
     assert key not in c._written_status
-    c._written_status[key] = ("u1", written)
-    recreated = {"metadata": {"name": "a", "uid": "u2"}}
+    c._remember_status(key, stale, written)
+    recreated = {"metadata": {"name": "a", "uid": "u2", "resourceVersion": "5"}}
     assert c._with_written_status(key, recreated) is recreated
 
 

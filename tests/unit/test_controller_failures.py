@@ -1,0 +1,143 @@
+"""The controller's reconcile when something fails unexpectedly, and the status it compares
+with before writing (pure of any cluster: a recording applier stands in for the API)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from spyre_operator import conditions as C
+from spyre_operator.controller import ERROR_BACKOFF_BASE, Caches, Controller
+from spyre_operator.reconcile import Observed, decide
+
+from .samples import GENERATE, model
+
+NOW = "2026-11-21T10:00:00Z"
+
+
+class RecordingApplier:
+    """Records every write the controller asks for."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.rv = 100
+
+    async def apply(self, obj: Any, live: Any) -> bool:
+        self.writes.append(("apply", obj.kind))
+        return True
+
+    async def ensure_job(self, job: Any, live: Any) -> bool:
+        self.writes.append(("job", job.metadata.name))
+        return True
+
+    async def delete(self, resource: type, name: str, namespace: str) -> bool:
+        self.writes.append(("delete", resource.__name__))
+        return True
+
+    async def apply_status(
+        self, name: str, ns: str, status: dict[str, Any], current: dict[str, Any] | None
+    ) -> str | None:
+        if status == current:
+            return None
+        self.statuses.append(status)
+        self.rv += 1
+        return str(self.rv)
+
+    async def event(self, m: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+
+def serving_status(m: dict[str, Any]) -> dict[str, Any]:
+    """A status as the operator wrote it: the model compiles (nothing observed yet)."""
+    return decide(m, Observed(), NOW).status
+
+
+def controller_with(m: dict[str, Any]) -> tuple[Controller, RecordingApplier]:
+    key = (m["metadata"]["namespace"], m["metadata"]["name"])
+    c = Controller(client=None, caches=Caches({"models": {key: [m]}}),  # type: ignore[arg-type]
+                   workers=1, clock=lambda: NOW)
+    applier = RecordingApplier()
+    c.applier = applier  # type: ignore[assignment]
+    return c, applier
+
+
+def test_a_bug_in_observe_leaves_children_and_status_and_reports_it() -> None:
+    """reconcile_key caught every exception: a failing observe() became a decision from an
+    empty observation (PVC and Job applied from scratch, status rewritten to Compiling)."""
+    m = model("m", GENERATE)
+    m["metadata"]["resourceVersion"] = "7"
+    m["status"] = serving_status(m)
+    before = m["status"]
+    c, applier = controller_with(m)
+
+    def broken(*_: Any, **__: Any) -> Observed:
+        raise KeyError("metadata")
+
+    c.observe = broken  # type: ignore[method-assign]
+    delays: list[float] = []
+    c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+
+    async def run_twice() -> None:
+        c.start()
+        for _ in range(2):
+            c.queue.add(("ns", "m"))
+            for _ in range(50):
+                await asyncio.sleep(0.01)
+                if len(delays) >= _ + 1 and not c.queue._active:
+                    break
+        await c.stop()
+
+    asyncio.run(run_twice())
+    assert applier.writes == [], "children were written from an empty observation"
+    assert len(applier.statuses) == 1, "one report, not one per attempt"
+    st = applier.statuses[0]
+    rec = C.find(st["conditions"], C.RECONCILING)
+    assert rec is not None and (rec["status"], rec["reason"]) == (C.TRUE, C.RECONCILE_ERROR)
+    assert "KeyError" in rec["message"] and "metadata" in rec["message"]
+    # every other field and condition as it was
+    assert {k: v for k, v in st.items() if k != "conditions"} == {
+        k: v for k, v in before.items() if k != "conditions"}
+    others = [x for x in st["conditions"] if x["type"] != C.RECONCILING]
+    assert others == [x for x in before["conditions"] if x["type"] != C.RECONCILING]
+    assert [(t, r) for t, r, _ in applier.events] == [("Warning", C.RECONCILE_ERROR)]
+    assert "KeyError" in applier.events[0][2]
+    # and it backs off, exponentially
+    assert len(delays) == 2 and delays[1] > delays[0] >= 0.8 * ERROR_BACKOFF_BASE
+
+
+def test_an_invalid_spec_is_still_reported_as_such() -> None:
+    m = model("m", {**GENERATE, "replicas": -1})
+    c, applier = controller_with(m)
+    asyncio.run(c.reconcile_key(("ns", "m")))
+    assert applier.writes == []
+    ready = C.find(applier.statuses[-1]["conditions"], C.READY)
+    assert ready is not None and ready["reason"] == C.INVALID_SPEC
+
+
+@pytest.mark.parametrize("field", ["servingArtifactKey", "condition"])
+def test_a_status_field_another_manager_changed_is_written_back(field: str) -> None:
+    """Reproduced: the operator compared with its own last write and never corrected a field
+    another field manager had changed, until the next transition."""
+    m = model("m", GENERATE)
+    m["metadata"]["resourceVersion"] = "7"
+    c, _ = controller_with(m)
+    key = ("ns", "m")
+    ours = serving_status(m)
+    ours["servingArtifactKey"] = "abc"
+    c._remember_status(key, m, ours)
+    # the watch has not delivered our write yet: decide from it
+    assert c._with_written_status(key, m)["status"] == ours
+    # the cache moved on (our write and then another manager's): the live status counts
+    edited = {**ours}
+    if field == "servingArtifactKey":
+        edited["servingArtifactKey"] = "tampered"
+    else:
+        edited["conditions"] = [
+            {**x, "status": "False", "reason": "Tampered"} if x["type"] == C.READY else x
+            for x in ours["conditions"]]
+    live = {**m, "metadata": {**m["metadata"], "resourceVersion": "9"}, "status": edited}
+    assert c._with_written_status(key, live)["status"] == edited
+    assert key not in c._written_status
