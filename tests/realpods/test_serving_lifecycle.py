@@ -1,7 +1,9 @@
 """A served model's life on the real node, with a client sending requests the whole time.
 
 One SpyreModel (tiny model, CPU backend ``eager``, small requests so two engine pods fit on the
-node's 2 CPUs) goes through, in this order (each test starts from where the last one left it):
+node's 2 CPUs) goes through the steps below. Each test first brings the model to its own
+starting spec and waits until it serves it (:func:`_start_from`): run in order, that is where
+the previous test left it (no wait); run alone with ``-k``, it compiles and rolls there first.
 
 1. a compile-affecting edit with ``maxSurge: 1``: the new artifact compiles while the old pod
    serves (``Ready=True ServingPreviousArtifact``), the switch completes, no request fails;
@@ -87,6 +89,26 @@ def _rolled_out(env: RealEnv, replicas: int) -> bool:
     )
 
 
+def _start_from(env: RealEnv, spec: dict[str, Any], what: str,
+                timeout: float = 900) -> dict[str, Any]:
+    """The test's own starting state: the model at ``spec`` and serving it (observed, Ready
+    ``Serving`` from its current artifact, rolled out to ``spec["replicas"]``)."""
+    env.kube.apply_model(MODEL, spec)
+
+    def settled() -> dict[str, Any] | None:
+        m = env.kube.model(MODEL)
+        st = m.get("status") or {}
+        ready = next((c for c in st.get("conditions") or [] if c["type"] == C.READY), {})
+        ok = (st.get("observedGeneration") == m["metadata"]["generation"]
+              and ready.get("status") == "True" and ready.get("reason") == C.SERVING
+              and st.get("servingArtifactKey") == (st.get("artifact") or {}).get("key")
+              and _rolled_out(env, spec["replicas"]))
+        return m if ok else None
+
+    return support.wait_for(env.cp, env.ns, MODEL, f"{what}: the model serving its start spec",
+                            settled, timeout)
+
+
 def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900) -> dict[str, Any]:
     """Apply ``spec`` (a compile-affecting edit) and follow the model until the Deployment
     serves the new artifact; returns what was seen on the way."""
@@ -127,6 +149,7 @@ def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900)
 def test_compile_affecting_edit_under_steady_traffic_loses_no_request(
     env: RealEnv, served: dict[str, Any]
 ) -> None:
+    _start_from(env, _spec(env), "maxSurge 1")
     url = support.service_url(env.cp, env.ns, MODEL)
     steady = Steady(env.client, url)
     try:
@@ -158,6 +181,7 @@ def _explain(bad: list[dict[str, Any]]) -> str:
 
 def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str, Any]) -> None:
     """Reported, not asserted: the roll must stop the only pod before its successor starts."""
+    _start_from(env, _spec(env, compile={"maxNumSeqs": 3}), "maxSurge 0")
     url = support.service_url(env.cp, env.ns, MODEL)
     steady = Steady(env.client, url)
     try:
@@ -188,6 +212,7 @@ class EndpointWatch:
     def __init__(self, env: RealEnv, service: str, ip: str) -> None:
         self.env, self.service, self.ip = env, service, ip
         self.not_ready_at: float | None = None
+        self.error: BaseException | None = None  # checked by the test
         self.stop = threading.Event()
         self.t = threading.Thread(target=self._run, daemon=True)
         self.t.start()
@@ -202,12 +227,15 @@ class EndpointWatch:
         return False
 
     def _run(self) -> None:
-        while not self.stop.is_set():
-            t = time.time()
-            if not self._ready():
-                self.not_ready_at = t
-                return
-            time.sleep(0.1)
+        try:
+            while not self.stop.is_set():
+                t = time.time()
+                if not self._ready():
+                    self.not_ready_at = t
+                    return
+                time.sleep(0.1)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            self.error = e
 
 
 def _sigterm_at(log: str) -> float | None:
@@ -223,6 +251,7 @@ def _sigterm_at(log: str) -> float | None:
 
 
 def test_deleting_a_serving_pod_mid_stream(env: RealEnv, served: dict[str, Any]) -> None:
+    _start_from(env, _spec(env, compile={"maxNumSeqs": 4}), "mid-stream")
     env.kube.apply_model(MODEL, _spec(env, compile={"maxNumSeqs": 4}, replicas=2))
     env.kube.wait(lambda: _rolled_out(env, 2), 600, "two serving pods Ready")
     pods = server_pods(env.kube, MODEL)
@@ -250,7 +279,8 @@ def test_deleting_a_serving_pod_mid_stream(env: RealEnv, served: dict[str, Any])
         env.kube.wait(lambda: not env.kube.get("pod", name), grace + 30, f"{name} gone")
         gone_after = time.time() - t_delete
         watch.stop.set()
-        time.sleep(2)  # requests after the removal, on the other pod
+        # requests after the removal, on the other pod
+        steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3)
     finally:
         results = steady.stop()
         logs.terminate()
@@ -269,6 +299,7 @@ def test_deleting_a_serving_pod_mid_stream(env: RealEnv, served: dict[str, Any])
     # The pod left the Service's endpoints before the engine stopped accepting.
     sigterm = _sigterm_at(log)
     assert sigterm is not None, log[-2000:]
+    assert watch.error is None, f"the endpoint watch failed: {watch.error!r}"
     assert watch.not_ready_at is not None
     print(f"endpoint not ready {watch.not_ready_at - t_delete:+.2f}s, engine SIGTERM "
           f"{sigterm - t_delete:+.2f}s after the delete")
@@ -279,10 +310,6 @@ def test_deleting_a_serving_pod_mid_stream(env: RealEnv, served: dict[str, Any])
     # sent SIGTERM. Without a preStop delay these are a fraction of a second apart, and
     # kube-proxy may reprogram only after the engine refuses; the requests above are the proof.)
     assert watch.not_ready_at <= sigterm, (watch.not_ready_at - t_delete, sigterm - t_delete)
-
-    # Back to one replica for the next test (the replacement pod goes first).
-    env.kube.apply_model(MODEL, _spec(env, compile={"maxNumSeqs": 4}))
-    env.kube.wait(lambda: _rolled_out(env, 1), 300, "one serving pod")
 
 
 # --------------------------------------------------------------------------- 4. cache claim
@@ -302,7 +329,7 @@ def _pod_claims(env: RealEnv) -> set[str]:
 def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_the_artifact(
     env: RealEnv, served: dict[str, Any]
 ) -> None:
-    before = env.kube.model(MODEL)
+    before = _start_from(env, _spec(env, compile={"maxNumSeqs": 4}), "claim switch")
     old_claim = before["status"]["artifact"]["claim"]
     key = before["status"]["servingArtifactKey"]
     new_claim = "cache-b"
