@@ -88,7 +88,14 @@ def test_an_artifact_an_edit_left_unused_is_removed_from_the_claim_by_a_gc_job(
 
 def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) -> None:
     peer = "gc-peer"
-    serving = wait_ready(env.kube, MODEL)["status"]["servingArtifactKey"]
+    # its own start: the model served (where the test above leaves it; run alone, it compiles)
+    env.kube.apply_model(MODEL, _spec(env, 4))
+    serving = _wait("the model served at its spec", lambda: (
+        (m := env.kube.model(MODEL))["metadata"]["generation"]
+        == (st := m.get("status") or {}).get("observedGeneration")
+        and (support.condition(m, "Ready") or {}).get("status") == "True"
+        and st.get("servingArtifactKey") == (st.get("artifact") or {}).get("key")
+        and st["servingArtifactKey"]), 900, env)  # fmt: skip
     env.kube.apply_model(peer, {**_spec(env, 3), "replicas": 0})
     art = support.wait_for(env.cp, env.ns, peer, "the peer's artifact", lambda: (
         (c := support.condition(env.kube.model(peer), "ArtifactReady")) is not None
