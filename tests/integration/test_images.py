@@ -312,15 +312,16 @@ _SERVE_CHECK = r"""
 import json, sys, time, urllib.request
 url = sys.argv[1]
 deadline = time.monotonic() + 900
+last = None
 while True:
     try:
         with urllib.request.urlopen(url + "/health/ready", timeout=5) as r:
             if r.status == 200:
                 break
-    except OSError:
-        pass
+    except OSError as e:  # not listening yet, or 503 while it starts
+        last = e
     if time.monotonic() > deadline:
-        sys.exit("not ready")
+        sys.exit(f"not ready after 900 s (last error: {last!r})")
     time.sleep(2)
 req = urllib.request.Request(
     url + "/v1/completions",
