@@ -135,11 +135,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("usage", "gc"):
         assert isinstance(settings, CacheSettings)
         return run_cache_command(args.command, settings)
+    assert isinstance(settings, EngineSettings)
+    refused = _refuse_managed_vllm_args(args.command, settings)
+    if refused is not None:
+        return _fail(termination_log, *refused)
     if args.command == "precompile":
         assert isinstance(settings, PrecompileSettings)
         return run_precompile(settings)
     assert isinstance(settings, ServeSettings)
     return run_serve(settings, process_started)
+
+
+def _refuse_managed_vllm_args(command: str, settings: EngineSettings) -> tuple[str, str] | None:
+    """(reason, message) when the vLLM arguments after ``--`` set what the engine sets itself
+    (the shape, the model, the ports) or vLLM refuses them; decided by vLLM's own parser, before
+    anything is downloaded, verified or compiled. None when they may be used."""
+    from spyre_engine.vllm_args import CheckFailed, check_vllm_args
+
+    try:
+        problem = check_vllm_args(settings.vllm_args)
+    except CheckFailed as exc:
+        failed = REASON_COMPILE_FAILED if command == "precompile" else REASON_ENGINE_FAILED
+        return failed, f"could not check the vLLM arguments {settings.vllm_args}: {exc}"
+    if problem is None:
+        return None
+    return REASON_INVALID_SETTINGS, f"vLLM arguments (serving.extraArgs): {problem}"
 
 
 def _termination_log_early(argv: Sequence[str]) -> str:
