@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spyre_engine.inuse import SERVICE_ACCOUNT_DIR, InUseCheck, InUseUnknown, api_lister
 from spyre_engine.settings import (
     SENDNN_BACKENDS,
     CacheSettings,
@@ -31,6 +32,7 @@ from spyre_engine.summary import (
     REASON_CATALOG_ERROR,
     REASON_COMPILE_FAILED,
     REASON_ENGINE_FAILED,
+    REASON_IN_USE_UNKNOWN,
     REASON_INVALID_SETTINGS,
     REASON_TERMINATED,
     FailureSummary,
@@ -229,15 +231,24 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
     from spyre_engine import gc
 
     try:
+        in_use = _in_use_check(settings) if command == "gc" else None
+    except InUseUnknown as exc:
+        return _fail(settings.termination_log, REASON_IN_USE_UNKNOWN, f"{exc}; {NOTHING_REMOVED}")
+    try:
         if command == "usage":
             doc = gc.usage(settings.cache_root)
         else:
-            doc = gc.gc(
+            result = gc.gc(
                 settings.cache_root,
                 settings.remove,
                 keep=settings.keep,
                 orphans_unused_for=settings.orphans_unused_for,
-            ).to_dict()
+                in_use=in_use,
+            )
+            if result.in_use_unknown and not result.removed:
+                message = f"{result.in_use_unknown}; {NOTHING_REMOVED}"
+                return _fail(settings.termination_log, REASON_IN_USE_UNKNOWN, message)
+            doc = result.to_dict()
             doc["remainingBytes"] = gc.usage(settings.cache_root)["totalBytes"]
     except OSError as exc:
         return _fail(settings.termination_log, REASON_CATALOG_ERROR, f"{command}: {exc}")
@@ -250,6 +261,22 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
         except OSError as exc:
             log.warning("Could not write termination log %s: %s", settings.termination_log, exc)
     return 0
+
+
+NOTHING_REMOVED = "could not tell which artifacts are in use: nothing was removed"
+
+
+def _in_use_check(settings: CacheSettings) -> InUseCheck | None:
+    """With ``--claim``: the check gc runs before each removal (inuse.py); else None."""
+    if not settings.claim:
+        return None
+    namespace = settings.namespace
+    if not namespace:
+        try:
+            namespace = (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip()
+        except OSError as exc:
+            raise InUseUnknown(f"no --namespace and no ServiceAccount namespace ({exc})") from exc
+    return InUseCheck(settings.claim, api_lister(namespace))
 
 
 def _has_files(path: Path) -> bool:

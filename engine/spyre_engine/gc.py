@@ -38,12 +38,13 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spyre_engine.catalog import CATALOG_FILENAME, write_json_atomically
+from spyre_engine.inuse import InUseUnknown
 from spyre_engine.manifest import MANIFEST_FILENAME, WRITER_LOCK_FILENAME
 
 ARTIFACTS_DIR = "artifacts"
@@ -53,6 +54,10 @@ TRASH_PREFIX = ".trash-"
 ORPHANS_FILENAME = ".gc-orphans.json"
 #: Pending orphans listed in the summary (the termination message holds 4 KiB).
 MAX_LISTED_ORPHANS = 10
+#: Why a key was kept when what is in use could not be told.
+UNKNOWN_REASON = "could not tell whether it is in use: nothing removed"
+#: ``in_use(key)``: why the key is in use right now (None: unused); see inuse.py.
+InUse = Callable[[str], str | None]
 
 
 class InvalidKey(ValueError):
@@ -174,6 +179,8 @@ class GcResult:
     trash_bytes: int = 0
     #: Orphans not due yet: key, since (unix seconds), sizeBytes; oldest first.
     orphans: list[dict[str, Any]] = field(default_factory=list)
+    #: Why what is in use could not be told (then nothing more was removed).
+    in_use_unknown: str | None = None
 
     @property
     def freed_bytes(self) -> int:
@@ -187,6 +194,8 @@ class GcResult:
             "skipped": self.skipped,
             "freedBytes": self.freed_bytes,
         }
+        if self.in_use_unknown:
+            doc["inUseUnknown"] = self.in_use_unknown
         if self.orphans:
             doc["orphans"] = self.orphans[:MAX_LISTED_ORPHANS]
             doc["orphanCount"] = len(self.orphans)
@@ -204,9 +213,12 @@ def _unlink_atomically(path: Path) -> None:
     os.unlink(gone)
 
 
-def remove_artifact(cache_root: Path, key: str) -> tuple[int | None, str]:
+def remove_artifact(
+    cache_root: Path, key: str, in_use: InUse | None = None
+) -> tuple[int | None, str]:
     """Remove one artifact (see the module docstring): (bytes freed, what happened); bytes is
-    None when it was skipped."""
+    None when it was skipped. ``in_use`` is asked once the lock is held, right before the
+    removal (raises InUseUnknown when it cannot tell: nothing is removed)."""
     art = artifacts_root(cache_root) / check_key(key)
     if not art.is_dir():
         return None, "absent"
@@ -219,6 +231,9 @@ def remove_artifact(cache_root: Path, key: str) -> tuple[int | None, str]:
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 return None, "a precompile is writing it"
             raise
+        why = in_use(key) if in_use is not None else None
+        if why:
+            return None, why
         size = directory_size(art)
         _unlink_atomically(art / CATALOG_FILENAME)
         _unlink_atomically(art / MANIFEST_FILENAME)
@@ -252,7 +267,12 @@ def _read_orphans(root: Path) -> dict[str, float]:
 
 
 def sweep_orphans(
-    cache_root: Path, known: set[str], unused_for: float, now: float, result: GcResult
+    cache_root: Path,
+    known: set[str],
+    unused_for: float,
+    now: float,
+    result: GcResult,
+    in_use: InUse | None = None,
 ) -> None:
     """Record the dirs not in ``known`` and remove those recorded ``unused_for`` seconds ago
     (see the module docstring); what it did goes into ``result``."""
@@ -270,7 +290,7 @@ def sweep_orphans(
             continue  # a precompile the operator did not know of when it started this gc
         since = seen.get(key, now)
         if now - since >= unused_for:
-            size, what = remove_artifact(cache_root, key)
+            size, what = remove_artifact(cache_root, key, in_use)
             if size is not None:
                 result.removed.append({"key": key, "sizeBytes": size, "orphan": True})
                 continue
@@ -288,25 +308,33 @@ def gc(
     keep: list[str] | None = None,
     orphans_unused_for: float | None = None,
     now: float | None = None,
+    in_use: InUse | None = None,
 ) -> GcResult:
-    """Remove the artifacts ``keys`` (those a precompile writes are skipped) and old trash;
-    with ``orphans_unused_for``, also sweep the dirs in neither ``keys`` nor ``keep``."""
+    """Remove the artifacts ``keys`` (those a precompile writes, and with ``in_use`` those in
+    use right now, are skipped) and old trash; with ``orphans_unused_for``, also sweep the
+    dirs in neither ``keys`` nor ``keep``. If ``in_use`` cannot tell, nothing more is removed:
+    the rest is skipped and ``result.in_use_unknown`` says why."""
     result = GcResult(trash_bytes=sweep_trash(cache_root))
-    for key in keys:
-        try:
-            size, what = remove_artifact(cache_root, key)
-        except InvalidKey as exc:
-            result.skipped.append({"key": key, "reason": str(exc)})
-            continue
-        if size is None:
-            result.skipped.append({"key": key, "reason": what})
-        else:
-            result.removed.append({"key": key, "sizeBytes": size})
-    if orphans_unused_for is not None:
-        known = set(keep or ()) | set(keys)
-        sweep_orphans(
-            cache_root, known, orphans_unused_for, time.time() if now is None else now, result
-        )
+    try:
+        for i, key in enumerate(keys):
+            try:
+                size, what = remove_artifact(cache_root, key, in_use)
+            except InvalidKey as exc:
+                result.skipped.append({"key": key, "reason": str(exc)})
+                continue
+            except InUseUnknown:
+                result.skipped += [{"key": k, "reason": UNKNOWN_REASON} for k in keys[i:]]
+                raise
+            if size is None:
+                result.skipped.append({"key": key, "reason": what})
+            else:
+                result.removed.append({"key": key, "sizeBytes": size})
+        if orphans_unused_for is not None:
+            known = set(keep or ()) | set(keys)
+            when = time.time() if now is None else now
+            sweep_orphans(cache_root, known, orphans_unused_for, when, result, in_use)
+    except InUseUnknown as exc:
+        result.in_use_unknown = str(exc)
     return result
 
 

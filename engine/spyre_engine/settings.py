@@ -220,6 +220,17 @@ class CacheSettings(BaseModel):
         description="gc: also remove orphans (dirs not in --keep or --remove) this many "
         "seconds after a gc first found them; unset: leave them",
     )
+    claim: str | None = Field(
+        None,
+        description="gc: the cache claim's PVC name; set, each removal first asks the API "
+        "server whether a pod, Job or Deployment of --namespace uses the key on this claim "
+        "now (and removes nothing if it cannot tell); unset: no such check",
+    )
+    namespace: str | None = Field(
+        None,
+        description="gc: the namespace of --claim (default: the pod's own, from its "
+        "ServiceAccount)",
+    )
     termination_log: Path | None = Field(
         Path("/dev/termination-log"), description="Where the one-line JSON summary is written"
     )

@@ -26,6 +26,8 @@ REASON_ENGINE_FAILED = "EngineFailed"
 REASON_CATALOG_ERROR = "CatalogError"
 REASON_TERMINATED = "Terminated"
 REASON_UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
+#: ``gc``: the API server could not be asked which artifacts are in use; nothing was removed.
+REASON_IN_USE_UNKNOWN = "InUseUnknown"
 
 
 class Versions(BaseModel):

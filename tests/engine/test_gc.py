@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from spyre_engine import catalog, gc, manifest
+from spyre_engine import catalog, gc, inuse, manifest
 
 
 def _artifact(cache: Path, key: str, size: int = 200_000, files: int = 3) -> Path:
@@ -216,3 +216,104 @@ def test_gc_cli_sweeps_orphans_and_reports_them(tmp_path: Path) -> None:
     doc = json.loads(term.read_text())
     assert [r["key"] for r in doc["removed"]] == ["bbb"] and "orphans" not in doc
     assert (tmp_path / "artifacts" / "aaa").is_dir()
+
+
+# ------------------------------------------------------------------ in use at removal time
+
+CLAIM = "spyre-compile-cache"
+
+
+def _pod(name: str, key: str, claim: str = CLAIM, phase: str = "Running") -> dict[str, object]:
+    return {"metadata": {"name": name, "annotations": {inuse.ARTIFACT_KEY_ANNOTATION: key}},
+            "spec": {"volumes": [{"name": "cache",
+                                  "persistentVolumeClaim": {"claimName": claim}}]},
+            "status": {"phase": phase}}
+
+
+def _workload(name: str, key: str, claim: str = CLAIM, done: bool = False) -> dict[str, object]:
+    conds = [{"type": "Complete", "status": "True"}] if done else []
+    return {"metadata": {"name": name},
+            "spec": {"template": {
+                "metadata": {"annotations": {inuse.ARTIFACT_KEY_ANNOTATION: key}},
+                "spec": {"volumes": [{"name": "cache",
+                                      "persistentVolumeClaim": {"claimName": claim}}]}}},
+            "status": {"conditions": conds}}
+
+
+def test_what_uses_a_key_now_is_any_live_pod_running_job_or_deployment_on_the_claim() -> None:
+    pods = [_pod("done", "k", phase="Succeeded"), _pod("other-claim", "k", claim="x"),
+            _pod("other-key", "j"), _pod("starting", "k", phase="Pending")]
+    jobs = [_workload("finished", "k", done=True), _workload("compiling", "k")]
+    deployments = [_workload("server", "k"), _workload("elsewhere", "k", claim="x")]
+    assert inuse.users_of("k", CLAIM, pods, jobs, deployments) == [
+        "deployment/server", "job/compiling", "pod/starting"]
+    assert inuse.users_of("k", CLAIM, pods[:3], jobs[:1], deployments[1:]) == []
+
+
+def test_a_key_in_use_when_gc_runs_is_kept_whatever_the_job_was_told(tmp_path: Path) -> None:
+    """The remove list was fixed when the GC Job was made; a revert serves the key again
+    before the pod runs: the check at removal time keeps it, complete and loadable."""
+    served = _artifact(tmp_path, "aaa")
+    _artifact(tmp_path, "bbb")
+    objects: dict[str, list[dict[str, object]]] = {
+        "pods": [_pod("server-1", "aaa")], "jobs": [], "deployments": []}
+    asked: list[tuple[str, bool]] = []
+
+    def lister(resource: str) -> list[dict[str, object]]:
+        return objects[resource]
+
+    check = inuse.InUseCheck(CLAIM, lister)
+
+    def in_use(key: str) -> str | None:
+        # Asked with the dir's lock held: a precompile starting now waits for the removal.
+        asked.append((key, gc.being_written(tmp_path / "artifacts" / key)))
+        return check(key)
+
+    result = gc.gc(tmp_path, ["aaa", "bbb"], in_use=in_use)
+    assert [r["key"] for r in result.removed] == ["bbb"]
+    assert result.skipped == [{"key": "aaa", "reason": "in use by pod/server-1"}]
+    assert asked == [("aaa", True), ("bbb", True)]
+    manifest.verify(served)  # whole: catalog and manifest untouched
+    assert catalog.CATALOG_FILENAME in os.listdir(served)
+
+
+def test_an_orphan_a_pod_serves_is_not_swept(tmp_path: Path) -> None:
+    _artifact(tmp_path, "orphan")
+    check = inuse.InUseCheck(CLAIM, lambda r: [_pod("p", "orphan")] if r == "pods" else [])
+    result = gc.gc(tmp_path, [], keep=[], orphans_unused_for=0, now=1.0, in_use=check)
+    assert result.removed == []
+    assert result.skipped == [{"key": "orphan", "reason": "in use by pod/p"}]
+    assert (tmp_path / "artifacts" / "orphan").is_dir()
+
+
+def test_when_it_cannot_tell_what_is_in_use_gc_removes_nothing(tmp_path: Path) -> None:
+    _artifact(tmp_path, "aaa")
+    _artifact(tmp_path, "orphan")
+
+    def unreachable(resource: str) -> list[dict[str, object]]:
+        raise inuse.InUseUnknown(f"listing {resource}: connection refused")
+
+    result = gc.gc(tmp_path, ["aaa"], keep=[], orphans_unused_for=0, now=1.0,
+                   in_use=inuse.InUseCheck(CLAIM, unreachable))
+    assert result.removed == []
+    assert result.in_use_unknown == "listing pods: connection refused"
+    assert result.skipped == [{"key": "aaa", "reason": gc.UNKNOWN_REASON}]
+    assert sorted(os.listdir(tmp_path / "artifacts")) == ["aaa", "orphan"]
+
+
+def test_gc_cli_with_a_claim_outside_a_cluster_fails_safe(tmp_path: Path) -> None:
+    """No API server to ask (no KUBERNETES_SERVICE_HOST, no token): exit non-zero, reason
+    InUseUnknown in the termination log, every artifact still there."""
+    _artifact(tmp_path, "aaa")
+    term = tmp_path / "term"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "spyre_engine.cli", "gc", "--cache-root", str(tmp_path),
+         "--remove", "aaa", "--claim", CLAIM, "--namespace", "ns",
+         "--termination-log", str(term)],
+        capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(term.read_text())
+    assert doc["reason"] == "InUseUnknown"
+    assert "nothing was removed" in doc["message"]
+    assert (tmp_path / "artifacts" / "aaa" / manifest.MANIFEST_FILENAME).is_file()

@@ -173,3 +173,12 @@ def test_a_sweep_gc_job_keeps_the_known_keys_and_is_named_by_its_time():
         plan, ["k1"], [plan.owner]).metadata.name
     assert "--keep" not in build_gc_job(plan, ["k1"], [plan.owner]).spec.template.spec.containers[
         0].args
+
+
+def test_the_gc_pod_reads_the_annotation_and_labels_the_operator_writes():
+    """The engine's in-use check (inuse.py) looks for the operator's own names."""
+    from spyre_engine import inuse
+    from spyre_operator.desired import names
+
+    assert inuse.ARTIFACT_KEY_ANNOTATION == names.ARTIFACT_KEY_ANNOTATION
+    assert inuse.MANAGED_SELECTOR == f"{names.MANAGED_BY}={names.MANAGED_BY_VALUE}"
