@@ -20,6 +20,7 @@ import json
 import logging
 import secrets
 from collections import Counter
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -29,7 +30,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import Event
+from lightkube.resources.core_v1 import Event, PersistentVolumeClaim
 from lightkube.types import CascadeType, PatchType
 
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
@@ -61,6 +62,37 @@ def parse_quantity(value: Any) -> Decimal | None:
         return Decimal(s)
     except InvalidOperation:
         return None
+
+
+def build_event(
+    model: dict[str, Any], type_: str, reason: str, message: str, instance: str
+) -> Event:
+    """An Event on a SpyreModel, named ``<model>.<16 hex digits>`` like client-go's: 17
+    characters longer than the model's name (the CRD caps that at api MAX_MODEL_NAME)."""
+    meta = model["metadata"]
+    now = datetime.now(UTC).replace(microsecond=0)
+    return Event(
+        metadata=ObjectMeta(
+            name=f"{meta['name']}.{secrets.token_hex(8)}", namespace=meta["namespace"]
+        ),
+        involvedObject=ObjectReference(
+            apiVersion=f"{GROUP}/{VERSION}",
+            kind=KIND,
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta.get("uid"),
+            resourceVersion=meta.get("resourceVersion"),
+        ),
+        reason=reason,
+        message=message[:1024],
+        type=type_,
+        count=1,
+        firstTimestamp=now,
+        lastTimestamp=now,
+        source=EventSource(component="spyre-model-operator"),
+        reportingComponent="serving.spyre.dev/spyre-model-operator",
+        reportingInstance=instance,
+    )
 
 
 _QUANTITY_PARENTS = frozenset({"requests", "limits", "capacity"})
@@ -174,6 +206,35 @@ class Applier:
         log.info("Updated owners of Job %s/%s", meta.namespace, meta.name)
         return True
 
+    async def release_owner(
+        self, pvc: Mapping[str, Any], keep: list[dict[str, Any]], model: str
+    ) -> None:
+        """Drop a SpyreModel from a cache PVC's ownerReferences (``keep``: the others).
+
+        A JSON merge patch of ownerReferences alone, guarded by the resourceVersion the
+        decision was made on (a concurrent change is a 409: decided again); server-side apply
+        would need the whole PVC as this field manager last applied it.
+        """
+        meta = pvc["metadata"]
+        patch = {
+            "metadata": {"ownerReferences": keep, "resourceVersion": meta["resourceVersion"]}
+        }
+        await self.client.patch(
+            PersistentVolumeClaim,
+            meta["name"],
+            patch,
+            namespace=meta["namespace"],
+            patch_type=PatchType.MERGE,
+            field_manager=FIELD_MANAGER,
+        )
+        self._count("patch", "PersistentVolumeClaim", meta["namespace"])
+        log.info(
+            "Released PVC %s/%s from SpyreModel %s (it names another cache claim)",
+            meta["namespace"],
+            meta["name"],
+            model,
+        )
+
     async def delete(self, resource: type, name: str, namespace: str) -> bool:
         """Delete a child (dependents are garbage-collected in the background)."""
         try:
@@ -214,29 +275,7 @@ class Applier:
     async def event(self, model: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Record a Kubernetes Event on a SpyreModel (best effort)."""
         meta = model["metadata"]
-        now = datetime.now(UTC).replace(microsecond=0)
-        ev = Event(
-            metadata=ObjectMeta(
-                name=f"{meta['name']}.{secrets.token_hex(8)}", namespace=meta["namespace"]
-            ),
-            involvedObject=ObjectReference(
-                apiVersion=f"{GROUP}/{VERSION}",
-                kind=KIND,
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta.get("uid"),
-                resourceVersion=meta.get("resourceVersion"),
-            ),
-            reason=reason,
-            message=message[:1024],
-            type=type_,
-            count=1,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            source=EventSource(component="spyre-model-operator"),
-            reportingComponent="serving.spyre.dev/spyre-model-operator",
-            reportingInstance=self.instance,
-        )
+        ev = build_event(model, type_, reason, message, self.instance)
         try:
             await self.client.create(ev)
             self._count("create", "Event", meta["namespace"])

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
 from pydantic import ValidationError
 
 from . import conditions as C
@@ -43,6 +43,7 @@ from .reconcile import (
     decide,
     write_error_message,
 )
+from .release import claims_to_release, mounted_claims, rollout_complete
 
 log = logging.getLogger(__name__)
 
@@ -509,6 +510,8 @@ class Controller:
             obs.collected = await self.gc.collected(ns, plan.claim)
         decision = decide(model, obs, self.clock(), self.policy)
         await self.execute(model, obs, decision)
+        if plan is not None:
+            await self.release_claims(plan, obs.deployment)
         if plan is not None and plan.claim_managed:
             await self.collect_garbage(key, plan)
         if decision.requeue_after is not None:
@@ -525,6 +528,47 @@ class Controller:
             # unreported in a loaded run).
             self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
         return decision
+
+    # ------------------------------------------------------------------ claims left behind
+
+    async def release_claims(self, plan: Any, deployment: dict[str, Any] | None) -> None:
+        """Release the managed cache PVCs the model owns but no longer names (release.py):
+        drop its ownerReference, or delete the PVC once no SpyreModel owns or names it; only
+        when no pod of the operator may read from it."""
+        ns, uid = plan.namespace, plan.uid
+        pvc_index = self.caches.indices.get("pvcs") or {}
+        owned = [
+            pvc
+            for k in list(pvc_index.keys())
+            if k[0] == ns
+            and k[1] != plan.claim
+            and (pvc := self.caches.one("pvcs", k)) is not None
+            and any(r.get("uid") == uid for r in pvc["metadata"].get("ownerReferences") or [])
+        ]
+        if not owned or not rollout_complete(deployment) or not self.may_write():
+            return
+        users = self.caches.indices.get("claim_users") or {}
+        named = {k[1] for k in list(users.keys()) if k[0] == ns and self.caches.all(
+            "claim_users", k)}
+        for r in claims_to_release(uid, plan.claim, owned, self._claims_in_use(ns), named):
+            if r.keep is None:
+                log.info("PVC %s/%s: no SpyreModel names it (retainPolicy Delete)", ns, r.name)
+                await self.applier.delete(PersistentVolumeClaim, r.name, ns)
+            else:
+                await self.applier.release_owner(r.pvc, r.keep, plan.name)
+
+    def _claims_in_use(self, ns: str) -> set[str]:
+        """Claims a pod of the operator may read or write: those every Deployment of the
+        namespace mounts, and those an unfinished Job (precompile or GC) writes to."""
+        in_use: set[str] = set()
+        for k in list((self.caches.indices.get("deployments") or {}).keys()):
+            if k[0] == ns:
+                in_use |= mounted_claims(self.caches.one("deployments", k))
+        for k in list((self.caches.indices.get("claim_jobs") or {}).keys()):
+            jobs = self.caches.all("claim_jobs", k) if k[0] == ns else []
+            if any(not job_status.finished(j) for j in jobs):
+                in_use.add(k[1])
+        return in_use
 
     # ------------------------------------------------------------------ garbage collection
 

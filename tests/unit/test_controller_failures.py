@@ -37,6 +37,9 @@ class RecordingApplier:
         self.writes.append(("delete", resource.__name__))
         return True
 
+    async def release_owner(self, pvc: Any, keep: list[Any], model: str) -> None:
+        self.writes.append(("release", pvc["metadata"]["name"], keep))
+
     async def apply_status(
         self, name: str, ns: str, status: dict[str, Any], current: dict[str, Any] | None
     ) -> str | None:

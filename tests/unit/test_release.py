@@ -1,0 +1,109 @@
+"""Releasing the managed cache PVCs a SpyreModel no longer names (release.py, and the
+controller's use of it with a recording applier)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from spyre_operator.controller import Caches, Controller
+from spyre_operator.desired import names
+from spyre_operator.desired.plan import OwnerRef
+from spyre_operator.handlers import ClaimUser
+from spyre_operator.release import claims_to_release, mounted_claims, rollout_complete
+
+from .test_controller_failures import RecordingApplier
+from .test_reconcile_correctness import bound
+
+
+def pvc(name: str, *owners: str) -> dict[str, Any]:
+    p = bound(uid=f"pvc-{name}")
+    p["metadata"].update(name=name, namespace="ns", resourceVersion="3", ownerReferences=[
+        {"apiVersion": "serving.spyre.dev/v1alpha1", "kind": "SpyreModel", "name": o,
+         "uid": f"uid-{o}"} for o in owners])
+    return p
+
+
+def deployment(*claims: str, replicas: int = 1, updated: int = 1) -> dict[str, Any]:
+    return {"metadata": {"name": "m", "generation": 2,
+                         "labels": {names.MANAGED_BY: names.MANAGED_BY_VALUE}},
+            "spec": {"template": {"spec": {"volumes": [
+                {"name": f"v{i}", "persistentVolumeClaim": {"claimName": c}}
+                for i, c in enumerate(claims)]}}},
+            "status": {"observedGeneration": 2, "replicas": replicas,
+                       "updatedReplicas": updated}}
+
+
+def test_a_claim_nobody_names_is_deleted_and_a_shared_one_only_dropped_from() -> None:
+    old, shared, named = pvc("old", "m"), pvc("shared", "m", "b"), pvc("named", "m")
+    out = {r.name: r.keep for r in claims_to_release(
+        "uid-m", "new", [old, shared, named, pvc("new", "m")], set(), {"named"})}
+    assert out == {"old": None, "shared": [shared["metadata"]["ownerReferences"][1]],
+                   "named": []}
+
+
+def test_never_while_a_pod_may_read_from_it_or_not_ours() -> None:
+    assert claims_to_release("uid-m", "new", [pvc("old", "m")], {"old"}, set()) == []
+    foreign = pvc("old", "m")
+    foreign["metadata"]["labels"] = {}
+    assert claims_to_release("uid-m", "new", [foreign], set(), set()) == []
+    going = pvc("old", "m")
+    going["metadata"]["deletionTimestamp"] = "2026-11-21T10:00:00Z"
+    assert claims_to_release("uid-m", "new", [going], set(), set()) == []
+    assert claims_to_release("uid-m", "new", [pvc("old", "b")], set(), set()) == []
+
+
+def test_mounts_and_rollouts() -> None:
+    assert mounted_claims(deployment("a", "weights")) == {"a", "weights"}
+    assert rollout_complete(deployment("a"))
+    assert not rollout_complete(deployment("a", replicas=2, updated=1))  # old pods left
+    stale = deployment("a")
+    stale["status"]["observedGeneration"] = 1
+    assert not rollout_complete(stale)
+    assert rollout_complete(None)
+
+
+def controller(pvcs: list[dict[str, Any]], deployments: dict[str, Any],
+               users: dict[str, list[str]], jobs: dict[str, list[Any]] | None = None
+               ) -> tuple[Controller, RecordingApplier]:
+    indices = {
+        "pvcs": {("ns", p["metadata"]["name"]): [p] for p in pvcs},
+        "deployments": {("ns", n): [d] for n, d in deployments.items()},
+        "claim_users": {("ns", c): [ClaimUser(OwnerRef(n, f"uid-{n}"), None) for n in ns_]
+                        for c, ns_ in users.items()},
+        "claim_jobs": {("ns", c): js for c, js in (jobs or {}).items()},
+    }
+    c = Controller(client=None, caches=Caches(indices))  # type: ignore[arg-type]
+    applier = RecordingApplier()
+    c.applier = applier  # type: ignore[assignment]
+    return c, applier
+
+
+class Plan:
+    namespace, uid, name, claim = "ns", "uid-m", "m", "new"
+
+
+def test_moving_off_a_delete_claim_releases_it_once_the_old_pods_are_gone() -> None:
+    """Reproduced: the old PVC stayed owned by the model although nothing named it."""
+    old = pvc("old", "m")
+    # the Deployment still serves from the old claim (the new artifact compiles)
+    c, applier = controller([old, pvc("new", "m")], {"m": deployment("old")}, {"new": ["m"]})
+    asyncio.run(c.release_claims(Plan(), deployment("old")))
+    assert applier.writes == []
+    # moved, but a pod of the old ReplicaSet is still there
+    c, applier = controller([old], {"m": deployment("new", replicas=2)}, {"new": ["m"]})
+    asyncio.run(c.release_claims(Plan(), deployment("new", replicas=2)))
+    assert applier.writes == []
+    # a precompile or GC Job still writes to it
+    running = {"metadata": {"name": "j"}, "status": {"active": 1}}
+    c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"]}, {"old": [running]})
+    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    assert applier.writes == []
+    # rolled out: nobody names it, so retainPolicy Delete deletes it
+    c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"]})
+    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    assert applier.writes == [("delete", "PersistentVolumeClaim")]
+    # another model names it (cache.claimName): only the ownerReference goes
+    c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"], "old": ["b"]})
+    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    assert applier.writes == [("release", "old", [])]
