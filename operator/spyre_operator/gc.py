@@ -28,7 +28,7 @@ from lightkube.resources.batch_v1 import Job
 from . import jobs
 from .api.v1alpha1 import CacheRetention, SpyreModelSpec
 from .desired import names
-from .desired.gcjob import COMPONENT_GC, Sweep, build_gc_job
+from .desired.gcjob import COMPONENT_GC, Sweep, build_gc_access, build_gc_job
 from .desired.plan import plan_model
 from .reconcile import served_key as served_key_of
 
@@ -445,6 +445,10 @@ class GarbageCollector:
             return  # this very set was collected already (or is being)
         if not self.c.may_write():
             return
+        # The GC pod's own access (list pods, Jobs, Deployments), applied again every time:
+        # it may have been removed with the models that needed it last.
+        for obj in build_gc_access(ns, [u.owner for u in users]):
+            await self.c.applier.apply(obj, None)
         log.info(
             "cache claim %s/%s: removing unused artifacts %s%s",
             ns,

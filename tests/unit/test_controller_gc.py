@@ -26,9 +26,14 @@ class FakeApplier:
         self.jobs: list[Any] = []
         self.deleted: list[str] = []
         self.events: list[tuple[str, str, str, str]] = []
+        self.applied: list[Any] = []
 
     async def ensure_job(self, job: Any, live: Any) -> bool:
         self.jobs.append(job)
+        return True
+
+    async def apply(self, obj: Any, live: Any) -> bool:
+        self.applied.append(obj)
         return True
 
     async def delete(self, resource: Any, name: str, ns: str) -> None:
@@ -100,6 +105,20 @@ def test_an_unused_old_key_gets_one_gc_job_and_evaluation_is_throttled() -> None
         [job] = fake.jobs
         assert job.metadata.annotations[GC_KEYS_ANNOTATION] == old_key
         assert [r.name for r in job.metadata.ownerReferences] == ["a", "b"]
+        # Its pod asks the API server what is in use before each removal: with its own
+        # ServiceAccount, which may list pods, Jobs and Deployments and nothing else.
+        pod = job.spec.template.spec
+        assert pod.serviceAccountName == "spyre-gc" and pod.automountServiceAccountToken
+        args = _gc_args(job)
+        assert args[args.index("--claim") + 1] == CLAIM
+        assert args[args.index("--namespace") + 1] == NS
+        assert [(o.kind, o.metadata.name) for o in fake.applied] == [
+            ("ServiceAccount", "spyre-gc"), ("Role", "spyre-gc"), ("RoleBinding", "spyre-gc")]
+        role = fake.applied[1]
+        assert {(r.apiGroups[0], r.resources[0], tuple(r.verbs)) for r in role.rules} == {
+            ("", "pods", ("list",)), ("batch", "jobs", ("list",)),
+            ("apps", "deployments", ("list",))}
+        assert [r.name for r in role.metadata.ownerReferences] == ["a", "b"]
         await c.collect_garbage((NS, "b"), plan_a)  # within the interval: not evaluated again
         assert len(fake.jobs) == 1
         assert set(c.queue._timers) == {(NS, "a")}  # one timer per claim: its oldest user

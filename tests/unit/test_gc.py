@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 
 from spyre_operator.api.v1alpha1 import CacheRetention, SpyreModelSpec
-from spyre_operator.desired.gcjob import GC_KEYS_ANNOTATION, Sweep, build_gc_job, gc_job_name
+from spyre_operator.desired.gcjob import (
+    GC_KEYS_ANNOTATION,
+    GC_SERVICE_ACCOUNT,
+    Sweep,
+    build_gc_job,
+    gc_job_name,
+)
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.gc import ClaimUse, keys_to_remove, known_keys, parse_gc_result
 
@@ -133,7 +139,8 @@ def test_gc_job_is_deterministic_restricted_and_owned_by_the_users():
     assert pod.volumes[0].persistentVolumeClaim.claimName == plan.claim
     assert not pod.volumes[0].persistentVolumeClaim.readOnly
     assert pod.securityContext.runAsNonRoot and c.securityContext.allowPrivilegeEscalation is False
-    assert pod.automountServiceAccountToken is False
+    # Its token is for the in-use check only: a ServiceAccount that may list, nothing else.
+    assert pod.serviceAccountName == GC_SERVICE_ACCOUNT and pod.automountServiceAccountToken
     assert pod.affinity is None
     rwo = _plan("a", access=["ReadWriteOnce"])
     assert build_gc_job(rwo, ["k1"], [rwo.owner]).spec.template.spec.affinity is not None

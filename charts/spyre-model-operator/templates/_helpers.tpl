@@ -126,4 +126,13 @@ object does not exist yet.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# gc.py: the GC pod's ServiceAccount "spyre-gc", a Role that may only list pods, Jobs and
+# Deployments (held above, so the operator may grant it) and their RoleBinding, one of each
+# per namespace, server-side applied before each GC Job; removed with their owners.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create", "patch"]
 {{- end }}

@@ -18,7 +18,10 @@ from lightkube.models.core_v1 import (
     VolumeMount,
 )
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
 from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
 from . import names
 from .job import TERMINATION_LOG
@@ -31,6 +34,16 @@ COMPONENT_GC = "gc"
 GC_KEYS_ANNOTATION = f"{names.ARTIFACT_KEY_ANNOTATION}s-removed"
 #: A finished GC Job goes after this long (the operator reads its result within seconds).
 GC_JOB_TTL_SECONDS = 3600
+#: The GC pod's ServiceAccount (and its Role and RoleBinding), one per namespace: it lists
+#: the pods, Jobs and Deployments that use a key right before removing it (engine inuse.py).
+GC_SERVICE_ACCOUNT = "spyre-gc"
+#: What the GC pod may do: list, nothing else (the operator holds these itself, so it may
+#: grant them).
+GC_RULES = (
+    ("", "pods"),
+    ("batch", "jobs"),
+    ("apps", "deployments"),
+)
 
 
 def gc_job_name(claim: str, keys: Iterable[str], sweep: str = "") -> str:
@@ -90,6 +103,11 @@ def build_gc_job(
             "--remove",
             ",".join(keys),
             *sweep_args,
+            # Each removal asks the API server first whether anything uses the key now.
+            "--claim",
+            plan.claim,
+            "--namespace",
+            plan.namespace,
             "--termination-log",
             TERMINATION_LOG,
         ],
@@ -134,7 +152,8 @@ def build_gc_job(
                         Volume(name="tmp", emptyDir=EmptyDirVolumeSource()),
                     ],
                     enableServiceLinks=False,
-                    automountServiceAccountToken=False,
+                    serviceAccountName=GC_SERVICE_ACCOUNT,
+                    automountServiceAccountToken=True,
                     affinity=cache_affinity(plan),
                     **placement(spec, on_cards=False, precompile=True),
                 ),
@@ -143,10 +162,43 @@ def build_gc_job(
     )
 
 
+def build_gc_access(
+    namespace: str, owners: Iterable[OwnerRef]
+) -> tuple[ServiceAccount, Role, RoleBinding]:
+    """The GC pod's ServiceAccount, its Role (list pods, Jobs, Deployments of the namespace)
+    and the RoleBinding between them; owned like the GC Job (by the claim's users), so they
+    go with the last SpyreModel that needed them and are applied again before each GC Job."""
+
+    def meta() -> ObjectMeta:
+        return ObjectMeta(
+            name=GC_SERVICE_ACCOUNT,
+            namespace=namespace,
+            labels=names.common_labels(COMPONENT_GC),
+            ownerReferences=shared_refs(owners),
+        )
+
+    account = ServiceAccount(metadata=meta(), automountServiceAccountToken=False)
+    role = Role(
+        metadata=meta(),
+        rules=[
+            PolicyRule(apiGroups=[group], resources=[resource], verbs=["list"])
+            for group, resource in GC_RULES
+        ],
+    )
+    binding = RoleBinding(
+        metadata=meta(),
+        roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="Role", name=GC_SERVICE_ACCOUNT),
+        subjects=[Subject(kind="ServiceAccount", name=GC_SERVICE_ACCOUNT, namespace=namespace)],
+    )
+    return account, role, binding
+
+
 __all__ = [
     "COMPONENT_GC",
     "GC_KEYS_ANNOTATION",
+    "GC_SERVICE_ACCOUNT",
     "Sweep",
+    "build_gc_access",
     "build_gc_job",
     "gc_job_labels",
     "gc_job_name",
