@@ -187,10 +187,18 @@ def plugin_env(
     }
     if require_precompiled:
         forced["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "1"
-        # torch_sendnn loads graphs from the cache only. The plugin sets this itself for
-        # decoders, but returns early for pooling models (compilation_utils.py), which would
-        # then compile on the serving path.
-        forced["DISABLE_COMPILATION"] = "true"
+        if settings.is_pooling:
+            # Upstream's precompiled mode does not support pooling models ("This feature is
+            # only available for generative models", docs/user_guide/configuration.md) and the
+            # plugin returns early for them (compilation_utils.py). Their graphs load from
+            # torch_sendnn's cache (TORCH_SENDNN_CACHE_DIR, filled by precompile for the same
+            # warmup shapes); serve refuses before vLLM starts unless the catalog lists those
+            # shapes and the manifest vouches for the files.
+            env.pop("DISABLE_COMPILATION", None)
+        else:
+            # torch_sendnn loads graphs from the cache only; the plugin sets this itself for
+            # decoders too (REQUIRE_PRECOMPILED_DECODERS=1).
+            forced["DISABLE_COMPILATION"] = "true"
     else:
         # Precompile must be allowed to compile, whatever the image's default says.
         forced["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] = "0"

@@ -29,7 +29,7 @@ from spyre_engine.launch import (
     resolve_model,
     vllm_command,
 )
-from spyre_engine.settings import PrecompileSettings
+from spyre_engine.settings import COMPILE_ONLY_BACKEND, PrecompileSettings
 from spyre_engine.summary import (
     REASON_CATALOG_ERROR,
     REASON_COMPILE_FAILED,
@@ -168,6 +168,33 @@ def check_known(
         )
 
 
+def quantization(config_json: dict[str, object]) -> str | None:
+    """The quantization a model's config.json declares (``quantization_config``, top level or
+    the text model's), e.g. ``fp8``; None for an unquantized model. vLLM sets
+    ``model_config.quantization`` from it, which the plugin reads as "FP8 model"."""
+    for scope in (config_json, config_json.get("text_config")):
+        if isinstance(scope, dict) and scope.get("quantization_config"):
+            qc = scope["quantization_config"]
+            method = qc.get("quant_method") if isinstance(qc, dict) else None
+            return str(method or "quantized")
+    return None
+
+
+def check_compile_only(settings: PrecompileSettings, config_json: dict[str, object]) -> None:
+    """Refuse sendnn_compile_only for a quantized model: upstream's own graph tests compile
+    those with sendnn on the cards ("On pytorch 2.10 currently the eager and
+    sendnn_compile_only backends do not work for quantized models", sendnn-inference
+    tests/aftu/test_compare_graphs.py)."""
+    method = quantization(config_json)
+    if settings.backend == COMPILE_ONLY_BACKEND and method is not None:
+        raise PrecompileError(
+            REASON_UNSUPPORTED_CONFIGURATION,
+            f"the model is quantized ({method}) and {COMPILE_ONLY_BACKEND} does not compile "
+            "quantized (FP8) models: precompile it on the cards (SpyreModel "
+            "precompile.onCards: true, or --backend sendnn)",
+        )
+
+
 def invalidate_manifest(artifact: Path) -> None:
     """Before compiling into ``artifact``: files the manifest says are damaged are removed (so
     they are compiled anew, not reused), then the manifest itself, so a compile that dies half
@@ -212,6 +239,7 @@ def _precompile_locked(
     versions = package_versions()
     env = plugin_env(settings, require_precompiled=False)
     config_json = read_config_json(model_path)
+    check_compile_only(settings, config_json)
     if env.get("SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG") == "1":
         check_known(settings, config_json, env)
     started = time.monotonic()

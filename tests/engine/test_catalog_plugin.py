@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from spyre_engine import catalog, known_configs
 from spyre_engine.launch import plugin_env, vllm_command
-from spyre_engine.settings import PrecompileSettings
+from spyre_engine.settings import PrecompileSettings, ServeSettings
 
 pytestmark = pytest.mark.engine
 
@@ -220,3 +220,43 @@ def test_sendnn_precompile_of_an_unknown_configuration_fails_fast(
     assert "maxModelLen=8192 maxNumSeqs=4" in failure["message"]
     assert not (tmp_path / "art" / catalog.CATALOG_FILENAME).exists()
     shutil.rmtree(tmp_path / "art", ignore_errors=True)
+
+
+def _serve_case(settings: ServeSettings, model: Path) -> dict[str, Any]:
+    """What ``spyre-engine serve`` gives vLLM: its command line and the plugin's environment."""
+    cmd = vllm_command(settings, str(model), host="127.0.0.1", port=1)
+    args = ["--model", str(model), *cmd[cmd.index("serve") + 2 :]]
+    env = plugin_env(settings, require_precompiled=True, base={})
+    prefixes = ("SENDNN_INFERENCE_", "VLLM_DT_", "TORCH_SENDNN_", "DISABLE_COMPILATION")
+    return {"args": args, "env": {k: v for k, v in env.items() if k.startswith(prefixes)},
+            "catalogs": []}  # fmt: skip
+
+
+def test_pooling_servers_are_not_forced_into_disable_compilation(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The plugin's own check_and_update_config with serve's environment: for a decoder it sets
+    DISABLE_COMPILATION itself (torch_sendnn then only loads); for a pooling model it returns
+    early (upstream: precompiled mode does not support pooling) and the engine no longer forces
+    it. The pooling server reads its graphs from torch_sendnn's cache, which is the artifact
+    precompile filled for the same warmup shapes (serve refuses other shapes before vLLM
+    starts: tests/engine/test_pooling.py)."""
+    art = tmp_path / "art"
+    common = {"model": str(tiny_model), "artifact_dir": art, "backend": "sendnn"}
+    decoder = ServeSettings.model_validate(
+        {**common, "max_model_len": 512, "max_num_seqs": 4, "max_num_batched_tokens": 128}
+    )
+    catalog.add_entry(art, catalog.make_entry(decoder, str(tiny_model), "2.6.3"))
+    pooling = ServeSettings.model_validate(
+        {**common, "task": "embed", "warmup_shapes": "64x4", "max_model_len": 512}
+    )
+    dec_case, pool_case = _serve_case(decoder, tiny_model), _serve_case(pooling, tiny_model)
+    dec_case["env"].pop("DISABLE_COMPILATION")  # let the plugin decide
+    assert "DISABLE_COMPILATION" not in pool_case["env"]
+    dec, pool = _probe([dec_case, pool_case], tmp_path)
+    assert "error" not in dec and "error" not in pool, (dec, pool)
+    assert dec["env"]["DISABLE_COMPILATION"] == "true"
+    assert pool["env"]["DISABLE_COMPILATION"] is None
+    assert pool["env"]["TORCH_SENDNN_CACHE_ENABLE"] == "1"
+    assert pool["env"]["TORCH_SENDNN_CACHE_DIR"] == str(art.resolve())
+    assert pool["env"]["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] == "64"

@@ -5,6 +5,7 @@ Pure (no vLLM): part of ``make test-unit``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,16 +60,24 @@ def test_free_master_port_beats_a_baked_one(tmp_path: Path) -> None:
     assert all(p.isdigit() and 0 < int(p) < 65536 for p in ports)
 
 
-def test_serve_always_requires_precompiled_and_disables_compilation(tmp_path: Path) -> None:
-    # Decoders: the plugin itself sets DISABLE_COMPILATION when REQUIRE_PRECOMPILED_DECODERS=1;
-    # pooling models: the plugin returns early (compilation_utils.py), so the engine sets it.
+def test_serve_requires_precompiled_and_disables_compilation_for_decoders(
+    tmp_path: Path,
+) -> None:
+    # Decoders: the plugin itself sets DISABLE_COMPILATION when REQUIRE_PRECOMPILED_DECODERS=1,
+    # and so does the engine. Pooling models: upstream's precompiled mode does not support
+    # them and the plugin returns early (compilation_utils.py); they are not forced into it,
+    # not even by an inherited value (tests/engine/test_catalog_plugin.py runs the plugin).
     for task, shapes in (("generate", None), ("embed", "64x4")):
         kw: dict[str, object] = {"task": task, "backend": "sendnn"}
         if shapes:
             kw["warmup_shapes"] = shapes
-        env = plugin_env(_serve(tmp_path, **kw), require_precompiled=True, base=BAKED)
+        inherited = {**BAKED, "DISABLE_COMPILATION": "true"}
+        env = plugin_env(_serve(tmp_path, **kw), require_precompiled=True, base=inherited)
         assert env["SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS"] == "1"
-        assert env["DISABLE_COMPILATION"] == "true"
+        assert env.get("DISABLE_COMPILATION") == (None if shapes else "true")
+        # either way the graphs come from the artifact's torch_sendnn cache
+        assert env["TORCH_SENDNN_CACHE_ENABLE"] == "1"
+        assert env["TORCH_SENDNN_CACHE_DIR"] == str(tmp_path.resolve())
         pre = plugin_env(
             _pre(tmp_path, **kw),
             require_precompiled=False,
@@ -186,6 +195,47 @@ def test_an_artifact_of_another_compiler_stack_is_refused(
     assert catalog.stack_mismatch({k: v for k, v in entry.items() if k != "compiler_stack"},
                                   built) is None  # fmt: skip
     assert catalog.stack_mismatch({**entry, "dynamo_backend": "inductor"}, {}) is None
+
+
+FP8_CONFIG = {
+    "model_type": "granite",
+    "quantization_config": {"quant_method": "fp8", "format": "float-quantized"},
+}
+
+
+def test_a_quantized_model_is_not_compiled_off_the_cards(tmp_path: Path) -> None:
+    """Upstream: sendnn_compile_only does not work for quantized (FP8) models. Refused before
+    vLLM starts with UnsupportedConfiguration, which the operator shows in status; the message
+    says what to do."""
+    model = tmp_path / "fp8"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(FP8_CONFIG))
+    term = tmp_path / "term"
+    proc = subprocess.run(
+        [sys.executable, "-m", "spyre_engine.cli", "precompile", "--model", str(model)]
+        + ["--artifact-dir", str(tmp_path / "art"), "--backend", "sendnn_compile_only"]
+        + ["--no-require-known-config", "--termination-log", str(term)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    failure = parse_termination_message(term.read_text())
+    assert proc.returncode == 1 and isinstance(failure, FailureSummary), proc.stderr[-2000:]
+    assert failure.reason == "UnsupportedConfiguration"
+    assert "quantized (fp8)" in failure.message
+    assert "precompile.onCards: true" in failure.message
+    assert "Starting vLLM" not in proc.stderr + proc.stdout
+
+
+def test_quantized_models_compile_on_the_cards_and_others_anywhere(tmp_path: Path) -> None:
+    from spyre_engine.precompile import check_compile_only, quantization
+
+    assert quantization(FP8_CONFIG) == "fp8"
+    assert quantization({"text_config": FP8_CONFIG}) == "fp8"  # multimodal: the text model's
+    assert quantization({"model_type": "granite"}) is None
+    check_compile_only(_pre(tmp_path, backend="sendnn"), FP8_CONFIG)  # on the cards: fine
+    check_compile_only(_pre(tmp_path, backend="sendnn_compile_only"), {"model_type": "granite"})
 
 
 def test_the_catalog_compares_types_and_accepts_the_empty_dict(tmp_path: Path) -> None:
