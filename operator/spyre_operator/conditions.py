@@ -60,6 +60,12 @@ CLAIM_PROBLEMS = frozenset({CLAIM_NOT_FOUND, CLAIM_LOST, CLAIM_TERMINATING})
 COMPILING = "Compiling"
 ARTIFACT_AVAILABLE = "ArtifactAvailable"
 PRECOMPILE_FAILED = "PrecompileFailed"
+#: The precompile pod waits for a node (the scheduler's message); not Degraded: cards or CPU
+#: may free up. Its image or a Secret it needs fails as ImagePullFailed / ContainerConfigError.
+PRECOMPILE_UNSCHEDULABLE = "PrecompileUnschedulable"
+#: The Job controller cannot create the precompile pod (a ResourceQuota, LimitRange or
+#: PodSecurity refusal; the message is its FailedCreate Event's).
+PRECOMPILE_POD_REJECTED = "PrecompilePodRejected"
 # ... or the engine's own reason when it says what users must fix (engine/spyre_engine/summary.py)
 MODEL_NOT_FOUND = "ModelNotFound"
 MODEL_ACCESS_DENIED = "ModelAccessDenied"
@@ -136,6 +142,7 @@ WARNING_REASONS = frozenset(
         CLAIM_NOT_FOUND,
         CLAIM_TERMINATING,
         PRECOMPILE_FAILED,
+        PRECOMPILE_POD_REJECTED,
         MODEL_NOT_FOUND,
         MODEL_ACCESS_DENIED,
         UNSUPPORTED_CONFIGURATION,

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
+from lightkube.resources.core_v1 import Event, PersistentVolumeClaim, Pod
 from pydantic import ValidationError
 
 from . import conditions as C
@@ -215,6 +215,8 @@ class Controller:
         self._failures: dict[ModelKey, int] = {}
         self._deleted_jobs: dict[str, float] = {}  # uid -> when we deleted it
         self._job_messages: dict[str, list[dict[str, Any]]] = {}  # terminal Job uid -> pods
+        #: Running Job uid -> (when read, its pods, its Events): see _observe_precompile.
+        self._starting_jobs: dict[str, tuple[float, list[Any], list[Any]]] = {}
         self._job_messages_limit = JOB_MESSAGES_MIN_LIMIT
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
@@ -444,6 +446,7 @@ class Controller:
             claim_artifact_bytes=self.gc.claim_artifact_bytes(ns, plan_claim, users),
         )
         self._observe_inference_pool(obs, ns, name)
+        self._observe_jobs(obs, ns, name, plan_claim, job_name)
         for kind, attr in (
             ("Deployment", "deployment"),
             ("Service", "service"),
@@ -498,7 +501,7 @@ class Controller:
             plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec)
             obs = self.observe(model, plan.claim, plan.key, plan.job_name, plan.model_claim)
         if plan is not None and obs.job is not None:
-            obs.job_pods = await self._job_pods(ns, obs.job)
+            await self._observe_precompile(key, obs)
         short = False  # replicas missing: their pods explain why, and may change unwatched
         if plan is not None and obs.deployment is not None:
             st = obs.deployment.get("status") or {}
@@ -619,6 +622,71 @@ class Controller:
         meta = model["metadata"]
         self._written_status[key] = (meta.get("uid"), meta.get("resourceVersion"), status)
 
+    def _observe_jobs(
+        self, obs: Observed, ns: str, name: str, claim: str, job_name: str
+    ) -> None:
+        """The precompile Jobs the model owns besides its own, and which of them some model
+        needs; the artifacts the claim's other users recorded (a Job is removed after a
+        while: what one of them compiled on this claim is not compiled again)."""
+        for job in self.caches.all("owned_jobs", (ns, name)):
+            meta = job.get("metadata") or {}
+            if meta.get("uid") in self._deleted_jobs or meta.get("name") == job_name:
+                continue
+            obs.owned_jobs.append(job)
+            job_claim = (meta.get("labels") or {}).get(names.CLAIM_LABEL)
+            job_key = (meta.get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
+            if self.caches.all("artifact_users", (ns, job_claim, job_key)):
+                obs.needed_jobs.add((str(job_claim), str(job_key)))
+        for user in self.caches.all("claim_users", (ns, claim)):
+            if user.owner.name == name:
+                continue
+            m = self.caches.one("models", (ns, user.owner.name)) or {}
+            for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []:
+                if a.get("claim") == claim:
+                    obs.claim_artifacts.append(a)
+
+    async def _observe_precompile(self, key: ModelKey, obs: Observed) -> None:
+        """The precompile Job's pods: a finished Job's termination messages (read once), and
+        while the Job runs but none of its pods does, what holds it up (unschedulable, image,
+        Secret; with no pod at all its FailedCreate Events). The scheduler and the kubelet
+        write only the pod, which is not watched: look again every NOT_READY_RECHECK_SECONDS
+        until it runs (a Job whose pod is ready makes progress; it is not read)."""
+        job = obs.job
+        if job is None:
+            return
+        if job_status.finished(job):
+            obs.job_pods = await self._job_pods(key[0], job)
+            return
+        if ((job.get("status") or {}).get("ready") or 0) > 0:
+            return
+        now = time.monotonic()
+        for uid, (t, _, _) in list(self._starting_jobs.items()):
+            if now - t >= SERVER_PODS_TTL:
+                del self._starting_jobs[uid]  # bounded: only reads of the last seconds stay
+        uid = job["metadata"]["uid"]
+        if uid not in self._starting_jobs:
+            pods = await self._pods(key[0], {"batch.kubernetes.io/controller-uid": uid})
+            live = [p for p in pods if not p.get("terminated")]
+            events = [] if live else await self._job_events(key[0], uid)
+            self._starting_jobs[uid] = (now, pods, events)
+        _, obs.job_pods, obs.job_events = self._starting_jobs[uid]
+        self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
+
+    async def _job_events(self, ns: str, uid: str) -> list[dict[str, Any]]:
+        """Warning Events of a Job (the Job controller's FailedCreate when a pod is refused)."""
+        out = []
+        try:
+            async for e in self.client.list(
+                Event, namespace=ns, fields={"involvedObject.uid": uid, "type": "Warning"}
+            ):
+                d = e.to_dict()
+                out.append({k: d.get(k) for k in ("reason", "message", "lastTimestamp")})
+        except ApiError as err:
+            if err.status.code != 403:
+                raise
+            log.warning("cannot list Events in %s (grant list on events): %s", ns, err)
+        return out
+
     async def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Pods of a finished Job (read once per Job: their termination messages)."""
         uid = job["metadata"]["uid"]
@@ -664,7 +732,16 @@ class Controller:
         if not self.may_write():
             raise NotLeader("leader lease not held; not writing")
         for resource, obj_name in d.delete:
-            live = obs.job if resource.__name__ == "Job" else None
+            live = None
+            if resource.__name__ == "Job":  # the spec's Job, or one an earlier spec left
+                live = next(
+                    (
+                        j
+                        for j in [obs.job, *obs.owned_jobs]
+                        if j is not None and j["metadata"].get("name") == obj_name
+                    ),
+                    None,
+                )
             if live is not None:
                 self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
             await self.applier.delete(resource, obj_name, ns)

@@ -44,6 +44,7 @@ INDEX_NAMES = (
     "model_claim_users",
     "jobs",
     "claim_jobs",
+    "owned_jobs",
     "deployments",
     "services",
     "pdbs",
@@ -287,6 +288,17 @@ def index_claim_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any
     """The operator's Jobs (precompile and GC) by (namespace, cache claim)."""
     claim = ((body.get("metadata") or {}).get("labels") or {}).get(names.CLAIM_LABEL)
     return {(namespace, claim): slim(body)} if claim else {}
+
+
+@kopf.index("batch", "v1", "jobs", labels=MANAGED, id="owned_jobs")
+def index_owned_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Precompile Jobs by (namespace, each SpyreModel named in their ownerReferences): a
+    model stops the Jobs an earlier spec of its left running (controller._observe_jobs)."""
+    meta = body.get("metadata") or {}
+    if (meta.get("labels") or {}).get(names.COMPONENT) != names.COMPONENT_PRECOMPILE:
+        return {}
+    refs = [r for r in meta.get("ownerReferences") or [] if r.get("kind") == "SpyreModel"]
+    return {(namespace, r.get("name")): slim(body) for r in refs}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")

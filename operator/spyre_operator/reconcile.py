@@ -27,7 +27,7 @@ from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import parse_quantity
 from .desired import names
 from .desired.autoscaling import build_hpa, wants_hpa
-from .desired.deployment import build_deployment
+from .desired.deployment import build_deployment, served_spec_json
 from .desired.job import build_precompile_job
 from .desired.plan import ModelPlan, OwnerRef, plan_model
 from .desired.pvc import build_cache_pvc, cache_owners
@@ -38,6 +38,7 @@ from .desired.routing import (
     wants_inference_pool,
 )
 from .desired.service import build_pdb, build_service, wants_pdb
+from .precompile_state import Stuck, job_attempt, job_stuck, superseded, template_changed
 from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 
 # Artifact phases (status.artifact.phase)
@@ -92,6 +93,15 @@ class Observed:
     job: dict[str, Any] | None = None
     #: Compact records of the precompile Job's pods (see controller.compact_pod).
     job_pods: list[dict[str, Any]] = field(default_factory=list)
+    #: Events of the running precompile Job while it has no pod (FailedCreate: a quota).
+    job_events: list[dict[str, Any]] = field(default_factory=list)
+    #: status.cache.artifacts entries of the claim's other users: a finished Job is removed
+    #: after a while, and what another model compiled on this very claim is not compiled again.
+    claim_artifacts: list[dict[str, Any]] = field(default_factory=list)
+    #: Precompile Jobs the model owns besides the one of its spec (an earlier edit's), and
+    #: the (claim, key) of those some SpyreModel still needs.
+    owned_jobs: list[dict[str, Any]] = field(default_factory=list)
+    needed_jobs: set[tuple[str, str]] = field(default_factory=set)
     deployment: dict[str, Any] | None = None
     service: dict[str, Any] | None = None
     pdb: dict[str, Any] | None = None
@@ -186,6 +196,17 @@ def served_key(deployment: dict[str, Any] | None) -> str | None:
     if not deployment:
         return None
     return deployment.get("metadata", {}).get("annotations", {}).get(names.ARTIFACT_KEY_ANNOTATION)
+
+
+def _remembered_serving(status: dict[str, Any]) -> tuple[str | None, SpyreModelSpec | None]:
+    """The key and spec status says the Deployment serves (servingArtifactKey, servedSpec)."""
+    key, raw = status.get("servingArtifactKey"), status.get("servedSpec")
+    if not key or not raw:
+        return None, None
+    try:
+        return str(key), SpyreModelSpec.model_validate(json.loads(raw))
+    except (ValueError, ValidationError):
+        return None, None
 
 
 def _served_spec(deployment: dict[str, Any]) -> SpyreModelSpec | None:
@@ -378,10 +399,20 @@ class ArtifactOutcome:
     job: Job | None = None
     delete_job: bool = False
     requeue_after: float | None = None
+    #: The running Job's pod cannot start (not scheduled, image, Secret, quota).
+    stuck: Stuck | None = None
 
     @property
     def phase(self) -> str:
         return str(self.status["phase"])
+
+    @property
+    def problem(self) -> str | None:
+        """What Degraded says about the artifact: a failed compile, or a precompile pod that
+        only a fix lets start."""
+        if self.phase == FAILED or (self.stuck is not None and self.stuck.needs_fix):
+            return self.cond.message
+        return None
 
 
 def _summary(obs: Observed) -> ArtifactSummary | EngineFailure | None:
@@ -435,6 +466,108 @@ def _created_after_completion(pvc: dict[str, Any] | None, job: dict[str, Any]) -
     return bool(created and done and created > done)
 
 
+@dataclass
+class _ArtifactFacts:
+    """What decide_artifact reads once: the spec's (claim, key), what status remembers of it,
+    the retry budget of that (claim, key) and the clock."""
+
+    plan: ModelPlan
+    obs: Observed
+    cache: CacheOutcome
+    policy: Policy
+    now: datetime
+    pvc_uid: str | None
+    #: status.artifact when it is about this (claim, key), else empty.
+    old: dict[str, Any]
+    #: The attempt of the live Job (shared by the models of this key), else status's.
+    attempts: int
+    token: str | None
+    old_token: str | None
+
+    @classmethod
+    def read(
+        cls,
+        plan: ModelPlan,
+        obs: Observed,
+        model: dict[str, Any],
+        cache: CacheOutcome,
+        now: str,
+        policy: Policy,
+    ) -> _ArtifactFacts:
+        old = (model.get("status") or {}).get("artifact") or {}
+        if old.get("key") != plan.key or old.get("claim") != plan.claim:
+            old = {}
+        return cls(
+            plan=plan,
+            obs=obs,
+            cache=cache,
+            policy=policy,
+            now=_parse_time(now) or datetime.now(UTC),
+            pvc_uid=((obs.cache_pvc or {}).get("metadata") or {}).get("uid"),
+            old=old,
+            attempts=job_attempt(obs.job) or int(old.get("attempts") or 1),
+            token=((model.get("metadata") or {}).get("annotations") or {}).get(RETRY_ANNOTATION),
+            old_token=old.get("retryToken"),
+        )
+
+    @property
+    def base(self) -> dict[str, Any]:
+        p = self.plan
+        return {"key": p.key, "path": p.artifact_dir(), "jobName": p.job_name, "claim": p.claim}
+
+    def job(self, attempt: int | None = None) -> Job:
+        """The precompile Job, owned by every model that needs this (claim, key)."""
+        owners = self.obs.job_owners or [self.plan.owner]
+        if self.plan.owner not in owners:
+            owners = [*owners, self.plan.owner]
+        return build_precompile_job(self.plan, owners, attempt or self.attempts)
+
+    def pending(self, message: str, reason: str = C.COMPILING, **extra: Any) -> ArtifactOutcome:
+        carry = {"attempts": self.attempts, "retryToken": self.old_token}
+        st = _clean({**self.base, **carry, **extra, "phase": PENDING, "message": message})
+        return ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, message))
+
+    def retry(self, why: str) -> ArtifactOutcome:
+        """Pending the next attempt (the caller deletes the failed Job or creates the new one)."""
+        n = self.attempts + 1
+        return self.pending(f"{why}: attempt {n}", attempts=n, retryToken=self.token)
+
+    def retry_reason(self, due: datetime | None, template_changed: bool = False) -> str | None:
+        """Why a failed compile is retried now, if it is."""
+        if self.token and self.token != self.old_token:
+            return f"retrying now ({RETRY_ANNOTATION}={self.token})"
+        if template_changed:
+            return "retrying now: the precompile pod template changed since the failed attempt"
+        if due is None or self.now >= due:
+            return "retrying after backoff"
+        return None
+
+    def failed(self, message: str, reason: str, due: datetime) -> ArtifactOutcome:
+        """Failed until ``due`` (the Job, if it is still there, is kept for its owners)."""
+        carry = {"attempts": self.attempts, "retryToken": self.old_token}
+        st = _clean(
+            {**self.base, **carry, "phase": FAILED, "message": message, "reason": reason,
+             "nextRetryAt": _fmt_time(due)}
+        )  # fmt: skip
+        text = (
+            f"{message}; attempt {self.attempts}, next retry at {_fmt_time(due)} (or set the "
+            f"annotation {RETRY_ANNOTATION} to a new value to retry now)"
+        )
+        out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, text))
+        out.requeue_after = max(1.0, (due - self.now).total_seconds())
+        return out
+
+    def replaceable(self, job: dict[str, Any]) -> bool:
+        """The live Job was built from another pod template of this model's (see
+        precompile_state.template_changed)."""
+        desired = self.job().metadata
+        want = ((desired.annotations if desired else None) or {}).get(
+            names.TEMPLATE_HASH_ANNOTATION, ""
+        )
+        sharers = [o.name for o in self.obs.job_owners]
+        return template_changed(job, want, self.plan.name, sharers)
+
+
 def decide_artifact(
     plan: ModelPlan,
     obs: Observed,
@@ -448,123 +581,149 @@ def decide_artifact(
     Readiness is per (claim, key): a Complete Job on a claim that was recreated since, or a
     remembered Ready on another claim, is not an artifact here.
     """
-    pvc_uid = ((obs.cache_pvc or {}).get("metadata") or {}).get("uid")
-    base: dict[str, Any] = {
-        "key": plan.key,
-        "path": plan.artifact_dir(),
-        "jobName": plan.job_name,
-        "claim": plan.claim,
-    }
-    old = model.get("status", {}).get("artifact") or {}
-    same = old.get("key") == plan.key and old.get("claim") == plan.claim
-    attempts = int(old.get("attempts") or 1) if same else 1
-    token = ((model.get("metadata") or {}).get("annotations") or {}).get(RETRY_ANNOTATION)
-    old_token = old.get("retryToken") if same else None
-    carry = {"attempts": attempts, "retryToken": old_token}
-
-    def owners_job() -> Job:
-        owners = obs.job_owners or [plan.owner]
-        if plan.owner not in owners:
-            owners = [*owners, plan.owner]
-        return build_precompile_job(plan, owners)
-
-    def pending(message: str, **extra: Any) -> ArtifactOutcome:
-        st = _clean({**base, **carry, **extra, "phase": PENDING, "message": message})
-        return ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.COMPILING, message))
-
+    a = _ArtifactFacts.read(plan, obs, model, cache, now, policy)
     job = obs.job
-    refused = _refused_by_servers(plan, obs)
-    if job is None and not refused:
-        if old.get("phase") == READY and same and pvc_uid and old.get("claimUID") == pvc_uid:
-            # The artifact is on this very claim; its Job was removed (TTL or by hand).
-            st = {**old, "jobName": plan.job_name}
-            return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
-        known = _remembered_on_claim(model, plan, pvc_uid)
-        if known is not None:
-            # A revert to a shape compiled before, still on this claim: serve it, no Job.
-            st = _clean(
-                {
-                    **base,
-                    "phase": READY,
-                    "claimUID": pvc_uid,
-                    "sizeBytes": known.get("sizeBytes"),
-                    "compileSeconds": known.get("compileSeconds"),
-                    "completedAt": known.get("completedAt"),
-                    "modelRevision": known.get("modelRevision"),
-                }
-            )
-            return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
     if job is None:
-        if refused:
-            out = pending(
-                f"{refused}; the precompile Job is gone: compiling the artifact again"
-            )
-            out.job = owners_job()
-            return out
-        if cache.missing:
-            msg = "waiting for the cache claim"
-            st = _clean({**base, **carry, "phase": PENDING, "message": msg})
-            return ArtifactOutcome(
-                st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.CLAIM_NOT_FOUND, msg)
-            )
-        out = pending("creating the precompile Job")
-        out.job = owners_job()
-        return out
-
+        return _without_job(a, model)
     state = _job_state(job)
     if state == READY:
-        if _created_after_completion(obs.cache_pvc, job):
-            out = pending(
-                f"PVC {plan.claim} was created after this artifact was compiled: the "
-                "artifact is not on it; compiling again"
-            )
-            out.delete_job = True
-            return out
-        st = _clean(
-            {**base, **_ready_status(plan, obs, job), "claimUID": pvc_uid, "attempts": attempts}
-        )
-        out = ArtifactOutcome(st, _ready_condition(plan, st))
-        out.job = owners_job()
-        return out
-
+        return _compiled(a, job)
     if state == FAILED:
-        failed_at = _parse_time((jobs.condition(job, jobs.FAILED) or {}).get("lastTransitionTime"))
-        current = _parse_time(now) or datetime.now(UTC)
-        due = (failed_at or current) + timedelta(seconds=policy.retry_delay(attempts))
-        if token and token != old_token:
-            reason = f"retrying now ({RETRY_ANNOTATION}={token})"
-        elif current >= due:
-            reason = "retrying after backoff"
-        else:
-            parsed = _summary(obs)
-            msg = _failure_message(obs, job, parsed)
-            st = _clean(
-                {**base, **carry, "phase": FAILED, "message": msg, "nextRetryAt": _fmt_time(due)}
-            )
-            text = (
-                f"{msg}; attempt {attempts}, next retry at {_fmt_time(due)} (or set the "
-                f"annotation {RETRY_ANNOTATION} to a new value to retry now)"
-            )
-            reason = (
-                parsed.reason
-                if isinstance(parsed, EngineFailure) and parsed.reason in C.ENGINE_COMPILE_REASONS
-                else C.PRECOMPILE_FAILED
-            )
-            out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, text))
-            out.job = owners_job()
-            out.requeue_after = max(1.0, (due - current).total_seconds())
-            return out
-        out = pending(
-            f"{reason}: attempt {attempts + 1}", attempts=attempts + 1, retryToken=token
+        return _after_failure(a, job)
+    return _running(a, job)
+
+
+def _without_job(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome:
+    """No Job for this (claim, key): what status remembers, else a (new) compile."""
+    refused = _refused_by_servers(a.plan, a.obs)
+    if refused:
+        out = a.pending(f"{refused}; the precompile Job is gone: compiling the artifact again")
+        out.job = a.job()
+        return out
+    known = _known_on_claim(a, model)
+    if known is not None:
+        return known
+    if a.cache.missing:
+        return a.pending("waiting for the cache claim", reason=C.CLAIM_NOT_FOUND)
+    if a.old.get("phase") == FAILED:
+        # The failed Job was removed (its TTL, or by hand): status has its reason and retry.
+        due = _parse_time(a.old.get("nextRetryAt"))
+        why = a.retry_reason(due)
+        if why is None and due is not None:
+            reason = a.old.get("reason") or C.PRECOMPILE_FAILED
+            return a.failed(a.old.get("message") or "precompile Job failed", reason, due)
+        out = a.retry(why or "retrying after backoff")
+        out.job = a.job(a.attempts + 1)
+        return out
+    out = a.pending("creating the precompile Job")
+    out.job = a.job()
+    return out
+
+
+def _known_on_claim(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome | None:
+    """Ready without a Job: the artifact is on this very claim (same UID), as this model's
+    status or another user's of the claim records it (the Job was removed: TTL, by hand)."""
+    plan, old = a.plan, a.old
+    if old.get("phase") == READY and a.pvc_uid and old.get("claimUID") == a.pvc_uid:
+        st = {**old, "jobName": plan.job_name}
+        return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
+    known = _remembered_on_claim(model, plan, a.pvc_uid)
+    if known is None and a.pvc_uid and plan.key not in a.obs.collected:
+        known = next(
+            (
+                e
+                for e in a.obs.claim_artifacts
+                if e.get("key") == plan.key
+                and e.get("claim") == plan.claim
+                and e.get("claimUID") == a.pvc_uid
+            ),
+            None,
+        )
+    if known is None:
+        return None
+    # A revert to a shape compiled before (or one another model compiled), still on this
+    # claim: serve it, no Job.
+    st = _clean(
+        {
+            **a.base,
+            "phase": READY,
+            "claimUID": a.pvc_uid,
+            "sizeBytes": known.get("sizeBytes"),
+            "compileSeconds": known.get("compileSeconds"),
+            "completedAt": known.get("completedAt"),
+            "modelRevision": known.get("modelRevision"),
+        }
+    )
+    return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
+
+
+def _compiled(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
+    """The Job completed: ready, unless the claim was created again since."""
+    if _created_after_completion(a.obs.cache_pvc, job):
+        out = a.pending(
+            f"PVC {a.plan.claim} was created after this artifact was compiled: the "
+            "artifact is not on it; compiling again"
         )
         out.delete_job = True
         return out
+    st = _clean(
+        {**a.base, **_ready_status(a.plan, a.obs, job), "claimUID": a.pvc_uid,
+         "attempts": a.attempts}
+    )  # fmt: skip
+    out = ArtifactOutcome(st, _ready_condition(a.plan, st))
+    out.job = a.job()
+    return out
 
+
+def _after_failure(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
+    """The Job failed: Failed until the retry is due (one backoff per claim and key: the
+    attempt is the Job's), asked for, or the model's pod template changed."""
+    failed_at = _parse_time((jobs.condition(job, jobs.FAILED) or {}).get("lastTransitionTime"))
+    due = (failed_at or a.now) + timedelta(seconds=a.policy.retry_delay(a.attempts))
+    why = a.retry_reason(due, template_changed=a.replaceable(job))
+    if why is not None:
+        out = a.retry(why)
+        out.delete_job = True
+        return out
+    parsed = _summary(a.obs)
+    reason = (
+        parsed.reason
+        if isinstance(parsed, EngineFailure) and parsed.reason in C.ENGINE_COMPILE_REASONS
+        else C.PRECOMPILE_FAILED
+    )
+    out = a.failed(_failure_message(a.obs, job, parsed), reason, due)
+    out.job = a.job()
+    return out
+
+
+def _running(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
+    """The Job runs: compiling, or its pod cannot start (the pod's own reason and message).
+
+    A stuck Job whose pod template this model changed since (placement, resources, a Secret
+    outside the key) is replaced at once rather than left to its deadline; a Job whose pod
+    runs is never replaced.
+    """
+    plan = a.plan
+    stuck = job_stuck(plan.job_name, a.obs.job_pods, a.obs.job_events)
+    if stuck is not None and a.replaceable(job):
+        out = a.pending(
+            f"replacing precompile Job {plan.job_name}: its pod template changed since it was "
+            f"created, and it could not start ({stuck.message})"[:1024]
+        )
+        out.delete_job = True
+        return out
+    carry = {"attempts": a.attempts, "retryToken": a.old_token}
+    if stuck is not None:
+        st = _clean({**a.base, **carry, "phase": PENDING, "message": stuck.message})
+        out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, stuck.reason, stuck.message))
+        out.stuck = stuck
+        out.job = a.job()
+        return out
     active = job.get("status", {}).get("active") or 0
     msg = f"precompile Job {plan.job_name} is running" if active else "precompile pod starting"
-    st = _clean({**base, **carry, "phase": COMPILING, "message": msg})
+    st = _clean({**a.base, **carry, "phase": COMPILING, "message": msg})
     out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.COMPILING, msg))
-    out.job = owners_job()
+    out.job = a.job()
     return out
 
 
@@ -738,19 +897,26 @@ class ServingOutcome:
         )
 
 
-def decide_serving(plan: ModelPlan, obs: Observed, artifact: ArtifactOutcome) -> ServingOutcome:
+def decide_serving(
+    plan: ModelPlan,
+    obs: Observed,
+    artifact: ArtifactOutcome,
+    old_status: dict[str, Any] | None = None,
+) -> ServingOutcome:
     """Switch to the spec's artifact only once it is ready on the spec's claim.
 
     Until then the Deployment is rebuilt from the spec it was made from (its annotation):
-    its shape, compile-time env and cache claim match the artifact it runs.
+    its shape, compile-time env and cache claim match the artifact it runs. A Deployment
+    that is gone (deleted by hand or by a cleanup script) is rebuilt from what status
+    remembers (servingArtifactKey, servedSpec): the old artifact serves again while the new
+    one compiles.
     """
     if artifact.phase == READY:
         return ServingOutcome(plan, plan.key)
-    live_key = served_key(obs.deployment)
-    if obs.deployment is None or not live_key:
-        return ServingOutcome()
-    old_spec = _served_spec(obs.deployment)
-    if old_spec is None:
+    live_key, old_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
+    if not live_key or old_spec is None:
+        live_key, old_spec = _remembered_serving(old_status or {})
+    if not live_key or old_spec is None:
         return ServingOutcome()
     old_spec = old_spec.model_copy(update={"replicas": plan.spec.replicas})
     return ServingOutcome(plan_model(plan.name, plan.namespace, plan.uid, old_spec), live_key)
@@ -1042,7 +1208,7 @@ def _degraded(
     for reason, message in (
         (C.NAME_CONFLICT, f.conflict),
         (C.RECONCILE_ERROR, f.write_error),
-        (artifact.cond.reason, artifact.cond.message if artifact.phase == FAILED else None),
+        (artifact.cond.reason, artifact.problem),
         (claim_problem.reason if claim_problem else "", claim_problem and claim_problem.message),
         (
             C.CLAIM_NOT_FOUND,
@@ -1072,7 +1238,7 @@ def _ready(
             return C.Cond(C.READY, C.FALSE, C.NAME_CONFLICT, f.conflict)
         if f.write_error:
             return C.Cond(C.READY, C.FALSE, C.RECONCILE_ERROR, f.write_error)
-        if artifact.phase == FAILED:
+        if artifact.phase == FAILED or artifact.stuck is not None:
             return C.Cond(C.READY, C.FALSE, artifact.cond.reason, artifact.cond.message)
         if cache.missing:
             return C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache.cond.message)
@@ -1090,7 +1256,13 @@ def _ready(
             C.TRUE,
             C.SERVING_PREVIOUS_ARTIFACT,
             f"serving {what} while {plan.short_key} on PVC {plan.claim} "
-            + ("failed to compile" if artifact.phase == FAILED else "compiles"),
+            + (
+                "failed to compile"
+                if artifact.phase == FAILED
+                else f"cannot compile yet ({artifact.stuck.reason})"
+                if artifact.stuck is not None
+                else "compiles"
+            ),
         )
     if roll.available > 0:
         return C.Cond(
@@ -1124,7 +1296,8 @@ def _progressing(
     """Progressing: compiling, or rolling out (with why replicas wait for a node)."""
     roll = f.roll
     if artifact.phase in (PENDING, COMPILING) and not cache.missing:
-        return C.Cond(C.PROGRESSING, C.TRUE, C.COMPILING, artifact.cond.message)
+        reason = artifact.stuck.reason if artifact.stuck is not None else C.COMPILING
+        return C.Cond(C.PROGRESSING, C.TRUE, reason, artifact.cond.message)
     if serving.key is None or (f.current and roll.done) or roll.stall:
         return C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
     available = f"{roll.available}/{plan.spec.replicas} replicas available"
@@ -1245,7 +1418,7 @@ def decide(
 
     cache = decide_cache(plan, obs)
     artifact = decide_artifact(plan, obs, model, cache, now, policy)
-    serving = decide_serving(plan, obs, artifact)
+    serving = decide_serving(plan, obs, artifact, old_status)
 
     routing = decide_routing(plan, obs, old_status.get("conditions"))
 
@@ -1254,6 +1427,10 @@ def decide(
         d.apply.append(cache.pvc)
     if artifact.delete_job:
         d.delete.append((Job, plan.job_name))
+    for job_name, _ in superseded(
+        obs.owned_jobs, plan.claim, plan.key, lambda c, k: (c, k) in obs.needed_jobs
+    ):
+        d.delete.append((Job, job_name))  # an earlier spec's compile: stop it, free its cards
     if serving.plan is not None and serving.key is not None:
         d.apply.append(build_deployment(serving.plan, serving.key))
     d.apply.append(build_service(plan))
@@ -1292,6 +1469,7 @@ def decide(
         status["cache"] = cache_status
     if serving.key and serving.plan is not None:
         status["servingArtifactKey"] = serving.key
+        status["servedSpec"] = served_spec_json(serving.plan.spec)
     d.status = status
     d.events = _events(old_status.get("conditions"), conds)
     return d

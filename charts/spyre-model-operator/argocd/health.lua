@@ -14,6 +14,7 @@ local hs = {}
 
 local failure_reasons = {
   PrecompileFailed = true,
+  PrecompilePodRejected = true,
   ClaimNotFound = true,
   ClaimLost = true,
   EngineFailed = true,

@@ -112,8 +112,8 @@ object does not exist yet.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# controller.py: precompile pods' termination messages and serving pods' crash loops
-# (a plain list, no watch).
+# controller.py: precompile pods' termination messages and why they do not start, serving
+# pods' crash loops (a plain list, no watch).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
@@ -122,10 +122,11 @@ object does not exist yet.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Applier.event (and kopf's own warnings): Events on SpyreModels.
+# Applier.event (and kopf's own warnings): Events on SpyreModels. Listed (no watch) only
+# while a precompile Job has no pod: the Job controller's FailedCreate says why (a quota).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 # gc.py: the GC pod's ServiceAccount "spyre-gc", a Role that may only list pods, Jobs and
 # Deployments (held above, so the operator may grant it) and their RoleBinding, one of each
 # per namespace, server-side applied before each GC Job; removed with their owners.

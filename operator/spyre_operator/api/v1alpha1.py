@@ -909,6 +909,13 @@ class ArtifactStatus(ApiModel):
         default=None,
         description="The last serving.spyre.dev/retry-compile value acted upon.",
     )
+    reason: str | None = Field(
+        default=None,
+        description=(
+            "CamelCase reason of the last failed compile (PrecompileFailed, or the engine's "
+            "own, e.g. ModelNotFound); kept with the message once the failed Job is removed."
+        ),
+    )
 
 
 class CachedArtifact(ApiModel):
@@ -982,6 +989,14 @@ class SpyreModelStatus(ApiModel):
     serving_artifact_key: str | None = Field(
         default=None,
         description="Artifact key the serving Deployment runs (differs while a new one compiles).",
+    )
+    served_spec: str | None = Field(
+        default=None,
+        description=(
+            "The spec the serving Deployment is built from (canonical JSON): while a new "
+            "artifact compiles, a deleted Deployment is recreated from it, serving "
+            "servingArtifactKey."
+        ),
     )
     replicas: int | None = Field(default=None, description="Serving pods (all versions).")
     ready_replicas: int | None = Field(default=None, description="Ready serving pods.")

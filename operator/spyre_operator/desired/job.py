@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 
 from lightkube.models.batch_v1 import JobSpec
@@ -33,6 +35,9 @@ from .pod import (
 
 #: The engine writes its one-line JSON summary (or failure reason) here.
 TERMINATION_LOG = "/dev/termination-log"
+#: A finished precompile Job is removed after a day: status keeps what it said (the
+#: artifact's size and compile time, or the failure's reason and message and the next retry).
+PRECOMPILE_JOB_TTL_SECONDS = 86400
 
 
 def job_labels(plan: ModelPlan) -> dict[str, str]:
@@ -44,8 +49,20 @@ def job_labels(plan: ModelPlan) -> dict[str, str]:
     }
 
 
-def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
-    """One Job per (claim, key), owned by every SpyreModel that needs that artifact."""
+def template_hash(template: PodTemplateSpec) -> str:
+    """A hash of a pod template: a Job built from another spec has another one."""
+    doc = json.dumps(template.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: int = 1) -> Job:
+    """One Job per (claim, key), owned by every SpyreModel that needs that artifact.
+
+    ``attempt`` counts the Jobs run for this (claim, key): the retry budget is the Job's, not
+    each model's. The template's hash and the model it was built from are annotations, so a
+    stuck Job whose model changed a field outside the key (placement, resources, secrets)
+    can be told apart and replaced.
+    """
     spec = plan.spec
     vols, mounts = volumes(plan, read_only=False)
     # sendnn artifacts are built with sendnn_compile_only on a CPU node unless
@@ -84,29 +101,37 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef]) -> Job:
     annotations = {names.ARTIFACT_KEY_ANNOTATION: plan.key}
     pod_annotations = {**(spec.precompile.pod_annotations or {}), **annotations}
     placement_fields = placement(spec, on_cards=on_cards, precompile=True)
+    template = PodTemplateSpec(
+        metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
+        spec=PodSpec(
+            restartPolicy="Never",
+            securityContext=pod_security_context(),
+            containers=[container],
+            volumes=vols,
+            enableServiceLinks=False,
+            automountServiceAccountToken=False,
+            affinity=cache_affinity(plan),
+            **placement_fields,
+        ),
+    )
+    job_annotations = {
+        **annotations,
+        names.ATTEMPT_ANNOTATION: str(attempt),
+        names.TEMPLATE_HASH_ANNOTATION: template_hash(template),
+        names.TEMPLATE_OF_ANNOTATION: plan.name,
+    }
     return Job(
         metadata=ObjectMeta(
             name=plan.job_name,
             namespace=plan.namespace,
             labels=labels,
-            annotations=annotations,
+            annotations=job_annotations,
             ownerReferences=shared_refs(owners),
         ),
         spec=JobSpec(
             backoffLimit=spec.precompile.backoff_limit,
             activeDeadlineSeconds=spec.precompile.active_deadline_seconds,
-            template=PodTemplateSpec(
-                metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
-                spec=PodSpec(
-                    restartPolicy="Never",
-                    securityContext=pod_security_context(),
-                    containers=[container],
-                    volumes=vols,
-                    enableServiceLinks=False,
-                    automountServiceAccountToken=False,
-                    affinity=cache_affinity(plan),
-                    **placement_fields,
-                ),
-            ),
+            ttlSecondsAfterFinished=PRECOMPILE_JOB_TTL_SECONDS,
+            template=template,
         ),
     )

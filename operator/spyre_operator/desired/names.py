@@ -21,6 +21,14 @@ COMPONENT_CACHE = "cache"
 #: Annotation on a Job with the full artifact key (labels hold only the short key).
 ARTIFACT_KEY_ANNOTATION = f"{GROUP}/artifact-key"
 
+#: Annotations on a precompile Job: the attempt it is for this (claim, key) (one retry budget
+#: per key and claim, whoever of the models sharing it retries), a hash of its pod template
+#: and the SpyreModel whose spec the template was built from (a stuck Job is replaced when
+#: that model's template changed; see precompile_state.py).
+ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
+TEMPLATE_HASH_ANNOTATION = f"{GROUP}/pod-template-hash"
+TEMPLATE_OF_ANNOTATION = f"{GROUP}/pod-template-of"
+
 #: Annotation on the Deployment with the spec it was built from (see deployment.py).
 SERVED_SPEC_ANNOTATION = f"{GROUP}/served-spec"
 
