@@ -8,6 +8,7 @@ the real control plane.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from datetime import UTC, datetime, timedelta
@@ -331,3 +332,73 @@ def test_a_deleted_deployment_serves_the_old_artifact_while_the_new_one_compiles
     assert d.status["servingArtifactKey"] == old_key
     args = dep.spec.template.spec.containers[0].args
     assert "--max-model-len" in args and "3072" not in args  # the old shape
+
+
+# ---------------------------------------------------------------- the controller reads the pod
+
+
+class PodsAndEvents:
+    """A client whose lists return the given pods and Events (as the API server would)."""
+
+    def __init__(self, pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+        self.pods, self.events = pods, events
+        self.lists: list[str] = []
+
+    def list(self, resource: type, namespace: str | None = None, **selectors: Any) -> Any:
+        self.lists.append(resource.__name__)
+        items = self.pods if resource.__name__ == "Pod" else [
+            e for e in self.events if e["involvedObject"]["uid"] == selectors["fields"][
+                "involvedObject.uid"]]
+
+        async def gen() -> Any:
+            for item in items:
+                yield type("Obj", (), {"to_dict": lambda self, item=item: item})()
+
+        return gen()
+
+
+def _reconcile(m: dict[str, Any], job: dict[str, Any], client: PodsAndEvents) -> Any:
+    from spyre_operator.controller import Caches, Controller
+
+    from .test_controller_failures import RecordingApplier
+
+    key = (m["metadata"]["namespace"], m["metadata"]["name"])
+    caches = Caches({"models": {key: [m]}, "jobs": {(key[0], job["metadata"]["name"]): [job]}})
+    c = Controller(client=client, caches=caches, workers=1, clock=lambda: NOW)  # type: ignore[arg-type]
+    c.applier = RecordingApplier()  # type: ignore[assignment]
+
+    async def run() -> Any:
+        d = await c.reconcile_key(key)
+        return d, key in c.queue._timers
+
+    return asyncio.run(run())
+
+
+def test_the_controller_reads_the_pod_of_a_running_job_and_looks_again() -> None:
+    m = model("m", GENERATE)
+    pod = {"metadata": {"name": "spyre-compile-x-abcde"}, "status": {
+        "phase": "Pending", "containerStatuses": [{"name": "precompile", "ready": False, "state": {
+            "waiting": {"reason": "ErrImagePull", "message": 'pull "engine:nope": not found'}}}]}}
+    client = PodsAndEvents([pod], [])
+    d, again = _reconcile(m, live_job(m), client)
+    art = cond(d, C.ARTIFACT_READY)
+    assert art["reason"] == C.IMAGE_PULL_FAILED and 'pull "engine:nope"' in art["message"]
+    assert again, "nothing else announces a change of the pod: look again soon"
+    # its pod runs (the Job counts it ready): not read, compiling
+    client = PodsAndEvents([pod], [])
+    d, again = _reconcile(m, live_job(m, ready=1), client)
+    assert client.lists == [] and cond(d, C.ARTIFACT_READY)["reason"] == C.COMPILING
+
+
+def test_the_controller_reads_the_failed_create_events_of_a_job_without_pods() -> None:
+    m = model("m", GENERATE)
+    job = live_job(m)
+    event = {"involvedObject": {"uid": job["metadata"]["uid"]}, "reason": "FailedCreate",
+             "type": "Warning", "lastTimestamp": NOW,
+             "message": 'Error creating: pods "x" is forbidden: exceeded quota: no-pods'}
+    other = {**event, "involvedObject": {"uid": "another-job"}, "message": "not this one"}
+    client = PodsAndEvents([], [other, event])
+    d, _ = _reconcile(m, job, client)
+    deg = cond(d, C.DEGRADED)
+    assert deg["reason"] == C.PRECOMPILE_POD_REJECTED and "exceeded quota" in deg["message"]
+    assert client.lists == ["Pod", "Event"]
