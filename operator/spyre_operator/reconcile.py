@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from . import GROUP, jobs
 from . import conditions as C
+from . import pods as P
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import parse_quantity
 from .desired import names
@@ -957,18 +958,6 @@ def _rollout(deployment: dict[str, Any] | None, replicas: int, key: str | None) 
 NODE_ENDED_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeShutdown", "Terminated"})
 
 
-#: Kubelet reasons of a container that waits and cannot start without a fix: the condition
-#: reason for each (the kubelet's own reason and message go into the condition's message).
-_WAITING_REASONS = {
-    "ErrImagePull": C.IMAGE_PULL_FAILED,
-    "ImagePullBackOff": C.IMAGE_PULL_FAILED,
-    "InvalidImageName": C.IMAGE_PULL_FAILED,
-    "ErrImageNeverPull": C.IMAGE_PULL_FAILED,
-    "CreateContainerConfigError": C.CONTAINER_CONFIG_ERROR,
-    "CreateContainerError": C.CONTAINER_CONFIG_ERROR,
-}
-
-
 def _engine_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     """A serving container that exited non-zero (e.g. refusing a mismatched artifact): the
     condition reason (the engine's own when it names the artifact's problem, else EngineFailed)
@@ -997,10 +986,9 @@ def _engine_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
             return C.ENGINE_FAILED, f"pod {p['name']}: engine exited with code {code}"
         if p.get("waiting") == "CrashLoopBackOff":
             return C.ENGINE_FAILED, f"pod {p['name']}: CrashLoopBackOff"
-        stuck = _WAITING_REASONS.get(p.get("waiting") or "")
-        if stuck is not None:
-            detail = f": {p['waitingMessage']}" if p.get("waitingMessage") else ""
-            return stuck, f"pod {p['name']}: {p['waiting']}{detail}"[:1024]
+        cannot = P.cannot_start(p)  # the one answer for serving and precompile pods
+        if cannot is not None:
+            return cannot
     return None
 
 
