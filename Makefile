@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .PHONY: images test-images images-prune
 .PHONY: help deps install binaries cluster-up cluster-down test test-unit test-integration \
-        demo demo-down demo-kwok bench bench-engine crds lint clean
+        demo demo-down demo-kwok bench bench-engine crds lint clean supported-configs
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -43,6 +43,16 @@ cluster-down: ## Stop the local control plane (the demos with it); leaves no pro
 crds: install ## Regenerate the CRD YAML from the pydantic API models
 	$(PY) -m spyre_operator.cli crd > crds/serving.spyre.dev_spyremodels.yaml
 	cp crds/serving.spyre.dev_spyremodels.yaml charts/spyre-model-operator/files/crd-spyremodels.yaml
+
+supported-configs: install ## Copy the installed plugin's model_configs.yaml into the operator (after a sendnn-inference bump)
+	$(PY) -c "import importlib.metadata as m, pathlib, sendnn_inference as s; \
+	v = m.version('sendnn-inference'); \
+	src = pathlib.Path(s.__file__).parent / 'config' / 'model_configs.yaml'; \
+	dst = pathlib.Path('operator/spyre_operator/data/model_configs.yaml'); \
+	head = dst.read_text().splitlines(keepends=True)[:5]; \
+	head[0] = f'# sendnn-inference {v}: ' + head[0].split(': ', 1)[1]; \
+	dst.write_text(''.join(head) + src.read_text())"
+	sed -i 's/^SUPPORTED_CONFIGS_VERSION = .*/SUPPORTED_CONFIGS_VERSION = "sendnn-inference $(shell $(PY) -c "import importlib.metadata as m; print(m.version(\"sendnn-inference\"))")"/' operator/spyre_operator/desired/shapes.py
 
 lint: install ## ruff + mypy
 	$(VENV)/bin/ruff check operator engine tests

@@ -1390,6 +1390,25 @@ def _invalid_status(
     return Decision(status=status, events=_events(old_status.get("conditions"), conds))
 
 
+def _refused_status(model: dict[str, Any], message: str, generation: int, now: str) -> Decision:
+    """A shape the plugin does not support (or none given for a model it cannot choose one
+    for): nothing is created or changed (a Deployment serving an earlier artifact keeps it)."""
+    old_status = model.get("status") or {}
+    reason, msg = C.UNSUPPORTED_CONFIGURATION, message[:1024]
+    refused = [
+        C.Cond(C.READY, C.FALSE, reason, msg),
+        C.Cond(C.ARTIFACT_READY, C.FALSE, reason, msg),
+        C.Cond(C.DEGRADED, C.TRUE, reason, msg),
+        C.Cond(C.PROGRESSING, C.FALSE, reason, "choose a supported compile shape"),
+    ]
+    conds = C.merge_conditions(
+        old_status.get("conditions"), C.with_kstatus(refused), generation, now
+    )
+    status = {**old_status, "observedGeneration": generation, "conditions": conds}
+    status.pop("compile", None)
+    return Decision(status=status, events=_events(old_status.get("conditions"), conds))
+
+
 def decide(
     model: dict[str, Any], obs: Observed, now: str, policy: Policy = DEFAULT_POLICY
 ) -> Decision:
@@ -1403,6 +1422,8 @@ def decide(
     except ValidationError as e:
         return _invalid_status(model, e, generation, now)
     plan = plan_model(name, ns, meta.get("uid", ""), spec)
+    if plan.shape is not None and plan.shape.refusal:
+        return _refused_status(model, plan.shape.refusal, generation, now)
 
     cache = decide_cache(plan, obs)
     artifact = decide_artifact(plan, obs, model, cache, now, policy)
@@ -1446,6 +1467,7 @@ def decide(
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "artifact": artifact.status,
+        **({"compile": plan.shape.status()} if plan.shape is not None else {}),
         "replicas": dep_status.get("replicas") or 0,
         "readyReplicas": dep_status.get("readyReplicas") or 0,
         "selector": ",".join(f"{k}={v}" for k, v in names.server_selector(name).items()),

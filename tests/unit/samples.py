@@ -7,7 +7,8 @@ from typing import Any
 GENERATE: dict[str, Any] = {"model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@a1b2c3"}}
 GENERATE_TP4: dict[str, Any] = {
     "model": {"uri": "pvc://models/granite/8b", "servedName": "granite"},
-    "compile": {"tensorParallelSize": 4, "maxModelLen": 32768, "maxNumBatchedTokens": 512},
+    "compile": {"tensorParallelSize": 4, "maxModelLen": 32768, "maxNumSeqs": 4,
+                "maxNumBatchedTokens": 512},
     "replicas": 3,
     "serving": {
         "extraArgs": ["--disable-log-requests"],

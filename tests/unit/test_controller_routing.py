@@ -34,9 +34,9 @@ def test_new_model_and_status_updates_do_not_wake_peers() -> None:
 def test_leaving_or_changing_key_wakes_peers() -> None:
     c = controller({"spyre-compile-cache": ["a", "b"], "other": ["c"]})
     c.claim_peers_if_changed(("ns", "a"), plan("a"))
-    edited = plan("a", compile={"maxModelLen": 8192})
+    edited = plan("a", compile={"maxModelLen": 3072})
     assert c.claim_peers_if_changed(("ns", "a"), edited) == [("ns", "b")]
-    moved = plan("a", compile={"maxModelLen": 8192}, cache={"claimName": "other"})
+    moved = plan("a", compile={"maxModelLen": 3072}, cache={"claimName": "other"})
     assert c.claim_peers_if_changed(("ns", "a"), moved) == [("ns", "b"), ("ns", "c")]
     assert c.claim_peers_if_changed(("ns", "a"), None) == [("ns", "c")]  # deleted
 

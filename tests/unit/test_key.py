@@ -17,10 +17,11 @@ def key(spec: dict[str, Any]) -> str:
 
 
 def test_key_is_stable_under_explicit_defaults() -> None:
+    """Defaults, and the shape chosen from the plugin's list, spelt out: the same key."""
     explicit = {
         "model": GENERATE["model"],
         "task": "generate",
-        "compile": {"tensorParallelSize": 1, "maxModelLen": 4096, "maxNumSeqs": 4,
+        "compile": {"tensorParallelSize": 1, "maxModelLen": 8192, "maxNumSeqs": 4,
                     "maxNumBatchedTokens": 1024, "backend": "sendnn"},
         "engine": {"image": SpyreModelSpec.model_validate(GENERATE).engine.image},
         "replicas": 1,
@@ -66,8 +67,8 @@ def test_non_compile_fields_do_not_change_the_key(path: tuple[str, ...], value: 
     [
         (("model", "uri"), "hf://ibm-granite/granite-3.3-8b-instruct@ffff"),
         (("compile", "tensorParallelSize"), 2),
-        (("compile", "maxModelLen"), 8192),
-        (("compile", "maxNumSeqs"), 8),
+        (("compile", "maxModelLen"), 3072),
+        (("compile", "maxNumSeqs"), 16),
         (("compile", "maxNumBatchedTokens"), 512),
         (("compile", "backend"), "inductor"),
         (("engine", "image"), "registry.example/engine:2"),

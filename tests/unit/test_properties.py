@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.key import artifact_key, key_inputs
+from spyre_operator.desired.shapes import resolve_compile
 
 SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -222,7 +223,7 @@ def compile_edits(draw: st.DrawFn, spec: dict[str, Any]) -> dict[str, Any]:
         "uri", "task", "tp", "maxModelLen", "maxNumSeqs", "chunk", "backend", "image", "env",
         *(["warmupShapes"] if pooling else []),
     ]))
-    c = m.compile
+    c = resolve_compile(m).compile  # the shape the key hashes: omitted fields as chosen
     if field == "uri":
         new = draw(model_uri())
         assume(new != m.model.uri)

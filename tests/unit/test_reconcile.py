@@ -155,14 +155,14 @@ def test_compile_edit_keeps_serving_old_artifact_until_new_one_is_ready() -> Non
     obs.deployment = deployment_obj(decide(m, obs, NOW), ready=1)
     # edit maxModelLen: new key, new Job running
     m2 = copy.deepcopy(m)
-    m2["spec"] = {**GENERATE, "compile": {"maxModelLen": 8192}, "replicas": 2}
+    m2["spec"] = {**GENERATE, "compile": {"maxModelLen": 3072}, "replicas": 2}
     m2["metadata"]["generation"] = 2
     obs2 = Observed(cache_pvc=BOUND, job=job_obj(m2, None), deployment=obs.deployment)
     d = decide(m2, obs2, NOW)
     dep = next(o for o in d.apply if o.kind == "Deployment")
     assert dep.metadata.annotations["serving.spyre.dev/artifact-key"] == old_key
     args = dep.spec.template.spec.containers[0].args
-    assert args[args.index("--max-model-len") + 1] == "4096", "old shape while old artifact"
+    assert args[args.index("--max-model-len") + 1] == "8192", "old shape while old artifact"
     assert dep.spec.replicas == 2, "replicas edits apply even while compiling"
     assert d.job is not None and d.job.metadata.name == plan_for(m2).job_name
     assert cond(d, C.READY)["reason"] == C.SERVING_PREVIOUS_ARTIFACT

@@ -49,7 +49,7 @@ def _history() -> tuple[dict[str, Any], dict[str, Any], Any]:
     assert rec["sizeBytes"] == 3 * 2**30 and "maxModelLen=" in rec["shape"]
     dep_a = deployment_obj(d, ready=1)
 
-    b = _with_status(model("m", {**GENERATE, "compile": {"maxModelLen": 8192}}), d.status)
+    b = _with_status(model("m", {**GENERATE, "compile": {"maxModelLen": 3072}}), d.status)
     assert plan_for(b).key != plan_for(a).key
     obs = Observed(cache_pvc=CLAIM, job=job_obj(b, None), deployment=dep_a)
     d = decide(b, obs, T1)

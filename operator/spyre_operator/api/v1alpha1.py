@@ -189,9 +189,12 @@ class WarmupShape(ApiModel):
 class CompileSpec(ApiModel):
     """The compile shape: every field here is part of the artifact key."""
 
-    tensor_parallel_size: int = Field(
-        default=1,
-        description="Spyre cards per replica (tensor parallel size): 1, 2, 4 or 8.",
+    tensor_parallel_size: int | None = Field(
+        default=None,
+        description=(
+            "Spyre cards per replica (tensor parallel size): 1, 2, 4 or 8. Omitted: the fewest "
+            "cards the plugin supports the model with (status.compile says which)."
+        ),
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
@@ -201,20 +204,22 @@ class CompileSpec(ApiModel):
             ]
         },
     )
-    max_model_len: int = Field(
-        default=4096,
+    max_model_len: int | None = Field(
+        default=None,
         description=(
-            "Maximum context length in tokens (vLLM --max-model-len). Ignored by pooling "
-            "models, which compile per warmup shape."
+            "Maximum context length in tokens (vLLM --max-model-len). Omitted: the longest the "
+            "plugin supports for the model at this tensorParallelSize (status.compile says "
+            "which). Ignored by pooling models, which compile per warmup shape."
         ),
         ge=64,
         le=131072,
     )
-    max_num_seqs: int = Field(
-        default=4,
+    max_num_seqs: int | None = Field(
+        default=None,
         description=(
             "Maximum concurrent sequences, the decode batch size (vLLM --max-num-seqs). "
-            "Ignored by pooling models."
+            "Omitted: the plugin's supported value for the model and the other fields "
+            "(status.compile). Ignored by pooling models."
         ),
         ge=1,
         le=256,
@@ -238,8 +243,9 @@ class CompileSpec(ApiModel):
     warmup_shapes: list[WarmupShape] | None = Field(
         default=None,
         description=(
-            "Static shapes for pooling models (task embed, score or rerank); required for "
-            "them and rejected for generate models."
+            "Static shapes for pooling models (task embed, score or rerank), rejected for "
+            "generate models. Omitted: the plugin's supported shapes for the model (a model the "
+            "plugin does not list by name needs them)."
         ),
         max_length=16,
     )
@@ -247,9 +253,11 @@ class CompileSpec(ApiModel):
         default=True,
         description=(
             "sendnn: compile only model x shape combinations the plugin's model_configs.yaml "
-            "lists (the Job fails with UnsupportedConfiguration, naming the nearest supported "
-            "shapes); false lets the plugin cap an unknown configuration instead. Part of the "
-            "artifact key when false."
+            "lists (UnsupportedConfiguration, naming the supported shapes: from the operator "
+            "for a model the list names by id, else from the precompile Job, which matches the "
+            "model's config); false lets the plugin cap an unknown configuration instead, and "
+            "an omitted shape of an unlisted model falls back to 1 card, 4096 tokens, 4 "
+            "sequences. Part of the artifact key when false."
         ),
     )
     model_config_file: ConfigMapKeyRef | None = Field(
@@ -791,10 +799,10 @@ class SpyreModelSpec(ApiModel):
                     "(compile.maxNumBatchedTokens)",
                 ),
                 cel(
-                    "self.task == 'generate' || (has(self.compile.warmupShapes) && "
-                    "size(self.compile.warmupShapes) > 0)",
-                    "pooling models (task embed, score or rerank) are compiled per static "
-                    "shape: set compile.warmupShapes",
+                    "self.task == 'generate' || !has(self.compile.warmupShapes) || "
+                    "size(self.compile.warmupShapes) > 0",
+                    "compile.warmupShapes must not be empty: omit it to use the plugin's "
+                    "supported shapes for the model",
                 ),
             ]
         }
@@ -974,6 +982,45 @@ class CacheStatus(ApiModel):
     )
 
 
+class CompileStatus(ApiModel):
+    """The compile shape the operator uses: the spec's fields, the omitted ones filled in."""
+
+    tensor_parallel_size: int | None = Field(default=None, description="Cards per replica.")
+    max_model_len: int | None = Field(default=None, description="Context length (decoders).")
+    max_num_seqs: int | None = Field(default=None, description="Decode batch size (decoders).")
+    warmup_shapes: list[WarmupShape] | None = Field(
+        default=None, description="Static shapes (pooling models)."
+    )
+    source: str | None = Field(
+        default=None,
+        description=(
+            "Spec (every field given), SupportedConfiguration (omitted fields from the "
+            "plugin's supported configurations of the model) or Fallback (a model the plugin "
+            "does not list by id, unchecked: 1 card, 4096 tokens, 4 sequences)."
+        ),
+        json_schema_extra={"enum": ["Spec", "SupportedConfiguration", "Fallback"]},
+    )
+    supported_model: str | None = Field(
+        default=None,
+        description="The plugin's model_configs.yaml entry the model uri names, if any.",
+    )
+    message: str | None = Field(
+        default=None, description="Which shape, why, and the other supported ones."
+    )
+
+
+class OperatorStamp(ApiModel):
+    """Which operator install wrote a status, and when (see peers.py)."""
+
+    install: str | None = Field(
+        default=None, description="The install's Lease, <namespace>/<name>: one per release."
+    )
+    identity: str | None = Field(default=None, description="The replica (pod) that wrote.")
+    written_at: str | None = Field(
+        default=None, description="When it wrote the status last (RFC 3339)."
+    )
+
+
 class SpyreModelStatus(ApiModel):
     """Observed state of a SpyreModel."""
 
@@ -982,6 +1029,9 @@ class SpyreModelStatus(ApiModel):
     )
     artifact: ArtifactStatus | None = Field(
         default=None, description="The artifact the current spec needs."
+    )
+    compile: CompileStatus | None = Field(
+        default=None, description="The compile shape in use, and where it comes from."
     )
     cache: CacheStatus | None = Field(
         default=None, description="Artifacts this model knows to be on its cache claims."

@@ -8,7 +8,9 @@ In the key:
   - ``spec.model.uri`` (including ``@revision``) — different weights, different graphs.
   - ``spec.task`` — pooling models compile static warmup shapes, generate models chunked prefill.
   - every ``spec.compile`` field: tensorParallelSize, maxModelLen, maxNumSeqs,
-    maxNumBatchedTokens, warmupShapes, backend.
+    maxNumBatchedTokens, warmupShapes, backend — as resolved (:mod:`.shapes`): fields the spec
+    omits are hashed with the value the operator chose, so an explicit shape equal to the
+    chosen one is the same artifact, and a new supported list that chooses otherwise is not.
   - ``spec.engine.image`` — the compiler (torch, the plugin, the Spyre stack) lives in the image.
   - environment variables the plugin and the Spyre compiler read at compile time, when set in
     ``spec.serving.env`` (see :data:`COMPILE_ENV_NAMES` and :data:`COMPILE_ENV_PREFIXES`).
@@ -27,6 +29,7 @@ import json
 from typing import Any
 
 from ..api.v1alpha1 import OPERATOR_ENV, EnvVar, SpyreModelSpec
+from .shapes import resolve_compile
 
 #: Bump when the key's inputs change meaning, so old artifacts are not reused by mistake.
 KEY_SCHEMA = "spyre-artifact/v1"
@@ -64,7 +67,7 @@ def compile_env(spec: SpyreModelSpec) -> list[EnvVar]:
 
 def key_inputs(spec: SpyreModelSpec) -> dict[str, Any]:
     """The canonical document the key hashes (also useful to explain a key)."""
-    c = spec.compile
+    c = resolve_compile(spec).compile
     site: dict[str, Any] = {}
     # Only when set, so that keys of existing artifacts do not change.
     if not c.require_known_configuration:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..api.v1alpha1 import POOLING_TASKS, CacheVolumeSpec, SpyreModelSpec, Task
 from . import names
 from .key import artifact_key
+from .shapes import ShapeResolution, resolve_compile
 
 #: Where the cache claim is mounted, in the precompile Job (read-write) and the serving pods
 #: (read-only). Same path in both, so anything a compiler records by absolute path still holds.
@@ -52,6 +53,8 @@ class ModelPlan:
     served_name: str
     model_arg: str
     model_claim: str | None
+    #: The compile shape (``spec.compile`` holds it resolved), its source, or why it is refused.
+    shape: ShapeResolution | None = None
 
     @property
     def owner(self) -> OwnerRef:
@@ -104,7 +107,9 @@ def resolve_model(uri: str) -> tuple[str, str | None]:
 
 
 def plan_model(name: str, namespace: str, uid: str, spec: SpyreModelSpec) -> ModelPlan:
-    """Resolve one SpyreModel."""
+    """Resolve one SpyreModel (``plan.spec.compile`` has every shape field set)."""
+    shape = resolve_compile(spec)
+    spec = spec.model_copy(update={"compile": shape.compile})
     if spec.cache.claim_name:
         claim, managed, volume = spec.cache.claim_name, False, None
     else:
@@ -123,4 +128,5 @@ def plan_model(name: str, namespace: str, uid: str, spec: SpyreModelSpec) -> Mod
         served_name=spec.model.served_name or default_served_name(spec.model.uri),
         model_arg=model_arg,
         model_claim=model_claim,
+        shape=shape,
     )
