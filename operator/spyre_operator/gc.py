@@ -268,13 +268,17 @@ class GarbageCollector:
                 return result
         return None
 
-    async def collected(self, ns: str, claim: str) -> set[str]:
-        """Keys the claim's finished GC Jobs removed (their pods are read once per Job)."""
-        out: set[str] = set()
+    async def collected(self, ns: str, claim: str) -> dict[str, str]:
+        """Keys the claim's finished GC Jobs removed, with when (the latest such Job's
+        completion; "" if unknown). Their pods are read once per Job."""
+        out: dict[str, str] = {}
         for job in self.jobs(ns, claim):
             result = await self.result(ns, job)
-            if result is not None:
-                out |= set(result.removed)
+            if result is None:
+                continue
+            when = jobs.finished_at(job) or ""
+            for key in result.removed:
+                out[key] = max(out.get(key, ""), when)
         return out
 
     def claim_artifact_bytes(self, ns: str, claim: str, users: list[Any]) -> int | None:

@@ -124,8 +124,9 @@ class Observed:
     inference_pool_api_message: str = ""
     #: A same-named InferencePool that is not the operator's (why), never written over.
     foreign_inference_pool: str | None = None
-    #: Keys finished GC Jobs removed from the model's cache claim (dropped from status.cache).
-    collected: set[str] = field(default_factory=set)
+    #: Keys finished GC Jobs removed from the model's cache claim, with when (the GC Job's
+    #: completion): an artifact compiled before that is gone from the claim.
+    collected: dict[str, str] = field(default_factory=dict)
     #: Bytes of the artifacts on the cache claim, as the SpyreModels using it list them
     #: (status.cache.artifacts of every user, each key once); None when unknown.
     claim_artifact_bytes: int | None = None
@@ -616,7 +617,13 @@ def _without_job(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome:
         out = a.retry(why or "retrying after backoff")
         out.job = a.job(a.attempts + 1)
         return out
-    out = a.pending("creating the precompile Job")
+    removed = a.obs.collected.get(a.plan.key)  # what status remembered is gone: say so
+    out = a.pending(
+        "creating the precompile Job"
+        if removed is None
+        else f"the artifact was removed from PVC {a.plan.claim} by garbage collection"
+        f"{f' at {removed}' if removed else ''}; compiling it again"
+    )
     out.job = a.job()
     return out
 
@@ -625,7 +632,12 @@ def _known_on_claim(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome
     """Ready without a Job: the artifact is on this very claim (same UID), as this model's
     status or another user's of the claim records it (the Job was removed: TTL, by hand)."""
     plan, old = a.plan, a.old
-    if old.get("phase") == READY and a.pvc_uid and old.get("claimUID") == a.pvc_uid:
+    if (
+        old.get("phase") == READY
+        and a.pvc_uid
+        and old.get("claimUID") == a.pvc_uid
+        and not collected_since(a.obs, plan.key, old.get("completedAt"))
+    ):
         st = {**old, "jobName": plan.job_name}
         return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
     known = _remembered_on_claim(model, plan, a.pvc_uid)
@@ -640,7 +652,7 @@ def _known_on_claim(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome
             ),
             None,
         )
-    if known is None:
+    if known is None or collected_since(a.obs, plan.key, known.get("completedAt")):
         return None
     # A revert to a shape compiled before (or one another model compiled), still on this
     # claim: serve it, no Job.
@@ -664,6 +676,14 @@ def _compiled(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
         out = a.pending(
             f"PVC {a.plan.claim} was created after this artifact was compiled: the "
             "artifact is not on it; compiling again"
+        )
+        out.delete_job = True
+        return out
+    removed = collected_since(a.obs, a.plan.key, jobs.finished_at(job))
+    if removed is not None:
+        out = a.pending(
+            f"the artifact was removed from PVC {a.plan.claim} by garbage collection"
+            f"{f' ({removed})' if removed else ''} after this Job compiled it; compiling again"
         )
         out.delete_job = True
         return out
@@ -757,6 +777,19 @@ MAX_REMEMBERED = 16
 def _remembered(model: dict[str, Any]) -> list[dict[str, Any]]:
     cache = (model.get("status") or {}).get("cache") or {}
     return [a for a in cache.get("artifacts") or [] if a.get("key") and a.get("claim")]
+
+
+def collected_since(obs: Observed, key: str, compiled_at: str | None) -> str | None:
+    """When a finished GC Job removed ``key`` from the claim after it was compiled at
+    ``compiled_at`` ("" if that Job's time is unknown); None if no GC Job removed it since
+    (a removal before the compile is a stale report: the artifact was compiled again)."""
+    removed_at = obs.collected.get(key)
+    if removed_at is None:
+        return None
+    removed, compiled = _parse_time(removed_at), _parse_time(compiled_at)
+    if removed is not None and compiled is not None and compiled > removed:
+        return None
+    return removed_at
 
 
 def _remembered_on_claim(
@@ -853,10 +886,14 @@ def decide_cache_status(
     if live_key and live_spec is not None:  # its pods serve it until the rollout replaces them
         live = plan_model(plan.name, plan.namespace, plan.uid, live_spec)
         in_use.add((live_key, live.claim))
-    entries = {  # removed by a GC Job: no longer on the claim (unless used again since)
+    entries = {  # removed by a GC Job since compiled: no longer on the claim (unless in use)
         k: a
         for k, a in entries.items()
-        if not (k[1] == plan.claim and k[0] in obs.collected and k not in in_use)
+        if not (
+            k[1] == plan.claim
+            and collected_since(obs, k[0], a.get("completedAt")) is not None
+            and k not in in_use
+        )
     }
     for k, a in entries.items():
         using = k in in_use

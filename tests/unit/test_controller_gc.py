@@ -145,7 +145,7 @@ def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> Non
                    "freedBytes": 9, "remainingBytes": 1234}
         c._job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
-        assert await c.gc.collected(NS, CLAIM) == {old_key}
+        assert await c.gc.collected(NS, CLAIM) == {old_key: ""}  # (no completionTime here)
         await c.collect_garbage((NS, "a"), plan_a)
         await c.collect_garbage((NS, "b"), plan_a)
         await asyncio.gather(*c._pending)

@@ -283,7 +283,7 @@ def test_a_new_model_of_a_key_another_compiled_does_not_compile_once_the_job_exp
     # not on a claim created again since (another UID), nor once a GC Job removed it
     assert decide(b, Observed(cache_pvc=bound(uid="pvc-2"),
                               claim_artifacts=peers.claim_artifacts), NOW).job is not None
-    peers.collected = {plan_for(b).key}
+    peers.collected = {plan_for(b).key: NOW}  # removed after it was compiled
     assert decide(b, peers, NOW).job is not None
 
 
@@ -402,3 +402,13 @@ def test_the_controller_reads_the_failed_create_events_of_a_job_without_pods() -
     deg = cond(d, C.DEGRADED)
     assert deg["reason"] == C.PRECOMPILE_POD_REJECTED and "exceeded quota" in deg["message"]
     assert client.lists == ["Pod", "Event"]
+
+
+def test_fixing_the_download_env_replaces_the_stuck_job() -> None:
+    before = model("m", GENERATE)
+    after = model("m", {**GENERATE, "model": {**GENERATE["model"], "downloadEnv": [
+        {"name": "HF_ENDPOINT", "value": "http://hf-mirror.local"}]}}, generation=2)
+    assert plan_for(after).key == plan_for(before).key
+    pod = pending_pod(waiting="CreateContainerConfigError",
+                      waitingMessage='configmap "ca-bundle" not found')
+    assert _job_deleted(decide(after, stuck(after, pod, job=live_job(before)), NOW), after)

@@ -143,10 +143,12 @@ def test_keys_a_gc_job_removed_leave_the_status_unless_in_use_again() -> None:
     key_a, key_b = plan_for(a).key, plan_for(b).key
     obs = _complete(b)
     obs.deployment = dep_b
-    obs.collected = {key_a, key_b}  # key_b is in use: a stale or wrong report cannot drop it
+    # key_b's removal is older than its compile (a stale report): it stays, Ready.
+    obs.collected = {key_a: "2026-11-21T10:05:00Z", key_b: "2026-11-21T10:01:00Z"}
     d = decide(b, obs, T3)
     assert [r["key"] for r in d.status["cache"]["artifacts"]] == [key_b]
     assert d.status["cache"]["usage"].endswith("in 1")
+    assert cond(d, C.ARTIFACT_READY)["status"] == "True"
 
 
 def _claim_of(capacity: str) -> dict[str, Any]:
@@ -175,3 +177,51 @@ def test_claim_nearly_full_is_a_warning_on_cache_volume_ready_past_the_threshold
     # an unknown capacity (a claim still binding, a driver that does not report it) says nothing
     obs.cache_pvc, obs.claim_artifact_bytes = CLAIM, 9 * 2**30
     assert cond(decide(m, obs, T1), C.CACHE_VOLUME_READY)["reason"] == C.CLAIM_BOUND
+
+
+# A finished GC Job removed the key from the claim after it was compiled (10:02:30 in every
+# Job here): what status remembers is gone from the volume.
+GC_AT = "2026-11-21T10:05:00Z"
+BEFORE_COMPILE = "2026-11-21T10:01:00Z"
+
+
+def test_a_revert_to_a_key_a_gc_job_removed_since_compiles_it_again() -> None:
+    a, b, dep_b = _history()
+    reverted = _with_status(a, b["status"])
+    reverted["metadata"]["generation"] = 3
+    obs = Observed(cache_pvc=CLAIM, deployment=dep_b)
+    obs.collected = {plan_for(a).key: GC_AT}
+    d = decide(reverted, obs, T3)
+    assert d.job is not None and d.job.metadata.name == plan_for(a).job_name
+    art = cond(d, C.ARTIFACT_READY)
+    assert art["status"] == "False" and "garbage collection" in art["message"], art
+    assert _deployment_key(d) == plan_for(b).key  # B serves until A is compiled again
+
+
+def test_a_served_key_a_gc_job_removed_anyway_is_not_trusted_from_memory() -> None:
+    """Status says Ready ("compiled earlier, not again") for the key its Deployment serves,
+    but a finished GC Job reports it removed after that compile: compile it again."""
+    _, b, dep_b = _history()
+    obs = Observed(cache_pvc=CLAIM, deployment=dep_b)  # b's Job is gone (its TTL)
+    obs.collected = {plan_for(b).key: GC_AT}
+    d = decide(b, obs, T3)
+    art = cond(d, C.ARTIFACT_READY)
+    assert art["status"] == "False" and "garbage collection" in art["message"], art
+    assert d.job is not None and d.job.metadata.name == plan_for(b).job_name
+    # A removal before this compile is a stale report: the artifact compiled since is there.
+    obs.collected = {plan_for(b).key: BEFORE_COMPILE}
+    d = decide(b, obs, T3)
+    assert cond(d, C.ARTIFACT_READY)["status"] == "True" and d.job is None
+
+
+def test_a_complete_job_whose_artifact_a_gc_job_removed_since_runs_again() -> None:
+    _, b, dep_b = _history()
+    obs = _complete(b)
+    obs.deployment = dep_b
+    obs.collected = {plan_for(b).key: GC_AT}
+    d = decide(b, obs, T3)
+    art = cond(d, C.ARTIFACT_READY)
+    assert art["status"] == "False" and "garbage collection" in art["message"], art
+    assert [(r.__name__, n) for r, n in d.delete] == [("Job", plan_for(b).job_name)]
+    obs.collected = {plan_for(b).key: BEFORE_COMPILE}
+    assert cond(decide(b, obs, T3), C.ARTIFACT_READY)["status"] == "True"
