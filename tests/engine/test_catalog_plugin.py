@@ -260,3 +260,37 @@ def test_pooling_servers_are_not_forced_into_disable_compilation(
     assert pool["env"]["TORCH_SENDNN_CACHE_ENABLE"] == "1"
     assert pool["env"]["TORCH_SENDNN_CACHE_DIR"] == str(art.resolve())
     assert pool["env"]["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] == "64"
+
+
+def test_the_plugins_matcher_at_tp_2_and_4_and_warmup_shapes_in_both_orders(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The plugin's match_from_pre_compile_catalog on vLLM's own config at TP 2 and TP 4 (the
+    supported granite-3.3-8b shapes) and for pooling warmup shapes given in either order, with
+    a catalog holding every entry: each server finds its own entry, and our matcher
+    (catalog.find_entry, which serve uses before vLLM starts) picks the same one."""
+    known = _variant(tiny_model, tmp_path / "granite33", **GRANITE_33_8B)
+    art = tmp_path / "art"
+    settings = [
+        _settings(known, art, tensor_parallel_size=2, max_model_len=8192, max_num_seqs=4),
+        _settings(known, art, tensor_parallel_size=4, max_model_len=32768, max_num_seqs=32),
+        _settings(tiny_model, art, task="embed", warmup_shapes="64x4,128x2", max_model_len=512),
+        _settings(tiny_model, art, task="embed", warmup_shapes="128x2,64x4", max_model_len=512),
+    ]
+    models = [known, known, tiny_model, tiny_model]
+    entries = []
+    for s, model in zip(settings, models, strict=True):
+        env = plugin_env(s, require_precompiled=False, base={})
+        entries.append(
+            catalog.make_entry(s, str(model), "2.6.3", known_configs.read_config_json(model), env)
+        )
+    cases = [_case(s, m, [entries]) for s, m in zip(settings, models, strict=True)]
+    results = _probe(cases, tmp_path)
+    for i, (s, model, result) in enumerate(zip(settings, models, results, strict=True)):
+        assert "error" not in result, result
+        assert result["matches"] == [i], (str(s.warmup_shapes or s.tensor_parallel_size), result)
+        wanted = catalog.entry_data(s, str(model), known_configs.read_config_json(model))
+        assert catalog.find_entry(entries, wanted) is entries[i]
+    # the two orders are two entries, not one
+    pooling = [e["data"]["SENDNN_INFERENCE_WARMUP_PROMPT_LENS"] for e in entries[2:]]
+    assert pooling == ["64,128", "128,64"]
