@@ -188,9 +188,9 @@ def test_production_sample_compiles_off_the_cards_and_serves_on_them() -> None:
      ("ibm.com/aiu_pf", "PF")],
 )  # fmt: skip
 def test_flex_device_follows_the_card_resource(resource: str, device: str) -> None:
-    """Upstream's image bakes FLEX_DEVICE=PF; a VF card run with PF does not work, so the pods
-    on the cards say what they were given. A compile-only Job has none (the engine sets
-    COMPILE), nor do CPU backends."""
+    """Upstream's image bakes FLEX_DEVICE=PF and documents PF and VF as separate settings; the
+    device plugin gives a pod the kind its resource names, so the pods on the cards say which.
+    A compile-only Job has none (the engine sets COMPILE), nor do CPU backends."""
     spec = {**GENERATE, "accelerator": {"resourceName": resource}}
     job, dep = built(spec)
     assert env(container(dep))["FLEX_DEVICE"].value == device

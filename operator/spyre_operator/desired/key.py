@@ -12,6 +12,10 @@ In the key:
     omits are hashed with the value the operator chose, so an explicit shape equal to the
     chosen one is the same artifact, and a new supported list that chooses otherwise is not.
   - ``spec.engine.image`` — the compiler (torch, the plugin, the Spyre stack) lives in the image.
+    The operator cannot read the stack's versions (torch_sendnn, deeptools) before the Job
+    runs; the image reference is what it knows of them. The engine records the versions in the
+    catalog entry and a sendnn server refuses an artifact another stack compiled
+    (``ArtifactMismatch``: a base upgraded under a reused tag keeps this key).
   - environment variables the plugin and the Spyre compiler read at compile time, when set in
     ``spec.serving.env`` (see :data:`COMPILE_ENV_NAMES` and :data:`COMPILE_ENV_PREFIXES`).
     They are also passed to the precompile Job.
