@@ -63,7 +63,8 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 
 # Start order; stopping goes the other way round.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+              "coredns")
 BINARIES = (
     "etcd",
     "kube-apiserver",
@@ -91,6 +92,12 @@ def node_host_ip(state_dir: Path) -> str:
     127.0.0.1 while the node runs; without a node it is simply unreachable."""
     return f"10.250.{node_slot(state_dir)}.1"
 SERVICE_IP = "10.96.0.1"
+# Cluster DNS: CoreDNS (a control-plane process on 127.0.0.1) behind the conventional
+# kube-system/kube-dns Service, which the real node's kubelet gives pods as their nameserver.
+CLUSTER_DOMAIN = "cluster.local"
+DNS_SERVICE_IP = "10.96.0.10"
+# The reverse zone of SERVICE_CIDR (10.96.0.0/16); there is no IPv6 Service range.
+DNS_REVERSE_ZONE = "96.10.in-addr.arpa"
 POD_CIDR = "10.244.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
@@ -149,6 +156,12 @@ def default_bin_dir() -> Path:
         f".kwok-{v['KWOK_VERSION']}.helm-{v['HELM_VERSION']}"
     )
     return Path(cache_root) / name
+
+
+def coredns_bin() -> Path:
+    """The CoreDNS binary build.sh builds (its own cache directory, beside default_bin_dir)."""
+    v = _read_versions(HERE / "versions.env")
+    return default_bin_dir().parent / f"coredns-{v['COREDNS_VERSION']}" / "coredns"
 
 
 def free_ports(n: int) -> list[int]:
@@ -266,6 +279,8 @@ class ControlPlane:
 
     def check_binaries(self) -> None:
         missing = [b for b in BINARIES if not os.access(self.bin_dir / b, os.X_OK)]
+        if not os.access(coredns_bin(), os.X_OK):
+            missing.append(str(coredns_bin()))
         if missing:
             raise BinariesMissing(
                 f"control-plane binaries missing in {self.bin_dir}: {', '.join(missing)}. "
@@ -410,10 +425,13 @@ class ControlPlane:
         if self._load_state() and self.pid("etcd") and self.pid("kube-apiserver"):
             if self.apiserver_ready():
                 # Keep the data; bring back only what died (e.g. after a fault-injection test).
+                self._ensure_dns_ports()
                 for c in COMPONENTS:
                     if not self.pid(c):
                         _log(f"{c} is not running; starting it again")
                         self._start(c)
+                        if c == "coredns":
+                            self._apply_dns_service()
         if self.healthy():
             _log("reusing the running cluster")
             self._link_tools()
@@ -430,7 +448,7 @@ class ControlPlane:
         (self.state_dir / ".gitignore").write_text("*\n")
         self._link_tools()
         self._ensure_pki()
-        etcd_port, etcd_peer, api_port, kcm_port, sched_port = free_ports(5)
+        etcd_port, etcd_peer, api_port, kcm_port, sched_port, dns, dns_ready = free_ports(7)
         state: dict[str, Any] = {
             "bin_dir": str(self.bin_dir),
             "ports": {
@@ -439,6 +457,8 @@ class ControlPlane:
                 "apiserver": api_port,
                 "controller_manager": kcm_port,
                 "scheduler": sched_port,
+                "coredns": dns,
+                "coredns_ready": dns_ready,
             },
             "started_at": time.time(),
         }
@@ -454,10 +474,12 @@ class ControlPlane:
             self._start("kube-apiserver")
             wait_until(self.apiserver_ready, timeout, "kube-apiserver /readyz", interval=0.25)
             t_api = time.monotonic() - t0
-            for c in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            for c in ("kube-controller-manager", "kube-scheduler", "kwok", "coredns"):
                 self._start(c)
             self._bootstrap_objects()
             self._wait_ready(max(timeout - (time.monotonic() - t0), 10))
+            wait_until(self.coredns_ready, max(timeout - (time.monotonic() - t0), 10),
+                       "CoreDNS /ready", interval=0.25)
         except BaseException:
             _log("start-up failed; logs are in " + str(self.logs))
             self._dump_log_tails()
@@ -530,6 +552,8 @@ class ControlPlane:
             wait_until(self.etcd_healthy, timeout, "etcd /health")
         elif component == "kube-apiserver":
             wait_until(self.apiserver_ready, timeout, "kube-apiserver /readyz", interval=0.25)
+        elif component == "coredns":
+            wait_until(self.coredns_ready, timeout, "CoreDNS /ready", interval=0.25)
 
     # ------------------------------------------------------------------ process handling
     def _start(self, component: str) -> int:
@@ -544,6 +568,8 @@ class ControlPlane:
             env["HOME"] = str(self.state_dir / "kwok-home")
             Path(env["HOME"]).mkdir(exist_ok=True)
             self._write_kwok_stages()
+        if component == "coredns":
+            self._write_corefile()
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -889,6 +915,7 @@ profiles:
                 f"--cidr={POD_CIDR}",
                 f"--config={self.kwok_stages}",
             ],
+            "coredns": [str(coredns_bin()), "-conf", str(self.corefile)],
         }
 
     # ------------------------------------------------------------------ cluster objects
@@ -937,6 +964,7 @@ profiles:
             interval=0.5,
         )
         self.apply(self._storage_manifest())
+        self._apply_dns_service()
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -982,6 +1010,95 @@ profiles:
             "the StorageClass",
             0.5,
         )
+
+    # ------------------------------------------------------------------ cluster DNS
+    @property
+    def corefile(self) -> Path:
+        return self.state_dir / "Corefile"
+
+    def _ensure_dns_ports(self) -> None:
+        """Ports for CoreDNS in a state file written before it was a component."""
+        st = self.state
+        if "coredns" not in st["ports"]:
+            st["ports"]["coredns"], st["ports"]["coredns_ready"] = free_ports(2)
+            st["commands"] = self._commands(st["ports"])
+            self.state_file.write_text(json.dumps(st, indent=2))
+
+    def _write_corefile(self) -> None:
+        """CoreDNS answers for the cluster domain and the Service range's reverse zone only,
+        on 127.0.0.1; any other name is REFUSED (`acl`). The binary has no `forward` plugin
+        (coredns/main.go), so no query can leave the machine. Pods reach it through the
+        kube-dns Service (node.py relays the node's link to 127.0.0.1)."""
+        ports = self.state["ports"]
+        self.corefile.write_text(f"""# Generated by tests/cluster/controlplane.py
+{CLUSTER_DOMAIN}:{ports['coredns']} {DNS_REVERSE_ZONE}:{ports['coredns']} {{
+    bind 127.0.0.1
+    errors
+    log
+    ready 127.0.0.1:{ports['coredns_ready']}
+    kubernetes {CLUSTER_DOMAIN} {DNS_REVERSE_ZONE} {{
+        kubeconfig {self.component_kubeconfig}
+        pods insecure
+        ttl 5
+    }}
+    cache 5
+}}
+# Any other name: REFUSED (and logged). Without this block CoreDNS refuses such names as well
+# (no zone matches) but says nothing about them.
+.:{ports['coredns']} {{
+    bind 127.0.0.1
+    log
+    acl {{
+        block
+    }}
+}}
+""")
+
+    def coredns_ready(self) -> bool:
+        """CoreDNS's /ready: 200 once the kubernetes plugin has synced with the API server."""
+        port = self.state["ports"]["coredns_ready"]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def dns_query(self, name: str, qtype: str = "A", timeout: float = 2.0) -> tuple[str, list[str]]:
+        """Ask CoreDNS (UDP, on the host) for ``name``: (rcode name, answers as text)."""
+        from tests.cluster.dnsquery import query
+
+        return query("127.0.0.1", self.state["ports"]["coredns"], name, qtype, timeout)
+
+    def _apply_dns_service(self) -> None:
+        """The kube-dns Service (10.96.0.10:53 UDP and TCP), selector-less, with an
+        EndpointSlice at the host end of the real node's link (CoreDNS's port, relayed to
+        127.0.0.1 by node.py while the node runs)."""
+        port = self.state["ports"]["coredns"]
+        labels = {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}
+        self.apply([
+            {
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": labels},
+                "spec": {
+                    "clusterIP": DNS_SERVICE_IP,
+                    "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": port},
+                              {"name": "dns-tcp", "port": 53, "protocol": "TCP",
+                               "targetPort": port}],
+                },
+            },
+            {
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {
+                    "name": "kube-dns-host", "namespace": "kube-system",
+                    "labels": {**labels, "kubernetes.io/service-name": "kube-dns"},
+                },
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [node_host_ip(self.state_dir)],
+                               "conditions": {"ready": True}}],
+                "ports": [{"name": "dns", "port": port, "protocol": "UDP"},
+                          {"name": "dns-tcp", "port": port, "protocol": "TCP"}],
+            },
+        ])  # fmt: skip
 
     def recycle_pvs(self) -> list[str]:
         """Make Released static PVs Available again (what a deleter would do). Returns names."""

@@ -12,9 +12,11 @@ runs real pods. Everything the node does stays on this machine and is undone by 
   (1..250) comes from the checkout's path, so two checkouts' nodes can run side by side.
   Pods get 10.245.<slot>.0/24 on the bridge ``spyre-cni0`` with routes to the Service range
   and the link only: no default route anywhere in the node, so nothing routes off the
-  machine and DNS is never asked.
+  machine.
 * The API server keeps listening on 127.0.0.1; ``tcpforward.py`` relays 10.250.<slot>.1:<port>
-  (the address the API server advertises for the ``kubernetes`` Service) to it.
+  (the address the API server advertises for the ``kubernetes`` Service) to it, and
+  CoreDNS's port likewise (TCP and UDP): the ``kube-dns`` Service (10.96.0.10) the kubelet
+  gives pods as their nameserver routes there. CoreDNS answers only for the cluster domain.
 * The kubelet's pods go under the cgroup ``/spyre-node-<slot>`` (``cgroupRoot``); the node's
   own processes join it too. ``down`` kills what is left in it and removes it.
 * The kubelet sets six kernel sysctls at start (vm.overcommit_memory, kernel.panic, ...);
@@ -351,9 +353,16 @@ class RealNode:
             raise NodeError("the control plane is not running; start it first (`up`)")
         self._check_not_foreign()
         self._ensure_apiserver_flags()
-        if self.running() and self.ready():
+        if not self.cp.pid("coredns"):  # a control plane started before cluster DNS existed
+            self.cp._ensure_dns_ports()
+            self.cp.start_component("coredns")
+            self.cp._apply_dns_service()
+        if self.running() and self.ready() and self._config_current():
             self._advertise_cards()
             return
+        if self.running() and not self._config_current():
+            _log("the running node's configuration is out of date; restarting it")
+            self._down(delete_node=False)
         if self.pid() or self.forward_pid() or _cgroup_pids(self.cgroup_name) or \
                 self.host_if in _links():
             _log("a previous node is partly running; stopping it first")
@@ -392,6 +401,18 @@ class RealNode:
             raise
         _log(f"node {self.name} Ready in {time.monotonic() - t0:.1f}s "
              f"(containerd after {t_rt:.1f}s)")
+
+    def _config_current(self) -> bool:
+        """The running node has this code's kubelet configuration and forwards what it
+        should (e.g. a node started before cluster DNS existed has neither)."""
+        try:
+            kubelet = (self.conf / "kubelet.yaml").read_text()
+            raw = Path(f"/proc/{self.forward_pid()}/cmdline").read_bytes()
+            argv = [a for a in raw.split(b"\0") if a]
+        except OSError:
+            return False
+        want = [a.encode() for a in self._forwards()]
+        return kubelet == self._kubelet_yaml() and argv[-len(want):] == want
 
     def _waiter(self, t0: float, timeout: float):  # type: ignore[no-untyped-def]
         from tests.cluster.controlplane import wait_until
@@ -484,8 +505,9 @@ current-context: default
         self._kubeconfig(self.conf / "kubelet.kubeconfig", f"system:node:{self.name}",
                          "kubelet-client")
         self._kubeconfig(self.conf / "kube-proxy.kubeconfig", "system:kube-proxy", "kube-proxy")
-        # Pods' resolv.conf: a nameserver inside the pod's own network namespace where nothing
-        # listens, so lookups fail at once and no query ever leaves the machine.
+        # The node's resolv.conf (its own processes, pods with dnsPolicy Default): a nameserver
+        # in the caller's own network namespace where nothing listens, so lookups fail at once
+        # and no query ever leaves the machine. Other pods get cluster DNS (clusterDNS).
         (self.conf / "resolv.conf").write_text(
             "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
         )
@@ -589,6 +611,8 @@ oom_score = 0
         return SERVICE_CIDR
 
     def _kubelet_yaml(self) -> str:
+        from tests.cluster.controlplane import CLUSTER_DOMAIN, DNS_SERVICE_IP
+
         return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # The host is cgroup v1 (hybrid) and stays so; the kubelet 1.36 refuses v1 unless told.
@@ -617,8 +641,10 @@ authorization:
 registerNode: true
 registerWithTaints:
 - {{key: {NODE_TAINT['key']}, value: "{NODE_TAINT['value']}", effect: {NODE_TAINT['effect']}}}
-clusterDomain: cluster.local
-# No cluster DNS and a resolv.conf written by node.py: no lookup ever leaves the machine.
+# Cluster DNS: the kube-dns Service (CoreDNS, controlplane.py), which answers only for the
+# cluster domain. The node's own resolv.conf (dnsPolicy Default) points nowhere.
+clusterDNS: [{DNS_SERVICE_IP}]
+clusterDomain: {CLUSTER_DOMAIN}
 resolvConf: {self.conf / 'resolv.conf'}
 volumePluginDir: {self.dir / 'volume-plugins'}
 failSwapOn: false
@@ -755,12 +781,18 @@ conntrack:
         # kube-proxy's OUTPUT rules rewrite them, this route only lets the packets out.
         _run(*ns, "ip", "route", "add", self.cp_service_cidr(), "via", self.host_ip, "dev", nif)
 
+    def _forwards(self) -> list[str]:
+        """tcpforward.py's arguments: the API server (TCP) and CoreDNS (TCP and UDP), from
+        the host end of the link to their ports on 127.0.0.1."""
+        api, dns = self.cp.state["ports"]["apiserver"], self.cp.state["ports"]["coredns"]
+        return [f"{self.host_ip}:{api}", f"127.0.0.1:{api}",
+                f"{self.host_ip}:{dns}", f"127.0.0.1:{dns}",
+                f"udp:{self.host_ip}:{dns}", f"127.0.0.1:{dns}"]
+
     def _start_forwarder(self) -> None:
-        port = self.cp.state["ports"]["apiserver"]
         log = open(self.cp.logs / "node-apiforward.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, str(HERE / "tcpforward.py"), f"{self.host_ip}:{port}",
-             f"127.0.0.1:{port}"],
+            [sys.executable, str(HERE / "tcpforward.py"), *self._forwards()],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
