@@ -228,7 +228,7 @@ _FAKE_TOOL = """#!/bin/bash
 echo "$(basename "$0") $*" >> "$LOG"
 case "$*" in
   *"-m venv"*) mkdir -p "${@: -1}/bin"; cp "$0" "${@: -1}/bin/python"; cp "$0" "${@: -1}/bin/uv";;
-  *'print(version("torch"))'*) echo "2.10.0+cpu";;
+  *'print(version("torch"))'*) [ -z "$NO_BASE_TORCH" ] || exit 1; echo "2.10.0+cpu";;
   *'print("torch=="'*) printf 'torch==2.10.0+cpu\\ntorchvision==0.25.0+cpu\\n';;
 esac
 """
@@ -251,21 +251,24 @@ def _build_args_of_the_cpu_image() -> dict[str, str]:
     return dict(spec.build_args)
 
 
-def render_dependency_step(tmp_path: Path, overrides: dict[str, str]) -> list[str]:
+def render_dependency_step(
+    tmp_path: Path, overrides: dict[str, str], check: bool = True
+) -> list[str]:
     """Run the engine's dependency RUN step with bash as a builder would (its ARGs in the
-    environment), with stand-ins for python and uv; returns the commands it ran, in order."""
+    environment), with stand-ins for python and uv; returns the commands it ran, in order
+    (``check``: raise when the step fails)."""
     (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "--extra engine" in r]
     root = tmp_path / "root"
     (root / "src").mkdir(parents=True)
     (root / "src" / "pyproject.toml").write_text("")
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     (bin_dir / "python3").write_text(_FAKE_TOOL)
     (bin_dir / "python3").chmod(0o755)
     script = step.replace("/opt/engine", f"{root}/opt/engine").replace("/src", f"{root}/src")
     log = tmp_path / "log"
     env = {**_args(ENGINE), **overrides, "PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
-    subprocess.run(["bash", "-c", script], env=env, check=True)
+    subprocess.run(["bash", "-c", script], env=env, check=check)
     return [line.replace(str(root), "") for line in log.read_text().splitlines()]
 
 
@@ -292,6 +295,16 @@ def test_production_builds_vllm_for_the_empty_device_on_the_bases_cpu_torch(
     # VLLM_TARGET_DEVICE reaches the build of vLLM
     (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "--extra engine" in r]
     assert 'VLLM_TARGET_DEVICE="$VLLM_TARGET" $uvpip install' in step
+
+
+def test_production_build_stops_on_a_base_without_torch(tmp_path: Path) -> None:
+    """No torch to match (a wrong base): the step fails there, instead of going on to install
+    `torch==` and whatever vLLM pins (commands inside `if` bodies of an `&&` list run with
+    errexit off, so each must be chained)."""
+    with pytest.raises(subprocess.CalledProcessError):
+        render_dependency_step(tmp_path, {"NO_BASE_TORCH": "1"})
+    ran = render_dependency_step(tmp_path / "again", {"NO_BASE_TORCH": "1"}, check=False)
+    assert not any(c.startswith("uv pip install") for c in ran), ran
 
 
 def test_cpu_image_is_the_same_file_with_pypis_wheels(tmp_path: Path) -> None:
