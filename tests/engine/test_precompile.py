@@ -25,11 +25,15 @@ def test_precompile_writes_entry_and_summary(tiny_model: Path, tmp_path: Path) -
     assert parsed.compile_seconds >= 0 and parsed.size_bytes > 0
     assert parsed.versions.sendnn_inference == "2.6.3"
     assert parsed.versions.vllm and parsed.versions.torch
+    # the Spyre compiler stack: none on this CPU machine, recorded as absent
+    assert parsed.versions.torch_sendnn is None and parsed.versions.deeptools is None
+    assert {"torch_sendnn", "deeptools"} <= set(summary["versions"])
     entries = catalog.read_catalog(art)
     assert entries == [
         {
             "sendnn_inference_version": "2.6.3",
             "dynamo_backend": "eager",
+            "compiler_stack": {"torch_sendnn": None, "deeptools": None},
             "data": {
                 "MODEL_NAME": str(tiny_model),
                 "NUM_AIUS": 1,
