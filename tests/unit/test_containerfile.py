@@ -283,9 +283,9 @@ def test_production_builds_vllm_for_the_empty_device_on_the_bases_cpu_torch(
     assert args["TORCH_INDEX"] == PYTORCH_CPU_INDEX and args["VLLM_TARGET"] == "empty"
     ran = render_dependency_step(tmp_path, {})
     assert ran[0] == "python3 -m venv --system-site-packages /opt/engine"
-    torch = next(i for i, c in enumerate(ran) if "--index-url" in c)
+    torch = next(i for i, c in enumerate(ran) if "--default-index" in c)
     # the base's torch version (torch_sendnn's), CPU build, before anything else is installed
-    assert f'--index-url {PYTORCH_CPU_INDEX} torch==2.10.0 torchvision' in ran[torch]
+    assert f'--default-index {PYTORCH_CPU_INDEX} torch==2.10.0 torchvision' in ran[torch]
     engine = next(i for i, c in enumerate(ran) if "--extra engine" in c)
     assert torch < engine
     # every later install is held to that torch; vLLM built from source, not PyPI's CUDA wheel
@@ -311,7 +311,7 @@ def test_cpu_image_is_the_same_file_with_pypis_wheels(tmp_path: Path) -> None:
     overrides = _build_args_of_the_cpu_image()
     assert overrides == {"TORCH_INDEX": "", "VLLM_TARGET": ""}
     ran = render_dependency_step(tmp_path, overrides)
-    assert not any("--index-url" in c or "--no-binary" in c for c in ran)
+    assert not any("--default-index" in c or "--no-binary" in c for c in ran)
     (engine,) = [c for c in ran if "--extra engine" in c]
     assert "-r /src/pyproject.toml --extra engine" in engine
     assert any("uninstall" in c and "torchvision torchaudio torchcodec" in c for c in ran)
