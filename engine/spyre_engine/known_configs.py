@@ -49,9 +49,18 @@ def default_config_file() -> Path | None:
 
 
 def config_file(env: Mapping[str, str] | None = None) -> Path | None:
-    """The file the plugin reads: ``$SENDNN_INFERENCE_MODEL_CONFIG_FILE``, else the bundled one."""
+    """The file the plugin reads: ``$SENDNN_INFERENCE_MODEL_CONFIG_FILE``, else the bundled one.
+
+    Set but empty is an error, as in the plugin (model_registry.py takes any value that is not
+    None as the path, and fails to open ``""``); it never means the bundled file.
+    """
     env = os.environ if env is None else env
-    if env.get(MODEL_CONFIG_FILE_ENV):
+    if MODEL_CONFIG_FILE_ENV in env:
+        if not env[MODEL_CONFIG_FILE_ENV]:
+            raise ValueError(
+                f"{MODEL_CONFIG_FILE_ENV} is set but empty: the plugin fails on it (it does not "
+                "fall back to its bundled model_configs.yaml); unset it or name a file"
+            )
         return Path(env[MODEL_CONFIG_FILE_ENV])
     return default_config_file()
 
@@ -216,6 +225,21 @@ def check_configuration(
             f"in the plugin's model_configs.yaml (it knows: {', '.join(sorted(models))})",
         )
     name, spec = found
+    return _check_entry(
+        name, spec, tensor_parallel_size, max_model_len, max_num_seqs, warmup_shapes, nearest
+    )
+
+
+def _check_entry(
+    name: str,
+    spec: Mapping[str, Any],
+    tensor_parallel_size: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    warmup_shapes: Sequence[tuple[int, int]] | None,
+    nearest: int = 3,
+) -> ConfigurationCheck:
+    """Whether one model entry lists the shape; if not, its closest supported shapes."""
     shapes = supported_shapes(spec)
     if warmup_shapes:
         wanted = set(warmup_shapes)
@@ -272,13 +296,108 @@ class EffectiveShape:
         return max(self.max_num_seqs, 2)
 
 
+def is_mistral_format(model_path: str | Path) -> bool:
+    """vLLM's ``get_config`` (config_format auto) reads this model in Mistral's format: its
+    files include ``consolidated*.safetensors`` and ``params.json``."""
+    path = Path(model_path)
+    return (path / "params.json").is_file() and any(path.glob("consolidated*.safetensors"))
+
+
 def read_config_json(model_path: str | Path) -> dict[str, Any]:
-    """The model's ``config.json`` (``{}`` when missing or unreadable)."""
+    """The model's ``config.json`` as vLLM presents it to the plugin (``{}`` when missing).
+
+    vLLM loads a Mistral-format model's multimodal config as ``pixtral``
+    (vllm/transformers_utils/configs/mistral.py ``_remap_mistral_vision_args``), the
+    ``model_type`` the plugin's entries for Mistral-Small-3.2 and Ministral-3 match; the
+    ``config.json`` of those repositories says ``mistral3``.
+    """
     try:
         data = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    if data.get("model_type") == "mistral3" and is_mistral_format(model_path):
+        data = {**data, "model_type": "pixtral"}
+    return data
+
+
+def plugin_check(
+    model_path: str | Path,
+    tensor_parallel_size: int,
+    max_model_len: int,
+    max_num_seqs: int,
+    warmup_shapes: Sequence[tuple[int, int]] | None,
+    env: Mapping[str, str],
+) -> ConfigurationCheck:
+    """The plugin's own verdict: its model registry (``get_configurator_for_runtime``, as
+    ``platform.py`` ``check_and_update_config`` calls it) on vLLM's own config object.
+
+    Imports vLLM and the plugin (seconds): for precompile, not serve's start-up path. The
+    registry reads ``SENDNN_INFERENCE_MODEL_CONFIG_FILE`` from ``env`` the way the plugin does
+    (an empty value is an error there, and here). Raises what the plugin raises.
+    """
+    from types import SimpleNamespace
+
+    from sendnn_inference import envs as plugin_envs
+    from sendnn_inference.config.model_registry import ModelConfigRegistry
+    from vllm.transformers_utils.config import get_config
+
+    hf_config = get_config(str(model_path), trust_remote_code=False)
+    registry = ModelConfigRegistry()  # not the process-wide one: read with this env
+    saved = os.environ.get(MODEL_CONFIG_FILE_ENV)
+    try:
+        os.environ.pop(MODEL_CONFIG_FILE_ENV, None)
+        if MODEL_CONFIG_FILE_ENV in env:
+            os.environ[MODEL_CONFIG_FILE_ENV] = env[MODEL_CONFIG_FILE_ENV]
+        plugin_envs.clear_env_cache()
+        registry.initialize()
+    finally:
+        os.environ.pop(MODEL_CONFIG_FILE_ENV, None)
+        if saved is not None:
+            os.environ[MODEL_CONFIG_FILE_ENV] = saved
+        plugin_envs.clear_env_cache()
+    model_config = SimpleNamespace(
+        hf_config=hf_config, model=str(model_path), max_model_len=max_model_len
+    )
+    vllm_config = SimpleNamespace(
+        model_config=model_config,
+        parallel_config=SimpleNamespace(world_size=tensor_parallel_size),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+    )
+    warmup = list(warmup_shapes) if warmup_shapes else None
+    matched = registry.find_matching_model(model_config)  # type: ignore[arg-type]
+    if matched is None:
+        return ConfigurationCheck(
+            known=False,
+            model=None,
+            message=f"model_type={getattr(hf_config, 'model_type', None)!r} with this "
+            "architecture matches no entry of the plugin's model_configs.yaml (it knows: "
+            f"{', '.join(sorted(registry.list_models()))})",
+        )
+    entry = {
+        "continuous_batching_configs": [
+            {"tp_size": c.tp_size, "max_model_len": c.max_model_len, "max_num_seqs": c.max_num_seqs}
+            for c in matched.continuous_batching_configs
+        ],
+        "static_batching_configs": [
+            {
+                "tp_size": c.tp_size,
+                "warmup_shapes": [
+                    {"prompt_len": w.prompt_len, "batch_size": w.batch_size}
+                    for w in c.warmup_shapes
+                ],
+            }
+            for c in matched.static_batching_configs
+        ],
+    }
+    listed = _check_entry(
+        matched.name, entry, tensor_parallel_size, max_model_len, max_num_seqs, warmup
+    )
+    known = registry.get_configurator_for_runtime(vllm_config, warmup) is not None  # type: ignore[arg-type]
+    if known != listed.known:  # the plugin decides; the message still names the shapes
+        return ConfigurationCheck(known, matched.name, listed.message, listed.nearest, None)
+    return listed
 
 
 def effective_shape(

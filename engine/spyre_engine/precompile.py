@@ -155,15 +155,28 @@ def record_what_was_compiled(
             data[key] = value
 
 
-def check_known(
-    settings: PrecompileSettings, config_json: dict[str, object], env: dict[str, str]
-) -> None:
-    """Fail before starting vLLM when the plugin would refuse an unknown configuration."""
-    shape = known_configs.effective_shape(settings, config_json, env)
-    if shape.known is not None and not shape.known.known:
+def check_known(settings: PrecompileSettings, model_path: str, env: dict[str, str]) -> None:
+    """Fail before starting vLLM when the plugin would refuse an unknown configuration: its
+    own model registry decides, on vLLM's own config object (known_configs.plugin_check)."""
+    warmup = [(s.prompt_len, s.batch_size) for s in settings.warmup_shapes] or None
+    try:
+        check = known_configs.plugin_check(
+            model_path,
+            settings.tensor_parallel_size,
+            settings.max_model_len,
+            settings.max_num_seqs,
+            warmup,
+            env,
+        )
+    except Exception as exc:  # the plugin's own error (e.g. an unreadable model_configs.yaml)
         raise PrecompileError(
             REASON_UNSUPPORTED_CONFIGURATION,
-            f"{shape.known.message} (SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG=1; "
+            f"the plugin cannot check the configuration: {type(exc).__name__}: {exc}",
+        ) from exc
+    if not check.known:
+        raise PrecompileError(
+            REASON_UNSUPPORTED_CONFIGURATION,
+            f"{check.message} (SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG=1; "
             "--no-require-known-config lets the plugin cap the shape instead)",
         )
 
@@ -241,7 +254,7 @@ def _precompile_locked(
     config_json = read_config_json(model_path)
     check_compile_only(settings, config_json)
     if env.get("SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG") == "1":
-        check_known(settings, config_json, env)
+        check_known(settings, model_path, env)
     started = time.monotonic()
     logged = None
     if settings.backend == "eager":
