@@ -1,0 +1,124 @@
+"""The precompile Job's life on the real control plane (kwok plays the pods; the real node
+test of an image that cannot be pulled is tests/realpods/test_precompile_failure.py).
+
+Each case was reproduced on the API server before its fix: a pod that could not start read
+"precompile Job ... is running" for up to 7200 s, a superseded Job ran on to completion, and a
+Deployment deleted while a new key compiled stayed gone until the compile ended.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from .conftest import Kube, OperatorProcess
+
+pytestmark = pytest.mark.integration
+
+GROUP = "serving.spyre.dev"
+HOLD = {"kwok.spyre.dev/hold": "true"}
+MANAGED = "app.kubernetes.io/managed-by=spyre-model-operator"
+#: Two supported shapes of the model (a compile-affecting edit between them).
+SHAPE_A = {"maxModelLen": 8192, "maxNumSeqs": 4}
+SHAPE_B = {"maxModelLen": 3072, "maxNumSeqs": 16}
+
+
+def spec(shape: dict[str, Any] | None = None, **precompile: Any) -> dict[str, Any]:
+    return {
+        "model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@main"},
+        "compile": shape or SHAPE_A,
+        "precompile": {"backoffLimit": 0, **precompile},
+    }
+
+
+def precompile_jobs(kube: Kube) -> list[dict[str, Any]]:
+    return [j for j in kube.items("jobs", MANAGED)
+            if j["metadata"]["labels"].get("app.kubernetes.io/component") == "precompile"]
+
+
+def job_names(kube: Kube) -> set[str]:
+    return {j["metadata"]["name"] for j in precompile_jobs(kube)}
+
+
+def test_an_unschedulable_precompile_shows_in_status_and_a_fix_replaces_it(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    t0 = time.monotonic()
+    kube.apply_model("m", spec(nodeSelector={"pool": "no-such-pool"}))
+    c = kube.wait_condition("m", "ArtifactReady", "False", "PrecompileUnschedulable", timeout=30)
+    print(f"apply -> PrecompileUnschedulable in {time.monotonic() - t0:.0f}s")
+    assert "didn't match Pod's node affinity/selector" in c["message"], c
+    assert kube.condition("m", "Progressing")["reason"] == "PrecompileUnschedulable"
+    assert kube.condition("m", "Degraded")["status"] == "False"  # waiting, not broken
+    [stuck] = precompile_jobs(kube)
+    # The fix is outside the artifact key: the same Job name, a new Job.
+    kube.apply_model("m", spec(nodeSelector={"topology.kubernetes.io/zone": "zone-a"}))
+    kube.wait(lambda: [j for j in precompile_jobs(kube)
+                       if j["metadata"]["uid"] != stuck["metadata"]["uid"]], 30,
+              "the stuck Job replaced")
+    assert job_names(kube) == {stuck["metadata"]["name"]}
+    kube.wait_condition("m", "Ready", reason="Serving", timeout=90)
+
+
+def test_a_quota_that_refuses_the_precompile_pod_shows_in_status(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    kube.kubectl("create", "quota", "no-pods", "--hard=pods=0")
+    t0 = time.monotonic()
+    kube.apply_model("q", spec())
+    c = kube.wait_condition("q", "Degraded", "True", "PrecompilePodRejected", timeout=30)
+    print(f"apply -> PrecompilePodRejected in {time.monotonic() - t0:.0f}s")
+    assert "exceeded quota" in c["message"] and "no-pods" in c["message"], c
+    art = kube.model("q")["status"]["artifact"]
+    assert "exceeded quota" in art["message"] and art["phase"] == "Pending", art
+    kube.kubectl("delete", "quota", "no-pods")
+    kube.wait_condition("q", "Ready", reason="Serving", timeout=180)
+
+
+def test_an_edit_and_its_revert_stop_the_jobs_no_spec_needs(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    kube.apply_model("e", spec(podAnnotations=HOLD))  # the compile runs until released
+    first = kube.wait(lambda: job_names(kube), 30, "the first Job")
+    kube.apply_model("e", spec(SHAPE_B, podAnnotations=HOLD))
+    second = kube.wait(lambda: (names := job_names(kube)) - first and names, 30, "the edit's Job")
+    kube.wait(lambda: not (job_names(kube) & first), 30, "the first Job stopped and removed")
+    kube.apply_model("e", spec(podAnnotations=HOLD))  # revert
+    kube.wait(lambda: job_names(kube) == first, 30, "only the reverted spec's Job left")
+    assert not job_names(kube) & (second - first)
+
+
+def test_a_shared_job_stays_while_another_model_needs_it(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    kube.apply_model("a", spec(podAnnotations=HOLD))
+    kube.apply_model("b", spec(podAnnotations=HOLD))
+    [shared] = kube.wait(lambda: precompile_jobs(kube), 30, "one shared Job")
+    kube.wait(lambda: len(precompile_jobs(kube)[0]["metadata"]["ownerReferences"]) == 2, 30,
+              "owned by both")
+    kube.apply_model("a", spec(SHAPE_B, podAnnotations=HOLD))
+    kube.wait(lambda: len(job_names(kube)) == 2, 30, "a's new Job")
+    time.sleep(3)  # a wrong implementation stops b's Job now
+    uids = {j["metadata"]["uid"] for j in precompile_jobs(kube)}
+    assert shared["metadata"]["uid"] in uids, "b still needs the shared Job"
+
+
+def test_a_deployment_deleted_while_a_new_key_compiles_serves_the_old_key_again(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    kube.apply_model("d", spec())
+    kube.wait_condition("d", "Ready", reason="Serving", timeout=90)
+    old_key = kube.model("d")["status"]["servingArtifactKey"]
+    kube.apply_model("d", spec(SHAPE_B, podAnnotations=HOLD))
+    kube.wait_condition("d", "Ready", "True", reason="ServingPreviousArtifact", timeout=30)
+    before = kube.get("deployment", "d")
+    kube.kubectl("delete", "deployment", "d", "--wait=true")
+    t0 = time.monotonic()
+    dep = kube.wait(lambda: (d := kube.get("deployment", "d")) and d["metadata"]["uid"]
+                    != before["metadata"]["uid"] and d, 30, "the Deployment recreated")
+    print(f"deleted -> recreated in {time.monotonic() - t0:.0f}s")
+    assert dep["metadata"]["annotations"][f"{GROUP}/artifact-key"] == old_key
+    kube.wait_condition("d", "Ready", "True", reason="ServingPreviousArtifact", timeout=60)
+    assert kube.model("d")["status"]["servingArtifactKey"] == old_key
