@@ -233,7 +233,7 @@ def test_install_serve_upgrade_uninstall(
         kube = Kube(cp, models_namespace)
         kube.apply_model("granite", {
             "model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@main"},
-            "compile": {"maxModelLen": 2048},
+            "compile": {"maxModelLen": 2048, "requireKnownConfiguration": False},  # not listed
             "replicas": 2,  # a PodDisruptionBudget too
             "routing": {"inferencePool": {"endpointPicker": {"name": "granite-epp"}}},
         })
