@@ -197,3 +197,17 @@ def test_every_documented_spyremodel_resolves_to_a_supported_shape(
     assert r.refusal is None, f"{where}: {r.refusal}"
     if shapes.checks_known(spec):
         assert r.supported_model, f"{where}: the operator cannot check {spec.model.uri}"
+
+
+def test_supported_model_names_the_entry_for_a_uri_that_does_not() -> None:
+    """A PVC copy in the Hub cache's layout (its last element a commit): the hint decides; a
+    hint that names no entry is refused with the entries."""
+    uri = "pvc://weights/models--ibm-granite--granite-3.3-8b-instruct/snapshots/0123abcd"
+    assert resolve({"model": {"uri": uri}}).refusal  # unlisted, no shape, check on
+    r = resolve({"model": {"uri": uri},
+                 "compile": {"supportedModel": "ibm-granite/granite-3.3-8b-instruct",
+                             "tensorParallelSize": 4}})
+    assert r.refusal is None and r.supported_model == "ibm-granite/granite-3.3-8b-instruct"
+    assert (r.compile.max_model_len, r.compile.max_num_seqs) == (32768, 32)
+    bad = resolve({"model": {"uri": uri}, "compile": {"supportedModel": "acme/nope"}})
+    assert bad.refusal and "ibm-granite/granite-3.3-8b-instruct" in bad.refusal

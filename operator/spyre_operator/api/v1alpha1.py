@@ -260,6 +260,17 @@ class CompileSpec(ApiModel):
             "sequences. Part of the artifact key when false."
         ),
     )
+    supported_model: str | None = Field(
+        default=None,
+        description=(
+            "The plugin's model_configs.yaml entry (e.g. ibm-granite/granite-3.3-8b-instruct) "
+            "whose supported shapes fill the omitted shape fields and bound the explicit ones, "
+            "for a model whose uri does not name it: a mirror, a copy on a PVC, a fine-tune of "
+            "the same architecture. Default: the entry model.uri names. The precompile Job "
+            "still checks the shape with the plugin's own matcher on the model's config."
+        ),
+        max_length=253,
+    )
     model_config_file: ConfigMapKeyRef | None = Field(
         default=None,
         description=(

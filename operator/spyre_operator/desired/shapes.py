@@ -11,7 +11,8 @@ installed plugin's) because its own image has no plugin, vLLM or torch.
 The operator cannot read the model's ``config.json`` (an hf:// model is downloaded by the
 precompile Job), so it finds the model in the list **by its id**: ``hf://org/name`` is the entry
 ``org/name`` (ids compare case-insensitively, as on the Hub); for ``pvc://claim/path`` the last
-path element names the entry whose name part it equals. Then:
+path element names the entry whose name part it equals; ``compile.supportedModel`` names the
+entry outright (a mirror, a PVC copy in another layout, a fine-tune). Then:
 
 - omitted shape fields are filled from the model's supported shapes that agree with the fields
   given: the fewest cards, then the longest context, then the most sequences (pooling: the
@@ -259,7 +260,13 @@ def resolve_compile(
     """The compile shape for ``spec`` (see the module docstring)."""
     models = supported_models() if models is None else models
     c, pooling = spec.compile, Task(spec.task) in POOLING_TASKS
-    named = listed_model(spec.model.uri, models)
+    named = c.supported_model or listed_model(spec.model.uri, models)
+    if named is not None and named not in models:
+        text = (
+            f"compile.supportedModel {named!r} is not an entry of the plugin's list "
+            f"({SUPPORTED_CONFIGS_VERSION}: {', '.join(sorted(models))})"
+        )
+        return ShapeResolution(_filled(c, None, pooling), SOURCE_SPEC, text, None, text)
     if named is None:
         return _unlisted(spec, pooling)
     name = plugin_entry(named, models)
