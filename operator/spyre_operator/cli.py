@@ -33,6 +33,7 @@ def _run(args: argparse.Namespace) -> int:
     OperatorConfig.leader_election_namespace = args.leader_election_namespace or (
         os.environ.get("POD_NAMESPACE") or (args.namespace[0] if args.namespace else "default")
     )
+    OperatorConfig.leader_election_lease = args.leader_election_lease
     OperatorConfig.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -88,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     run.add_argument("--leader-election-namespace", default=None)
+    run.add_argument(
+        "--leader-election-lease",
+        default=os.environ.get("SPYRE_LEADER_ELECTION_LEASE", "spyre-model-operator"),
+        help=(
+            "name of the Lease, one per install (the chart passes the release's full name): "
+            "two installs in one namespace must not share it. The Lease (namespace/name) also "
+            "identifies this install in status.operator, where another install that writes the "
+            "same SpyreModels is noticed"
+        ),
+    )
     run.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     if args.command == "crd":

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from . import conditions as C
 from . import jobs as job_status
+from . import peers
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
 from .desired import names
@@ -57,6 +58,8 @@ ERROR_BACKOFF_MAX = 300.0
 SERVER_PODS_TTL = 5.0
 #: Events posted concurrently in the background.
 EVENT_CONCURRENCY = 8
+#: While another install writes a model, repeat its OperatorConflict Event this often.
+CONFLICT_EVENT_SECONDS = 600.0
 #: Terminal Jobs whose pods are remembered before the gone ones are forgotten.
 JOB_MESSAGES_MIN_LIMIT = 256
 #: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
@@ -151,7 +154,11 @@ class Stats:
 
     reconciles: int = 0
     errors: int = 0
+    #: times another install was found writing a model this one watches (peers.py)
+    conflicts: int = 0
     reconcile_seconds: float = 0.0
+    #: reconciles per model namespace: a test confirms its own model was reconciled
+    namespace_reconciles: Counter[str] = field(default_factory=Counter)
 
 
 class RejectedWrites(Exception):
@@ -236,6 +243,17 @@ class Controller:
         #: With leader election: whether the lease is still held (checked before each write,
         #: so a leader that was paused past its lease never writes before it notices).
         self.may_write: Callable[[], bool] = lambda: True
+        #: This install (peers.install_id) and replica: every status write is stamped with
+        #: them, and a model another install wrote within peer_window is left alone (None: no
+        #: stamp and no check, e.g. the unit tests).
+        self.install: str | None = None
+        self.identity = "spyre-model-operator"
+        self.peer_window = 30.0
+        #: Models another install writes now, by that install (the metrics' gauge).
+        self.yielded: dict[ModelKey, str] = {}
+        #: model -> (other install, clock when reported): one Event per model and install per
+        #: CONFLICT_EVENT_SECONDS while the conflict goes on.
+        self._conflicts_reported: dict[ModelKey, tuple[str, float]] = {}
         #: The InferencePool watch (optional.OptionalApiWatch), set by the kopf layer.
         self.inference_pools: Any | None = None
 
@@ -311,6 +329,33 @@ class Controller:
                 await self.applier.event(dict(model), "Warning", C.RECONCILE_ERROR, message)
         except Exception as e:  # noqa: BLE001 - reporting must not hide the original error
             log.warning("could not report the failure of %s/%s: %s", *key, e)
+
+    def _written_elsewhere(self, key: ModelKey, model: dict[str, Any]) -> bool:
+        """Whether another install wrote this model's status within peer_window (peers.py):
+        then nothing here writes to it (children, status, GC) until it looks again after the
+        window; the conflict is logged, counted and told in a Warning Event on the model."""
+        other = peers.foreign_writer(
+            model.get("status"), self.install or "", self.clock(), self.peer_window
+        )
+        if other is None:
+            if self.yielded.pop(key, None) is not None:
+                log.info("%s/%s: no other install wrote it lately; reconciling it again", *key)
+            return False
+        self.queue.add_after(key, self.peer_window)
+        self.yielded[key] = other.install
+        now = time.monotonic()
+        last = self._conflicts_reported.get(key)
+        if last is not None and last[0] == other.install and now - last[1] < CONFLICT_EVENT_SECONDS:
+            return True
+        self._conflicts_reported[key] = (other.install, now)
+        self.stats.conflicts += 1
+        message = peers.conflict_message(other, self.install or "")
+        log.warning("%s/%s: %s: %s", *key, peers.CONFLICT_REASON, message)
+        if self.may_write():  # an Event is a write: a standby replica leaves it to its leader
+            self._background(
+                self.applier.event(dict(model), "Warning", peers.CONFLICT_REASON, message)
+            )
+        return True
 
     def set_leader(self, leading: bool) -> None:
         """Leader election callback: only the leader writes; a new leader resyncs everything."""
@@ -489,7 +534,11 @@ class Controller:
         if model is None or model["metadata"].get("deletionTimestamp"):
             self._written_status.pop(key, None)
             self._server_pods.pop(key, None)
+            self.yielded.pop(key, None)
+            self._conflicts_reported.pop(key, None)
             return None  # deleted: ownerReferences let the garbage collector clean up
+        if self.install is not None and self._written_elsewhere(key, model):
+            return None
         model = self._with_written_status(key, model)
         try:
             spec = SpyreModelSpec.model_validate(model.get("spec") or {})
@@ -520,6 +569,7 @@ class Controller:
         if decision.requeue_after is not None:
             self.queue.add_after(key, decision.requeue_after)
         self.stats.reconciles += 1
+        self.stats.namespace_reconciles[ns] += 1
         self.stats.reconcile_seconds += time.perf_counter() - t0
         ready = C.find(decision.status.get("conditions"), C.READY)
         waiting = any(p.get("phase") == "Pending" for p in obs.server_pods)
@@ -773,6 +823,10 @@ class Controller:
             d.status, d.events = again.status, again.events
         if not self.may_write():
             raise NotLeader("leader lease not held; not writing")
+        if self.install is not None:
+            d.status = peers.stamped(
+                d.status, model.get("status"), self.install, self.identity, self.clock()
+            )
         rv = await self.applier.apply_status(name, ns, d.status, model.get("status"))
         if rv is not None:
             self._remember_status((ns, name), model, d.status)

@@ -17,7 +17,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import core_schema, to_jsonable_python
 
 from . import GROUP, KIND, PLURAL, VERSION
-from .api.v1alpha1 import SpyreModelSpec, SpyreModelStatus
+from .api.v1alpha1 import MAX_MODEL_NAME, SpyreModelSpec, SpyreModelStatus, cel
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
@@ -116,6 +116,14 @@ def build_crd() -> dict[str, Any]:
             "that load that artifact and never compile."
         ),
         "required": ["spec"],
+        # Only here can a rule see metadata.name (the API server allows name and generateName).
+        "x-kubernetes-validations": [
+            cel(
+                f"size(self.metadata.name) <= {MAX_MODEL_NAME}",
+                f"metadata.name may have at most {MAX_MODEL_NAME} characters: the operator "
+                "names the SpyreModel's Events <name>.<16 hex digits>, and a name has at most 253",
+            )
+        ],
         "properties": {
             "apiVersion": {"type": "string", "description": "API version of this object."},
             "kind": {"type": "string", "description": "Kind of this object."},

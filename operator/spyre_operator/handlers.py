@@ -24,7 +24,7 @@ import kopf
 from lightkube import AsyncClient
 from pydantic import ValidationError
 
-from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs
+from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .controller import Caches, Controller
 from .desired import names
@@ -70,6 +70,8 @@ class OperatorConfig:
     metrics_port: int | None = None
     leader_election: bool = True
     leader_election_namespace: str | None = None
+    #: The Lease's name: one per install (the chart passes its release's full name).
+    leader_election_lease: str = "spyre-model-operator"
     identity: str = "spyre-model-operator"
     #: Watched namespaces; empty: all namespaces.
     namespaces: list[str] = []  # noqa: RUF012 - process-wide settings
@@ -216,15 +218,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     controller.inference_pools = pools
     memo["inference_pools"] = pools
     pools.start()
+    lease_namespace = OperatorConfig.leader_election_namespace or "default"
+    # Every status write names this install; a model another install writes is left alone.
+    controller.install = peers.install_id(lease_namespace, OperatorConfig.leader_election_lease)
+    controller.identity = OperatorConfig.identity
     controller.start()
     if OperatorConfig.leader_election:
         from .leader import LeaderElector
 
         elector = LeaderElector(
             client,
-            namespace=OperatorConfig.leader_election_namespace or "default",
+            namespace=lease_namespace,
             identity=OperatorConfig.identity,
             on_change=controller.set_leader,
+            lease_name=OperatorConfig.leader_election_lease,
         )
         controller.set_leader(False)
         controller.may_write = elector.holds

@@ -10,6 +10,10 @@ when the leader stops renewing. As in client-go's leaderelection:
 - a single failed renewal (an API server hiccup) is retried, not a step-down: stepping down
   re-queues every model, which at 500 models is minutes of work;
 - a renewal that hangs is cut at the renew deadline.
+
+The Lease is named per install (the chart passes its release's full name), so two releases in
+one namespace each lead their own scope. Two installs whose watch scopes overlap still both
+lead (their Leases differ): peers.py notices that on the models and reports it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from lightkube.resources.coordination_v1 import Lease
 
 log = logging.getLogger(__name__)
 
+#: The Lease's name when none is given (``spyre-operator run`` outside the chart).
 LEASE_NAME = "spyre-model-operator"
 
 
@@ -64,10 +69,12 @@ class LeaderElector:
         renew_deadline_seconds: float = 10.0,
         retry_seconds: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        lease_name: str = LEASE_NAME,
     ) -> None:
         assert renew_deadline_seconds < lease_seconds
         self.client = client
         self.namespace = namespace
+        self.lease_name = lease_name
         self.identity = identity
         self.on_change = on_change
         self.lease_seconds = lease_seconds
@@ -103,7 +110,13 @@ class LeaderElector:
     def _set(self, leading: bool) -> None:
         if leading != self.leading:
             self.leading = leading
-            log.info("%s leadership (%s)", "Acquired" if leading else "Lost", self.identity)
+            log.info(
+                "%s leadership of Lease %s/%s (%s)",
+                "Acquired" if leading else "Lost",
+                self.namespace,
+                self.lease_name,
+                self.identity,
+            )
             self.on_change(leading)
 
     async def _run(self) -> None:
@@ -152,13 +165,13 @@ class LeaderElector:
             renewTime=now,
         )
         try:
-            lease = await self.client.get(Lease, LEASE_NAME, namespace=self.namespace)
+            lease = await self.client.get(Lease, self.lease_name, namespace=self.namespace)
         except ApiError as e:
             if e.status.code != 404:
                 raise
             spec.acquireTime = now
             lease_obj = Lease(
-                metadata=ObjectMeta(name=LEASE_NAME, namespace=self.namespace), spec=spec
+                metadata=ObjectMeta(name=self.lease_name, namespace=self.namespace), spec=spec
             )
             try:
                 self._lease = await self.client.create(lease_obj)
@@ -190,7 +203,7 @@ class LeaderElector:
 
     async def _release(self) -> None:
         try:
-            lease = await self.client.get(Lease, LEASE_NAME, namespace=self.namespace)
+            lease = await self.client.get(Lease, self.lease_name, namespace=self.namespace)
             if lease.spec and lease.spec.holderIdentity == self.identity:
                 lease.spec.holderIdentity = None
                 await self.client.replace(lease)

@@ -58,6 +58,15 @@ def render(controller: Controller) -> str:
         "# HELP spyre_operator_leader Whether this replica may write.",
         "# TYPE spyre_operator_leader gauge",
         f"spyre_operator_leader {1 if controller.active.is_set() else 0}",
+        "# HELP spyre_operator_conflicts_total Times another operator install was found writing"
+        " a SpyreModel this one watches (overlapping watch scopes; see the OperatorConflict"
+        " Events).",
+        "# TYPE spyre_operator_conflicts_total counter",
+        f"spyre_operator_conflicts_total {s.conflicts}",
+        "# HELP spyre_operator_conflicting_models SpyreModels this install leaves alone because"
+        " another install writes them.",
+        "# TYPE spyre_operator_conflicting_models gauge",
+        f"spyre_operator_conflicting_models {len(controller.yielded)}",
         "# HELP spyre_operator_max_rss_bytes Peak resident set size.",
         "# TYPE spyre_operator_max_rss_bytes gauge",
         f"spyre_operator_max_rss_bytes {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",

@@ -150,19 +150,37 @@ def test_replicas_turn_on_leader_election() -> None:
     assert role["metadata"]["namespace"] == "spyre-system"
     assert {"coordination.k8s.io"} == {g for r in role["rules"] for g in r["apiGroups"]}
     get_update = [r for r in role["rules"] if "get" in r["verbs"]]
-    assert get_update[0]["resourceNames"] == ["spyre-model-operator"]  # leader.LEASE_NAME
+    assert get_update[0]["resourceNames"] == ["spyre-spyre-model-operator"]  # the release's
     (dep,) = by_kind(docs, "Deployment")
     assert dep["spec"]["strategy"]["type"] == "RollingUpdate"
     assert by_kind(docs, "PodDisruptionBudget")
 
 
+def _lease(docs: list[dict[str, Any]]) -> tuple[str, set[str]]:
+    """The Lease the operator is told to use, and the Lease names RBAC lets it get/update."""
+    (arg,) = [a for a in operator_container(docs)["args"]
+              if a.startswith("--leader-election-lease=")]
+    return arg.split("=", 1)[1], {n for r in _rules(docs) for n in r.get("resourceNames", [])}
+
+
 @needs_helm
 def test_lease_name_matches_the_operator() -> None:
-    from spyre_operator.leader import LEASE_NAME
+    arg, granted = _lease(render(*VALUE_SETS["replicas-2"]))
+    assert granted == {arg}
+    named, granted = _lease(render(*VALUE_SETS["replicas-2"], "--set",
+                                   "leaderElection.leaseName=tenant-a-lease"))
+    assert named == "tenant-a-lease" and granted == {named}
 
-    docs = render(*VALUE_SETS["replicas-2"])
-    names = {n for r in _rules(docs) for n in r.get("resourceNames", [])}
-    assert names == {LEASE_NAME}
+
+@needs_helm
+def test_two_releases_in_one_namespace_have_their_own_lease() -> None:
+    """One constant Lease name made one release's operator a standby of the other's forever."""
+    leases = set()
+    for release in ("tenant-a", "tenant-b"):
+        res = helm("template", release, str(CHART), "--namespace", "shared")
+        docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+        leases.add(_lease(docs)[0])
+    assert len(leases) == 2, leases
 
 
 @needs_helm

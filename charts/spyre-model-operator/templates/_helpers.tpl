@@ -52,6 +52,13 @@ app.kubernetes.io/part-of: spyre-model-operator
 {{- end }}
 {{- end }}
 
+{{/* The Lease of this release: leader election among its replicas, and its identity on the
+SpyreModels it writes (status.operator). Per release, so two releases in one namespace never
+share it. */}}
+{{- define "spyre.leaseName" -}}
+{{- default (include "spyre.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
 {{/* Leader election: on when asked, or whenever more than one replica runs. */}}
 {{- define "spyre.leaderElect" -}}
 {{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}

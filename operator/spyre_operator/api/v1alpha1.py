@@ -33,13 +33,35 @@ MODEL_URI_PATTERN = (
     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/[^@]*)$"
 )
 
+#: A positive quantity: no sign but "+", and a non-zero digit before any suffix or exponent
+#: (with QUANTITY_PATTERN: "0", "0.0", "-1Gi" and "0e3" are not).
+POSITIVE_QUANTITY_PATTERN = "^[+]?0*[.]?0*[1-9]"
+#: The most characters of a name that becomes a label value (a cache claim's, on its PVC, Jobs
+#: and pods: serving.spyre.dev/cache-claim).
+MAX_LABEL_VALUE = 63
+#: The most characters of a SpyreModel's name: its Events are named ``<name>.<16 hex>`` and an
+#: object name has at most 253 (desired/names.py, event_name).
+MAX_MODEL_NAME = 253 - 17
+#: A DNS subdomain (RFC 1123), like every PVC name.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
 Quantity = Annotated[
     int | str,
     WithJsonSchema(
         {
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "pattern": QUANTITY_PATTERN,
+            "maxLength": 64,
             "x-kubernetes-int-or-string": True,
+            # A negative or zero size or resource would pass the pattern; the PVC or pod built
+            # from it would then be refused on every write.
+            "x-kubernetes-validations": [
+                {
+                    "rule": "type(self) == int ? self > 0 : "
+                    f"self.matches('{POSITIVE_QUANTITY_PATTERN}')",
+                    "message": "must be a positive quantity (more than 0), e.g. 50Gi, 2 or 500m",
+                }
+            ],
         }
     ),
 ]
@@ -315,8 +337,14 @@ class EnvVar(ApiModel):
 class ResourceRequirements(ApiModel):
     """Compute resources (as in a Pod spec); Spyre cards are added by the operator."""
 
-    requests: dict[str, Quantity] | None = Field(default=None, description="Minimum resources.")
-    limits: dict[str, Quantity] | None = Field(default=None, description="Maximum resources.")
+    # Bounded, like every string a CEL rule reads: the API server refuses a CRD whose rules
+    # could cost too much on the largest object.
+    requests: dict[str, Quantity] | None = Field(
+        default=None, description="Minimum resources.", max_length=32
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None, description="Maximum resources.", max_length=32
+    )
 
 
 class RolloutSpec(ApiModel):
@@ -349,10 +377,15 @@ class RolloutSpec(ApiModel):
         return self
 
 
+#: vLLM options the engine sets from spec. The admission rule refuses them as vLLM reads them:
+#: underscores for dashes, ``=VALUE`` or not, and ``-tp``. Abbreviations (``--max-num-seq``) and
+#: ``--config FILE`` are beyond a pattern: the engine refuses those with vLLM's own parser
+#: (engine/spyre_engine/vllm_args.py), which the pod's status then shows.
 MANAGED_ARGS = (
     "--model",
     "--served-model-name",
     "--tensor-parallel-size",
+    "-tp",
     "--max-model-len",
     "--max-num-seqs",
     "--max-num-batched-tokens",
@@ -360,6 +393,17 @@ MANAGED_ARGS = (
     "--host",
     "--enable-prefix-caching",
     "--no-enable-prefix-caching",
+    "--runner",
+    "--convert",
+    "--shutdown-timeout",
+)
+#: An argument that sets one of MANAGED_ARGS (RE2 and Python alike).
+MANAGED_ARG_PATTERN = (
+    "^("
+    + "|".join(
+        a if not a.startswith("--") else "--" + a[2:].replace("-", "[-_]") for a in MANAGED_ARGS
+    )
+    + ")(=.*)?$"
 )
 
 
@@ -397,11 +441,10 @@ class ServingSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.all(a, "
-                    + " && ".join(f"!a.startsWith('{f}')" for f in MANAGED_ARGS)
-                    + ")",
+                    f"self.all(a, !a.matches('{MANAGED_ARG_PATTERN}'))",
                     "serving.extraArgs must not set flags derived from spec (model, shape, port, "
-                    "prefix caching); set the spec field instead",
+                    "prefix caching, task), in any spelling (--max_model_len=N, -tp N): set the "
+                    "spec field instead",
                 )
             ]
         },
@@ -607,8 +650,11 @@ class CacheVolumeSpec(ApiModel):
 
     name: str = Field(
         default="spyre-compile-cache",
-        description="PVC name; every SpyreModel in the namespace naming it shares it.",
-        max_length=253,
+        description=(
+            "PVC name; every SpyreModel in the namespace naming it shares it. At most 63 "
+            "characters: it is also a label value (serving.spyre.dev/cache-claim)."
+        ),
+        max_length=MAX_LABEL_VALUE,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
     )
     storage_class_name: str | None = Field(
@@ -661,9 +707,11 @@ class CacheSpec(ApiModel):
         default=None,
         description=(
             "An existing PVC to use; the operator never creates or deletes it. "
-            "Unset means cache.volume (with its defaults)."
+            "Unset means cache.volume (with its defaults). At most 63 characters: it is also "
+            "a label value (serving.spyre.dev/cache-claim)."
         ),
-        max_length=253,
+        max_length=MAX_LABEL_VALUE,
+        pattern=DNS_SUBDOMAIN_PATTERN,
     )
     volume: CacheVolumeSpec | None = Field(
         default=None,
@@ -1075,6 +1123,13 @@ class SpyreModelStatus(ApiModel):
             "when routing.inferencePool is set."
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    operator: OperatorStamp | None = Field(
+        default=None,
+        description=(
+            "The operator install that wrote this status last. Another install that finds "
+            "it fresh leaves the model alone and reports an OperatorConflict Event."
+        ),
     )
 
 
