@@ -21,7 +21,13 @@ from typing import Any
 import pytest
 
 from tests.cluster import ociimage
-from tests.cluster.controlplane import REPO_ROOT, ControlPlane, node_slot, wait_until
+from tests.cluster.controlplane import (
+    DNS_SERVICE_IP,
+    REPO_ROOT,
+    ControlPlane,
+    node_slot,
+    wait_until,
+)
 from tests.cluster.node import (
     NODE_LABEL,
     NODE_SELECTOR,
@@ -195,7 +201,8 @@ def test_pods_have_no_route_off_the_machine(control_plane: ControlPlane, node_ns
                                 "ip route; echo ---; cat /etc/resolv.conf").stdout
     routes, resolv = out.split("---")
     assert "default" not in routes, routes
-    assert "nameserver 127.0.0.1" in resolv
+    # Cluster DNS (test_dns.py): the kube-dns Service, which answers only for the cluster.
+    assert resolv.split("nameserver")[1].split()[0] == DNS_SERVICE_IP, resolv
     # Sending anywhere else fails at once: there is no route (nothing is sent).
     t0 = time.monotonic()
     res = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "sh", "-c",
