@@ -425,6 +425,10 @@ class Controller:
         old = self._claim_sigs.pop(key, None)
         if sig is not None:
             self._claim_sigs[key] = sig
+        if old is None and sig is not None and sig[2] is None:
+            # A new cache.claimName user: a PVC the operator made for the others must lose
+            # its ownerReferences now (deleting them must not delete a claim it names).
+            return sorted(set(self.models_for_claim(key[0], sig[0])) - {key})
         if old is None or old == sig:
             return []
         if sig is None or sig[0] != old[0]:
@@ -488,6 +492,7 @@ class Controller:
                 key=lambda o: (o.name, o.uid),
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
+            claim_name_users=[u.owner for u in users if u.volume is None],
             claim_artifact_bytes=self.gc.claim_artifact_bytes(ns, plan_claim, users),
         )
         self._observe_inference_pool(obs, ns, name)
@@ -603,7 +608,10 @@ class Controller:
         users = self.caches.indices.get("claim_users") or {}
         named = {k[1] for k in list(users.keys()) if k[0] == ns and self.caches.all(
             "claim_users", k)}
-        for r in claims_to_release(uid, plan.claim, owned, self._claims_in_use(ns), named):
+        mounted = mounted_claims(deployment)
+        for r in claims_to_release(
+            uid, plan.claim, owned, mounted, self._claims_in_use(ns), named
+        ):
             if r.keep is None:
                 log.info("PVC %s/%s: no SpyreModel names it (retainPolicy Delete)", ns, r.name)
                 await self.applier.delete(PersistentVolumeClaim, r.name, ns)

@@ -113,6 +113,8 @@ class Observed:
     #: Every SpyreModel in the namespace using this managed claim with its volume settings,
     #: oldest first: the oldest one's settings make the PVC.
     cache_users: list[tuple[OwnerRef, CacheVolumeSpec]] = field(default_factory=list)
+    #: The SpyreModels naming the same claim by cache.claimName (they keep it: no owners).
+    claim_name_users: list[OwnerRef] = field(default_factory=list)
     #: Children that exist under the model's names but are not the operator's (kind -> detail).
     foreign: dict[str, str] = field(default_factory=dict)
     #: Writes of this reconcile the API server rejected.
@@ -385,7 +387,9 @@ def decide_cache(plan: ModelPlan, obs: Observed) -> CacheOutcome:
                 f"PVC {plan.claim} cannot be changed in place ({'; '.join(edits)}): keep the "
                 "old values, or name a new PVC in cache.volume.name",
             )
-    out.pvc = build_cache_pvc(plan.namespace, volume, cache_owners(users))
+    out.pvc = build_cache_pvc(
+        plan.namespace, volume, cache_owners(users, obs.claim_name_users)
+    )
     return out
 
 

@@ -7,10 +7,11 @@ Releasing it means: drop the model's ownerReference; when no other SpyreModel ow
 the PVC any more, delete it (``Delete``: "garbage-collected once no SpyreModel naming it
 remains").
 
-Never while a pod may still read from it: the model's Deployment serves from the old claim
-until the new claim's artifact is ready, and its old pods run until its rollout completes.
-So a claim is released only once no Deployment of the operator in the namespace mounts it,
-the model's own rollout is complete, and no unfinished Job of the operator writes to it.
+Never while the model's pods may still read from it: its Deployment serves from the old
+claim until the new claim's artifact is ready, and its old pods run until its rollout
+completes. And a PVC is deleted only once no Deployment of the operator in the namespace
+mounts it and no unfinished Job of the operator writes to it; dropping an ownerReference
+while other owners or users remain deletes nothing.
 """
 
 from __future__ import annotations
@@ -61,20 +62,23 @@ def claims_to_release(
     owner_uid: str,
     claim: str,
     pvcs: Iterable[Mapping[str, Any]],
+    mounted: set[str],
     in_use: set[str],
     named: set[str],
 ) -> list[Release]:
     """The operator's PVCs (``pvcs``: the namespace's) owned by ``owner_uid`` but not its spec's
-    ``claim``, that no pod may read from (``in_use``), with what to do with each.
+    ``claim``, with what to do with each.
 
-    ``named``: the claims some SpyreModel of the namespace names (cache.volume or
-    cache.claimName); such a claim is only dropped from, never deleted.
+    ``mounted``: the claims the model's own pods mount (left as they are). ``in_use``: the
+    claims any pod of the operator may read or write (never deleted). ``named``: the claims
+    some SpyreModel of the namespace names (cache.volume or cache.claimName): such a claim
+    is only dropped from, never deleted.
     """
     out = []
     for pvc in pvcs:
         meta = pvc.get("metadata") or {}
         name = meta.get("name")
-        if name == claim or name in in_use or meta.get("deletionTimestamp"):
+        if name == claim or name in mounted or meta.get("deletionTimestamp"):
             continue
         if (meta.get("labels") or {}).get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
             continue  # not the operator's: never modified
@@ -82,5 +86,8 @@ def claims_to_release(
         if not any(r.get("uid") == owner_uid for r in refs):
             continue
         keep = [dict(r) for r in refs if r.get("uid") != owner_uid]
-        out.append(Release(pvc, keep if keep or name in named else None))
+        if keep or name in named:
+            out.append(Release(pvc, keep))
+        elif name not in in_use:
+            out.append(Release(pvc, None))
     return out

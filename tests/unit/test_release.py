@@ -37,20 +37,25 @@ def deployment(*claims: str, replicas: int = 1, updated: int = 1) -> dict[str, A
 def test_a_claim_nobody_names_is_deleted_and_a_shared_one_only_dropped_from() -> None:
     old, shared, named = pvc("old", "m"), pvc("shared", "m", "b"), pvc("named", "m")
     out = {r.name: r.keep for r in claims_to_release(
-        "uid-m", "new", [old, shared, named, pvc("new", "m")], set(), {"named"})}
+        "uid-m", "new", [old, shared, named, pvc("new", "m")], set(), set(), {"named"})}
     assert out == {"old": None, "shared": [shared["metadata"]["ownerReferences"][1]],
                    "named": []}
 
 
 def test_never_while_a_pod_may_read_from_it_or_not_ours() -> None:
-    assert claims_to_release("uid-m", "new", [pvc("old", "m")], {"old"}, set()) == []
+    old = pvc("old", "m")
+    assert claims_to_release("uid-m", "new", [old], {"old"}, {"old"}, set()) == []
+    # another model's pods use it: not deleted; but another owner or user keeps it anyway
+    assert claims_to_release("uid-m", "new", [old], set(), {"old"}, set()) == []
+    assert [r.keep for r in claims_to_release(
+        "uid-m", "new", [old], set(), {"old"}, {"old"})] == [[]]
     foreign = pvc("old", "m")
     foreign["metadata"]["labels"] = {}
-    assert claims_to_release("uid-m", "new", [foreign], set(), set()) == []
+    assert claims_to_release("uid-m", "new", [foreign], set(), set(), set()) == []
     going = pvc("old", "m")
     going["metadata"]["deletionTimestamp"] = "2026-11-21T10:00:00Z"
-    assert claims_to_release("uid-m", "new", [going], set(), set()) == []
-    assert claims_to_release("uid-m", "new", [pvc("old", "b")], set(), set()) == []
+    assert claims_to_release("uid-m", "new", [going], set(), set(), set()) == []
+    assert claims_to_release("uid-m", "new", [pvc("old", "b")], set(), set(), set()) == []
 
 
 def test_mounts_and_rollouts() -> None:
@@ -103,7 +108,39 @@ def test_moving_off_a_delete_claim_releases_it_once_the_old_pods_are_gone() -> N
     c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"]})
     asyncio.run(c.release_claims(Plan(), deployment("new")))
     assert applier.writes == [("delete", "PersistentVolumeClaim")]
-    # another model names it (cache.claimName): only the ownerReference goes
-    c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"], "old": ["b"]})
+    # another model names it (cache.claimName) and serves from it: only the reference goes
+    c, applier = controller([old], {"m": deployment("new"), "b": deployment("old")},
+                            {"new": ["m"], "old": ["b"]})
     asyncio.run(c.release_claims(Plan(), deployment("new")))
     assert applier.writes == [("release", "old", [])]
+
+
+def test_a_claim_another_model_names_has_no_owners() -> None:
+    """Model a makes claim x (retainPolicy Delete), model b names it by cache.claimName:
+    deleting a garbage-collected x under b (ownerReferences named only a)."""
+    from spyre_operator.reconcile import Observed, decide
+
+    from .samples import model
+    from .test_reconcile import NOW
+
+    spec = {"model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@main"},
+            "cache": {"volume": {"name": "x", "retainPolicy": "Delete"}}}
+    a = model("a", spec)
+    pvc_of = next(o for o in decide(a, Observed(), NOW).apply if o.kind == "PersistentVolumeClaim")
+    assert [r.name for r in pvc_of.metadata.ownerReferences] == ["a"]
+    obs = Observed(claim_name_users=[OwnerRef("b", "uid-b")])
+    pvc_of = next(o for o in decide(a, obs, NOW).apply if o.kind == "PersistentVolumeClaim")
+    assert not pvc_of.metadata.ownerReferences
+
+
+def test_a_new_claim_name_user_wakes_the_models_that_made_the_claim() -> None:
+    from spyre_operator.api import SpyreModelSpec
+    from spyre_operator.desired.plan import plan_model
+
+    from .samples import GENERATE
+
+    c, _ = controller([], {}, {"x": ["a", "b"]})
+    b = plan_model("b", "ns", "uid-b", SpyreModelSpec.model_validate(
+        {**GENERATE, "cache": {"claimName": "x"}}))
+    assert c.claim_peers_if_changed(("ns", "b"), b) == [("ns", "a")]
+    assert c.claim_peers_if_changed(("ns", "b"), b) == []  # a status write: nothing new

@@ -16,11 +16,16 @@ from .plan import OwnerRef
 
 def cache_owners(
     volume_users: Iterable[tuple[OwnerRef, CacheVolumeSpec]],
+    claim_name_users: Iterable[OwnerRef] = (),
 ) -> list[OwnerRef]:
     """Owners of a managed cache PVC: every SpyreModel naming it, but only if all of them
-    ask for Delete. One Retain keeps the PVC (and its artifacts) out of garbage collection."""
+    ask for Delete. One Retain keeps the PVC (and its artifacts) out of garbage collection,
+    and so does a SpyreModel that names it by cache.claimName (it asks for no deletion: the
+    PVC must outlive the models that made it)."""
     users = list(volume_users)
     if not users or any(v.retain_policy != "Delete" for _, v in users):
+        return []
+    if any(True for _ in claim_name_users):
         return []
     return [o for o, _ in users]
 
