@@ -51,27 +51,3 @@ def test_a_precompile_without_weights_fails_with_the_engines_reason(env: RealEnv
     # No serving pod was ever created for an artifact that does not exist.
     assert not support.server_pods(env.cp, env.ns, "broken")
 
-
-def test_a_precompile_image_that_cannot_be_pulled_shows_within_30s(env: RealEnv) -> None:
-    """The kubelet's ErrImagePull / ImagePullBackOff of the precompile pod: it read
-    "precompile Job ... is running" until the Job's deadline (7200 s). The image is a local
-    name no registry serves (the pull fails on this machine, nothing leaves it)."""
-    missing = "localhost/spyre-engine:does-not-exist"
-    spec = model_spec(missing)
-    t0 = time.monotonic()
-    env.kube.apply_model("nopull", spec)
-    c = env.kube.wait_condition("nopull", "ArtifactReady", "False", C.IMAGE_PULL_FAILED, 30)
-    print(f"nopull: apply -> ArtifactReady ImagePullFailed in {time.monotonic() - t0:.0f}s")
-    assert "ErrImagePull" in c["message"] or "ImagePullBackOff" in c["message"], c
-    assert missing in c["message"], c
-    degraded = env.kube.condition("nopull", "Degraded")
-    assert degraded and degraded["reason"] == C.IMAGE_PULL_FAILED, degraded
-    [job] = [j for j in env.kube.items("jobs") if j["metadata"]["name"] ==
-             env.kube.model("nopull")["status"]["artifact"]["jobName"]]
-    # The fix (the engine image is part of the key): the stuck Job is no longer needed and
-    # goes; the fixed spec compiles.
-    env.kube.apply_model("nopull", model_spec(env.image))
-    env.kube.wait(lambda: job["metadata"]["uid"] not in
-                  {j["metadata"]["uid"] for j in env.kube.items("jobs")}, 60,
-                  "the stuck Job stopped and removed")
-    env.kube.kubectl("delete", "spyremodel", "nopull", "--wait=false")
