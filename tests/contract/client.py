@@ -1,9 +1,10 @@
 """An HTTP client for the real-pod tests, run inside the real node's network namespace.
 
-There is no cluster DNS and the host has no route to the Service range, so the tests run this
-script in a client pod on the real node (``kubectl exec ... python3 -c <this file>``,
-:class:`tests.contract.realpods.Client`). Standard library only, no proxy: every request goes
-to the Service's ClusterIP, through kube-proxy.
+The host has no route to the Service range, so the tests run this script in a client pod on
+the real node (``kubectl exec ... python3 -c <this file>``,
+:class:`tests.contract.realpods.Client`). Standard library only, no proxy: every request
+goes to the model's ``status.endpoint`` (its Service's name, resolved by cluster DNS),
+through kube-proxy.
 
 Modes (every result is one JSON line on stdout, or in ``--out``):
 

@@ -9,8 +9,9 @@ engine image built by ``tests/images`` (real vLLM + the Spyre plugin, CPU backen
   ``pvc://models/no-weights``), an operator watching only that namespace, and a client pod.
 - :func:`model_spec`: support's tiny-model spec with small resource requests (two engine pods
   fit on the node's 2 CPUs) and ``maxSurge: 1``.
-- :class:`Client`: ``client.py`` run in the client pod (``kubectl exec``): Service ClusterIPs
-  route through kube-proxy from there (no cluster DNS; the host is outside the node's network).
+- :class:`Client`: ``client.py`` run in the client pod (``kubectl exec``): Service names
+  resolve (cluster DNS) and route through kube-proxy from there (the host is outside the
+  node's network).
 """
 
 from __future__ import annotations

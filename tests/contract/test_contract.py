@@ -151,7 +151,7 @@ def test_deployment_serves_from_the_read_only_artifact(env: RealEnv, served: Ser
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/cache")
     assert mount.get("readOnly") is True
 
-    # A completion through the Service (ClusterIP, kube-proxy), as a client in the cluster.
+    # A completion at status.endpoint (cluster DNS, kube-proxy), as a client in the cluster.
     url = support.service_url(env.cp, env.ns, served.name)
     pooling = served.model["spec"].get("task", "generate") != "generate"
     if pooling:

@@ -123,7 +123,7 @@ def up(args: argparse.Namespace) -> int:
               for v in srv["spec"]["containers"][0].get("volumeMounts", [])}
     info(f"serving pod {srv['metadata']['name']}: volume mounts (name: readOnly) {mounts}")
 
-    say("A completion through the model's Service (from a client pod: no cluster DNS here)")
+    say("A completion at the model's status.endpoint (its Service, by name, from a client pod)")
     s.ensure_client_pod(cp, MODEL_NS, refs["engine"])
     url = s.service_url(cp, MODEL_NS, MODEL)
     info(f"POST {url}/v1/completions  (prompt: {len(PROMPT.split())} words)")

@@ -24,9 +24,10 @@ Design notes:
   every real pod needs. A SpyreModel with a CPU backend (``eager``/``inductor``) requests no
   Spyre cards, so both ``spec.accelerator`` (serving pods) and ``spec.precompile`` (the Job,
   which compiles off the cards) carry it.
-* Requests reach models through their Service's ClusterIP from a small client pod in the same
-  namespace (``kubectl exec`` + Python's urllib in the engine image): there is no cluster DNS
-  and the host has no route to the Service range.
+* Requests reach models at their ``status.endpoint`` (``http://<svc>.<ns>.svc:<port>/v1``,
+  resolved by cluster DNS, routed by kube-proxy) from a small client pod in the same
+  namespace (``kubectl exec`` + Python's urllib in the engine image): the host has no route
+  to the Service range.
 * The chart is installed with ``crds.install=false`` by default and the CRD applied with
   ``kubectl apply --server-side`` (as the test session's ``crd`` fixture does), so the CRD is
   never owned by a Helm release that a test or ``make demo-down`` later removes or re-adopts.
@@ -465,7 +466,7 @@ def operator_values(operator_image: str, watch_namespaces: Iterable[str] | None 
 def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
                      release: str = RELEASE, watch_namespaces: Iterable[str] | None = None,
                      install_crd: bool = False, values: Mapping[str, Any] | None = None,
-                     dns_stand_in: bool = False, timeout: float = 300,
+                     timeout: float = 300,
                      log: Log = _stderr) -> dict[str, Any]:
     """``helm upgrade --install`` the chart into ``namespace`` (created, PodSecurity
     `restricted`, as are missing ``watch_namespaces``) with :func:`operator_values`, then wait
@@ -474,11 +475,8 @@ def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
     Returns the Ready operator pod. Raises ``AssertionError`` with the pod's state and logs
     if it is not Ready within ``timeout`` (e.g. a crash loop).
 
-    ``dns_stand_in``: this cluster has no DNS. kopf's built-in in-cluster login connected to
-    ``https://kubernetes.default.svc`` (a name, not ``KUBERNETES_SERVICE_HOST``), so the
-    operator pod took its Lease but never watched; the operator's own login handler now uses
-    the Service IP (handlers.login), so the stand-in (:func:`add_apiserver_host_alias`, what
-    cluster DNS would answer) is off by default and the tests prove the pod needs no DNS."""
+    The operator pod resolves names through cluster DNS like any pod; its login handler
+    (handlers.login) uses ``KUBERNETES_SERVICE_HOST`` all the same."""
     ensure_namespace(cp, namespace)
     for ns in watch_namespaces or ():
         # The chart puts a Role in each watched namespace: it must exist first.
@@ -494,28 +492,9 @@ def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
     # No `--wait`: a crash-looping pod should fail fast with its logs, not after helm's timeout.
     helm(cp, "upgrade", "--install", release, str(CHART), "--namespace", namespace,
          "-f", str(vfile), "--timeout", f"{int(timeout)}s")
-    if dns_stand_in:
-        add_apiserver_host_alias(cp, namespace, release)
     pod = wait_operator_ready(cp, namespace, release, timeout=timeout)
     log(f"operator {pod['metadata']['name']} Ready in {time.monotonic() - t0:.1f}s")
     return pod
-
-
-def add_apiserver_host_alias(cp: ControlPlane, namespace: str, release: str = RELEASE) -> None:
-    """Patch the release's Deployment with a ``hostAliases`` entry mapping
-    ``kubernetes.default.svc`` (and its other names) to the ``kubernetes`` Service's ClusterIP:
-    the stand-in for cluster DNS (the API server's certificate covers these names)."""
-    ip = cp.kubectl_json("get", "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
-    alias = {"hostAliases": [{"ip": ip, "hostnames": [
-        "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-        "kubernetes.default.svc.cluster.local"]}]}
-    deps = cp.kubectl_json("get", "deployment", "-n", namespace, "-l",
-                           f"app.kubernetes.io/instance={release}")["items"]
-    for d in deps:
-        if d["spec"]["template"]["spec"].get("hostAliases") != alias["hostAliases"]:
-            cp.kubectl("patch", "deployment", d["metadata"]["name"], "-n", namespace,
-                       "--type=merge", "-p",
-                       json.dumps({"spec": {"template": {"spec": alias}}}))
 
 
 def operator_pods(cp: ControlPlane, namespace: str, release: str = RELEASE
@@ -679,11 +658,12 @@ def http(cp: ControlPlane, namespace: str, url: str, body: Any = None,
 
 
 def service_url(cp: ControlPlane, namespace: str, model: str) -> str:
-    """``http://<ClusterIP>:<port>`` of the SpyreModel's Service (no DNS here: by IP)."""
-    svc = cp.kubectl_json("get", "service", names.server_name(model), "-n", namespace)
-    port = next((p["port"] for p in svc["spec"]["ports"] if p.get("name") == "http"),
-                svc["spec"]["ports"][0]["port"])
-    return f"http://{svc['spec']['clusterIP']}:{port}"
+    """The SpyreModel's ``status.endpoint`` without its ``/v1``: ``http://<svc>.<ns>.svc:<port>``,
+    the name an in-cluster client uses (cluster DNS resolves it, kube-proxy routes it)."""
+    m = cp.kubectl_json("get", "spyremodel", model, "-n", namespace)
+    endpoint = (m.get("status") or {}).get("endpoint")
+    assert endpoint, f"SpyreModel {namespace}/{model} has no status.endpoint: {m.get('status')}"
+    return str(endpoint).removesuffix("/v1")
 
 
 def completion(cp: ControlPlane, namespace: str, model: str, prompt: str, max_tokens: int = 16,
@@ -745,7 +725,7 @@ def metric_lines(text: str, wanted: Iterable[str]) -> list[str]:
 __all__ = [
     "CHART", "CLIENT_POD", "CRD_FILE", "CRD_NAME", "FATAL_REASONS", "MODEL_CLAIM", "MODEL_PATH",
     "NODE_NAME", "RELEASE", "SERVED_NAME", "TINY_SHAPE", "HttpResult", "KubectlError",
-    "Timeline", "add_apiserver_host_alias", "apply_model", "completion", "condition",
+    "Timeline", "apply_model", "completion", "condition",
     "create_model_pvc", "deep_merge",
     "describe", "ensure_client_pod", "ensure_cluster", "ensure_crd", "ensure_images",
     "ensure_namespace", "get_model", "helm", "http", "install_operator", "jobs", "metric",
