@@ -245,6 +245,29 @@ def test_engine_env_leaves_the_flags_to_the_engine(engine_rootfs: Rootfs) -> Non
         assert name not in env, f"{name}={env.get(name)} baked into the engine image"
     assert env["VLLM_PLUGINS"] == "sendnn_inference"
     assert env["FLEX_COMPUTE"] == "SENTIENT"
+    assert "FLEX_DEVICE" not in env  # VF or PF: the operator sets it from the card resource
+
+
+def test_engine_entrypoint_survives_a_failing_aiu_setup_on_a_read_only_root(
+    engine_rootfs: Rootfs,
+) -> None:
+    """spyre-runtime's setup writes /tmp/etc (an emptyDir in the pods) and copies to /etc/aiu,
+    which the read-only root refuses: the engine starts anyway, the setup's later steps ran,
+    the failure is reported, and upstream's .senlib.json is linked into HOME (/tmp)."""
+    r = engine_rootfs
+    script = ("set -e; mkdir -p /tmp/etc; echo cfg > /tmp/etc/senlib_config.json; "
+              "cp /tmp/etc/senlib_config.json /etc/aiu-senlib_config.json; export AFTER=1; "
+              "cp /tmp/etc/senlib_config.json /etc/aiu-senlib_config.json")  # fmt: skip
+    p = r.run(
+        ["/bin/sh", "-c", f"echo '{script}' > /tmp/setup.sh && {r.entrypoint[0]} --help >/dev/null"
+         " && readlink /tmp/.senlib.json && cat /tmp/etc/senlib_config.json"],
+        user="1001:1001", env={"HOME": "/tmp", "SPYRE_AIU_SETUP": "/tmp/setup.sh"},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["/home/engine/.senlib.json", "cfg"]
+    assert "exited 1 (read-only root?)" in p.stderr
+    senlib = json.loads(r.read("/home/engine/.senlib.json"))
+    assert senlib["SNT_MCI"]["DCR"]["MCI_CTRL"]["ENABLE_RISCV"] == "0x0"
 
 
 def test_engine_uid_1001_exists_once(engine_rootfs: Rootfs) -> None:
