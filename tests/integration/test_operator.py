@@ -190,9 +190,9 @@ def test_compile_edit_keeps_old_pods_until_new_artifact(
 
 def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProcess) -> None:
     failure = {"reason": "CompileFailed", "message": "graph too large for 1 card"}
-    kube.apply_model("bad", spec(precompile={"backoffLimit": 0, "podAnnotations": {
-        "kwok.spyre.dev/fail": "true",
-        "kwok.spyre.dev/termination-message": json.dumps(failure)}}))
+    failing = {"backoffLimit": 0, "podAnnotations": {
+        "kwok.spyre.dev/fail": "true", "kwok.spyre.dev/termination-message": json.dumps(failure)}}
+    kube.apply_model("bad", spec(precompile=failing))
     deg = kube.wait_condition("bad", "Degraded", "True", reason="PrecompileFailed")
     assert "graph too large for 1 card" in deg["message"]
     assert kube.condition("bad", "Ready")["status"] == "False"
@@ -203,16 +203,20 @@ def test_failing_job_is_degraded_with_message(kube: Kube, operator: OperatorProc
     st = kube.model("bad")["status"]["artifact"]
     assert st["attempts"] == 1 and st["nextRetryAt"], st
     assert "next retry at" in kube.condition("bad", "ArtifactReady")["message"]
-    # fix the cause (here: the pod's annotations), then ask for a retry now
-    kube.apply_model("bad", spec(precompile={"backoffLimit": 1}))
+    # an edit that changes neither the artifact nor the precompile pod is no reason to retry
+    kube.apply_model("bad", spec(precompile=failing, replicas=2))
     gen = kube.model("bad")["metadata"]["generation"]
     kube.wait(lambda: kube.model("bad")["status"].get("observedGeneration") == gen, 30,
               "the edit reconciled (observedGeneration)")
-    assert kube.model("bad")["status"]["artifact"]["phase"] == "Failed", \
-        "an edit that does not change the artifact is no reason to retry"
+    art = kube.model("bad")["status"]["artifact"]
+    assert art["phase"] == "Failed" and art["attempts"] == 1, art
+    # the annotation retries now (the cause is still there: it fails again, attempt 2)
     kube.kubectl("annotate", "--overwrite", "spyremodel/bad", f"{GROUP}/retry-compile=1")
+    kube.wait(lambda: (a := kube.model("bad")["status"]["artifact"])["attempts"] == 2
+              and a["phase"] == "Failed", 60, "the retry failed again (attempt 2)")
+    # fixing the cause (the pod's annotations) changes the precompile pod: replaced at once
+    kube.apply_model("bad", spec(precompile={"backoffLimit": 1}, replicas=2))
     kube.wait_condition("bad", "Ready", timeout=60)
-    assert kube.model("bad")["status"]["artifact"]["attempts"] == 2
     assert kube.condition("bad", "Degraded")["status"] == "False"
 
 
