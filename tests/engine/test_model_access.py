@@ -1,8 +1,9 @@
 """hf:// models: a refused download says why (ModelAccessDenied vs ModelNotFound), and the
 summary records the commit an ``@main``-style revision resolved to.
 
-A fake hub on 127.0.0.1 (``HF_ENDPOINT``) answers as huggingface.co does for gated, private and
-missing repos; nothing leaves the machine. Pure (no vLLM): part of ``make test-unit``.
+The local hub (:mod:`tests.engine.hub`, on 127.0.0.1, ``HF_ENDPOINT``) answers as huggingface.co
+does for gated, private and missing repos, by the ``Authorization`` header; nothing leaves the
+machine. Pure (no vLLM): part of ``make test-unit``.
 """
 
 from __future__ import annotations
@@ -11,53 +12,31 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from spyre_engine.summary import FailureSummary, PrecompileSummary, parse_termination_message
 
-# repo -> (status, X-Error-Code) as the hub answers an unauthorised client
-ANSWERS = {
-    "org/gated": (403, "GatedRepo"),
-    "org/private": (401, "RepoNotFound"),
-    "org/missing": (404, "RepoNotFound"),
-}
+from tests.engine.hub import LocalHub, Repo
 
-
-class _Hub(BaseHTTPRequestHandler):
-    def _answer(self) -> None:
-        for repo, (status, code) in ANSWERS.items():
-            if repo in self.path:
-                body = json.dumps({"error": code}).encode()
-                self.send_response(status)
-                self.send_header("X-Error-Code", code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-                return
-        self.send_response(500)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_GET = _answer
-    do_HEAD = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
+#: The tiny model's stand-in files: the download must fetch them, not only ask about them.
+FILES = {"config.json": b'{"model_type": "granite"}', "tokenizer.json": b"{}"}
+#: A user who may read the gated and private repos, and one who may not (both valid tokens).
+READER, OUTSIDER = "hf_reader", "hf_outsider"
 
 
 @pytest.fixture(scope="module")
-def hub() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+def hub() -> Iterator[LocalHub]:
+    with LocalHub() as hub:
+        hub.tokens |= {READER, OUTSIDER}
+        hub.repos["org/gated"] = Repo(files=dict(FILES), gated=True, readers={READER})
+        hub.repos["org/private"] = Repo(files=dict(FILES), private=True, readers={READER})
+        yield hub
+
+
+def _env(hub: LocalHub, token: str | None) -> dict[str, str]:
+    return {"HF_ENDPOINT": hub.url, **({"HF_TOKEN": token} if token else {})}
 
 
 def _precompile(model: str, tmp_path: Path, env: dict[str, str]) -> object:
@@ -78,21 +57,46 @@ def _precompile(model: str, tmp_path: Path, env: dict[str, str]) -> object:
 
 
 @pytest.mark.parametrize(
-    "repo, reason, fragment",
+    "repo, token, status, reason, fragment",
     [
-        ("org/gated", "ModelAccessDenied", "gated"),
-        ("org/private", "ModelAccessDenied", "HF_TOKEN"),
-        ("org/missing", "ModelNotFound", "download failed"),
+        ("org/gated", None, 401, "ModelAccessDenied", "gated"),
+        ("org/gated", OUTSIDER, 403, "ModelAccessDenied", "gated"),
+        ("org/gated", "hf_unknown", 401, "ModelAccessDenied", "HF_TOKEN"),
+        ("org/private", None, 401, "ModelAccessDenied", "HF_TOKEN"),
+        ("org/private", OUTSIDER, 404, "ModelNotFound", "download failed"),
+        ("org/missing", READER, 404, "ModelNotFound", "download failed"),
     ],
 )
 def test_refused_downloads_say_why(
-    hub: str, tmp_path: Path, repo: str, reason: str, fragment: str
+    hub: LocalHub, tmp_path: Path, repo: str, token: str | None, status: int, reason: str,
+    fragment: str,
 ) -> None:
-    code, failure = _precompile(f"hf://{repo}@main", tmp_path, {"HF_ENDPOINT": hub})
+    code, failure = _precompile(f"hf://{repo}@main", tmp_path, _env(hub, token))
     assert code == 1
     assert isinstance(failure, FailureSummary), failure
     assert failure.reason == reason, failure
     assert fragment in failure.message and repo in failure.message, failure.message
+    assert f"{status} Client" in failure.message or f"'{status} " in failure.message, failure
+
+
+@pytest.mark.parametrize("repo", ["org/gated", "org/private"])
+def test_the_readers_token_downloads_the_files(hub: LocalHub, tmp_path: Path, repo: str) -> None:
+    script = (
+        "import sys; from pathlib import Path; from spyre_engine.launch import resolve_model; "
+        "from spyre_engine.settings import EngineSettings; "
+        "print(resolve_model(EngineSettings(model=sys.argv[1], artifact_dir=Path(sys.argv[2]), "
+        "hf_cache_dir=Path(sys.argv[3]))))"
+    )
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    full.update(_env(hub, READER))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, f"hf://{repo}", str(tmp_path / "art"), str(tmp_path / "hf")],
+        capture_output=True, text=True, timeout=120, env=full, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snapshot = Path(proc.stdout.strip().splitlines()[-1])
+    assert snapshot.name == hub.repos[repo].sha
+    assert {p.name: p.read_bytes() for p in snapshot.iterdir()} == FILES
 
 
 def test_summary_records_the_commit_a_branch_resolved_to(tmp_path: Path) -> None:
