@@ -81,6 +81,9 @@ class MetricsStack:
         self.host_ip = node_host_ip(cp.state_dir)
         self._stop = threading.Event()
         self._discovery: threading.Thread | None = None
+        #: The last error of the background discovery, if its latest pass failed (a test's
+        #: diagnostics show it: a scale-up Prometheus never saw may start there).
+        self.discovery_error: BaseException | None = None
 
     # ------------------------------------------------------------------ state
     def _pidfile(self, name: str) -> Path:
@@ -166,8 +169,9 @@ scrape_configs:
         while not self._stop.wait(2.0):
             try:
                 self.discover()
-            except Exception:  # noqa: BLE001 - the API server may restart; try again
-                pass
+                self.discovery_error = None
+            except Exception as e:  # noqa: BLE001 - the API server may restart; try again
+                self.discovery_error = e
 
     def discover(self) -> list[dict[str, Any]]:
         """Running serving pods -> ``file_sd`` targets (``ip:port`` of the ``http`` port,

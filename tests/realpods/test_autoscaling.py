@@ -72,7 +72,8 @@ def _wait(what: str, predicate: Any, timeout: float, env: RealEnv, stack: Metric
     def detail() -> str:
         hpa = env.kube.get("horizontalpodautoscaler", names.server_name(MODEL))
         return (f"HPA status: {(hpa or {}).get('status')}\n"
-                f"queue metric: {stack.custom_metric(env.ns, QUEUE_METRIC)}")
+                f"queue metric: {stack.custom_metric(env.ns, QUEUE_METRIC)}\n"
+                f"target discovery error: {stack.discovery_error!r}")
 
     return support.wait_for(env.cp, env.ns, MODEL, what, predicate, timeout, detail)
 
