@@ -188,3 +188,153 @@ def names_of_key(kube: Kube, key: str) -> list[str]:
     return [j["metadata"]["name"] for j in
             kube.items("jobs", "app.kubernetes.io/component=precompile")
             if j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key]
+
+
+def _gc_pod_check(kube: Kube, control_plane: ControlPlane, claim: str,
+                  account: str = "spyre-gc") -> Any:
+    """What ``spyre-engine gc --claim`` asks before each removal, as the GC pod would: the
+    real API server, with a token of ``account`` (the operator's spyre-gc ServiceAccount)."""
+    from spyre_engine import inuse
+
+    token = kube.kubectl("create", "token", account, "--duration=10m").strip()
+    lister = inuse.api_lister(kube.ns, server=control_plane.server, token=token,
+                              ca_file=control_plane.pki / "ca.crt")
+    return inuse.InUseCheck(claim, lister)
+
+
+def test_a_key_needed_again_before_the_gc_pod_runs_is_not_removed_and_if_it_was_compiles(
+    kube: Kube, operator: OperatorProcess, control_plane: ControlPlane, kubeconfig: Any,
+    tmp_path: Any,
+) -> None:
+    """A GC Job's remove list is fixed when it is created. Its pod waits (kwok holds it);
+    meanwhile model a reverts to the key and serves it again. When the GC pod runs, its check
+    (the engine's, through the real API server with the spyre-gc ServiceAccount the operator
+    applied) finds a's Deployment and pods using the key and keeps it; a token without that
+    Role removes nothing. And had the key been removed anyway (the GC pod's summary says so),
+    a does not trust its memory: ArtifactReady turns False and the key compiles again."""
+    from spyre_engine import catalog, gc, inuse, manifest
+
+    operator.stop()
+    fast = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
+                           env={"SPYRE_GC_INTERVAL_SECONDS": "2"})
+    fast.start()
+    claim = "spyre-compile-cache"
+    try:
+        # b is the claim's oldest user: its precompile.podAnnotations (kwok's hold) go to the
+        # GC Job's pod.
+        kube.apply_model("b", spec(compile={"maxModelLen": 8192}, cache=NO_RETENTION,
+                                   precompile={"backoffLimit": 0, "podAnnotations": HOLD}))
+        b_job = kube.wait(lambda: (kube.model("b").get("status") or {}).get("artifact", {})
+                          .get("jobName"), 30, "b's precompile Job")
+        kube.wait(lambda: kube.items("pods", f"job-name={b_job}"), 30, "b's precompile pod")
+        release(kube, b_job)
+        kube.wait_condition("b", "Ready", "True", reason="Serving")
+        kube.apply_model("a", _spec(2048))
+        kube.wait_condition("a", "Ready", "True", reason="Serving")
+        key = kube.model("a")["status"]["artifact"]["key"]
+        kube.apply_model("a", _spec(4096))
+        job = kube.wait(lambda: next(iter(kube.items("jobs", GC_SELECTOR)), None), 90,
+                        "a GC Job for a's old key")
+        assert _removed(job) == [key]
+        assert job["spec"]["template"]["spec"]["serviceAccountName"] == "spyre-gc"
+
+        kube.apply_model("a", _spec(2048))  # the revert, before the GC pod runs
+        kube.wait(lambda: artifact_of(deployment(kube, "a")) == key[:12], 60, "a serves it again")
+        kube.wait(lambda: [p for p in kube.items("pods", "app.kubernetes.io/component=server")
+                           if p["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key],
+                  60, "a pod of the revert")
+
+        # The GC pod runs now, with its Job's own --remove: on a volume holding the key.
+        art = tmp_path / "artifacts" / key
+        art.mkdir(parents=True)
+        (art / "graph.bin").write_bytes(b"x" * 1000)
+        catalog.add_entry(art, {"data": {"MODEL_NAME": key}})
+        manifest.write_manifest(art)
+        result = gc.gc(tmp_path, _removed(job), in_use=_gc_pod_check(kube, control_plane, claim))
+        assert result.removed == [] and result.in_use_unknown is None, result
+        [skipped] = result.skipped
+        assert skipped["key"] == key and "deployment/a" in skipped["reason"], skipped
+        assert "pod/a-" in skipped["reason"], skipped
+        manifest.verify(art)
+        # Without the Role (the namespace's default ServiceAccount) it cannot tell: no removal.
+        unknown = gc.gc(tmp_path, [key], in_use=_gc_pod_check(kube, control_plane, claim,
+                                                               account="default"))
+        assert unknown.removed == [] and "HTTP 403" in (unknown.in_use_unknown or "")
+        manifest.verify(art)
+        # The Role lists pods, Jobs and Deployments, nothing else.
+        role = kube.get("role", "spyre-gc")
+        assert sorted((r["apiGroups"][0], r["resources"][0], tuple(r["verbs"]))
+                      for r in role["rules"]) == [
+            ("", "pods", ("list",)), ("apps", "deployments", ("list",)),
+            ("batch", "jobs", ("list",))]
+        assert inuse.users_of(key, "another-claim", kube.items("pods"), [], []) == []
+
+        # Had it been removed anyway (the pod's summary says so): a compiles it again.
+        summary = {"removed": [{"key": key, "sizeBytes": 1000}], "skipped": [],
+                   "freedBytes": 1000}
+        def key_jobs() -> set[str]:
+            return {j["metadata"]["uid"]
+                    for j in kube.items("jobs", "app.kubernetes.io/component=precompile")
+                    if j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key}
+
+        before = key_jobs()  # (none: the revert serves what status remembers)
+        gc_pods = f"job-name={job['metadata']['name']}"
+        pod = kube.wait(lambda: next(iter(kube.items("pods", gc_pods)), None), 30, "the GC pod")
+        kube.kubectl("annotate", "pod", pod["metadata"]["name"],
+                     f"kwok.spyre.dev/termination-message={json.dumps(summary)}",
+                     "kwok.spyre.dev/hold-")
+
+        def recompiled() -> Any:  # (kwok compiles in a second: the Event shows the False)
+            return [e for e in kube.items("events") if e["involvedObject"]["name"] == "a"
+                    and "ArtifactReady=False" in e.get("message", "")
+                    and "garbage collection" in e.get("message", "")]
+
+        kube.wait(recompiled, 60, "ArtifactReady=False: the served key was collected")
+        kube.wait(lambda: key_jobs() - before, 60, "the key's precompile Job created again")
+        kube.wait_condition("a", "ArtifactReady", "True")
+        assert artifact_of(deployment(kube, "a")) == key[:12]
+    finally:
+        fast.stop()
+        operator.start()
+
+
+def test_a_key_a_model_that_moved_away_still_serves_from_the_claim_is_not_listed(
+    kube: Kube, operator: OperatorProcess, control_plane: ControlPlane, kubeconfig: Any
+) -> None:
+    """a and b share key K on the claim; b is edited away from K (its status lists K unused)
+    and a moves to another claim whose compile is slow (kwok holds it): a is no user of the
+    claim any more but its pods still serve K from it. No GC Job may list K."""
+    operator.stop()
+    fast = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
+                           env={"SPYRE_GC_INTERVAL_SECONDS": "2"})
+    fast.start()
+    listed: set[str] = set()
+
+    def gc_lists() -> set[str]:
+        for j in kube.items("jobs", GC_SELECTOR):
+            listed.update(_removed(j))
+        return listed
+
+    try:
+        kube.apply_model("a", _spec(2048))
+        kube.apply_model("b", _spec(2048))
+        kube.wait_condition("a", "Ready", "True", reason="Serving")
+        kube.wait_condition("b", "Ready", "True", reason="Serving")
+        key = kube.model("a")["status"]["artifact"]["key"]
+        assert kube.model("b")["status"]["artifact"]["key"] == key
+        moved = {"volume": {"name": "spyre-cache-moved",
+                            "retention": {"keepLast": 0, "unusedForSeconds": 0}}}
+        kube.apply_model("a", spec(compile={"maxModelLen": 2048}, cache=moved,
+                                   precompile={"backoffLimit": 0, "podAnnotations": HOLD}))
+        kube.wait(lambda: (kube.model("a")["status"].get("artifact") or {}).get("claim")
+                  == "spyre-cache-moved", 30, "a compiles on the new claim")
+        assert artifact_of(deployment(kube, "a")) == key[:12], "a still serves K"
+        kube.apply_model("b", _spec(8192))
+        kube.wait(lambda: [x["key"] for x in kube.model("b")["status"]["cache"]["artifacts"]
+                           if not x["inUse"]] == [key], 90, "K unused in b's status")
+        holds_over_reconciles(kube, fast, lambda: key not in gc_lists(), "K not listed",
+                              seconds=8)
+        assert artifact_of(deployment(kube, "a")) == key[:12]
+    finally:
+        fast.stop()
+        operator.start()
