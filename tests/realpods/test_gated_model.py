@@ -60,6 +60,20 @@ def gated_spec(env: RealEnv, hub: LocalHub, repo: str, secret: dict[str, str]) -
     })  # fmt: skip
 
 
+def artifact_outcome(env: RealEnv, name: str, timeout: float) -> dict[str, Any]:
+    """``ArtifactReady`` once the precompile has an outcome (the artifact, or the engine's
+    reason it failed): a download that wrongly succeeds fails the test then, not at the
+    timeout."""
+    ended = (C.MODEL_ACCESS_DENIED, C.MODEL_NOT_FOUND, C.PRECOMPILE_FAILED)
+    deadline = time.monotonic() + timeout
+    while True:
+        c = env.kube.condition(name, "ArtifactReady")
+        if c and (c["status"] == "True" or c["reason"] in ended):
+            return c
+        assert time.monotonic() < deadline, support.describe(env.cp, env.ns, name)
+        time.sleep(1)
+
+
 def test_the_job_downloads_with_the_token_and_the_pods_hold_none(
     env: RealEnv, hub: LocalHub
 ) -> None:
@@ -100,9 +114,10 @@ def test_a_token_without_access_gives_model_access_denied(env: RealEnv, hub: Loc
     t0 = time.monotonic()
     secret = token_secret(env, "hf-outsider", OUTSIDER)
     env.kube.apply_model("denied", gated_spec(env, hub, "org/tiny-gated-2", secret))
-    c = env.kube.wait_condition("denied", "ArtifactReady", "False", C.MODEL_ACCESS_DENIED, 600)
-    print(f"denied: apply -> ArtifactReady ModelAccessDenied in {time.monotonic() - t0:.0f}s")
+    c = artifact_outcome(env, "denied", timeout=600)
+    print(f"denied: apply -> ArtifactReady {c['reason']} in {time.monotonic() - t0:.0f}s")
     print(f"message: {c['message']}")
+    assert c["status"] == "False" and c["reason"] == C.MODEL_ACCESS_DENIED, c
     # The hub's answer, as huggingface_hub reports it, is in the message.
     assert "403" in c["message"] and "gated" in c["message"], c
     assert "org/tiny-gated-2" in c["message"], c
