@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 from spyre_engine.vllm_args import MANAGED
 from spyre_operator.api.v1alpha1 import (
+    LABEL_VALUE_PATTERN,
     MANAGED_ARG_PATTERN,
     MANAGED_ARGS,
     MAX_MODEL_NAME,
     POSITIVE_QUANTITY_PATTERN,
+    QUALIFIED_NAME,
     QUANTITY_PATTERN,
 )
 from spyre_operator.apply import build_event
@@ -116,3 +118,33 @@ def test_the_admission_rule_covers_what_the_engine_refuses() -> None:
     options = {"--" + dest.replace("_", "-") for dest in MANAGED if dest != "model_tag"}
     options |= {"--no-enable-prefix-caching"}
     assert options <= set(MANAGED_ARGS), options - set(MANAGED_ARGS)
+
+
+@pytest.mark.parametrize(
+    "key,ok",
+    [("pool", True), ("example.com/pool", True), ("kubernetes.io/hostname", True),
+     ("a_b.c-D", True), ("x" * 63, True), ("x" * 64, False), ("-pool", False),
+     ("Example.com/pool", False), ("a/b/c", False), ("", False), ("pool ", False)],
+)  # fmt: skip
+def test_label_keys(key: str, ok: bool) -> None:
+    assert bool(re.match(f"^{QUALIFIED_NAME}$", key)) is ok
+
+
+def test_pod_label_and_annotation_maps_are_checked() -> None:
+    """nodeSelector keys and values and pod annotation keys go into the pod template: one the
+    API server refuses made every write of the Job or Deployment fail."""
+    spec = _schema()["properties"]["spec"]["properties"]
+    maps = {
+        "accelerator.nodeSelector": spec["accelerator"]["properties"]["nodeSelector"],
+        "precompile.nodeSelector": spec["precompile"]["properties"]["nodeSelector"],
+        "serving.podAnnotations": spec["serving"]["properties"]["podAnnotations"],
+        "precompile.podAnnotations": spec["precompile"]["properties"]["podAnnotations"],
+    }
+    for what, node in maps.items():
+        (rule,) = node["x-kubernetes-validations"]
+        assert QUALIFIED_NAME in rule["rule"] and what in rule["message"], what
+        assert node["maxProperties"] == 64, what
+    for what in ("accelerator.nodeSelector", "precompile.nodeSelector"):
+        value = maps[what]["additionalProperties"]
+        assert value["maxLength"] == 63 and value["pattern"] == LABEL_VALUE_PATTERN
+        assert re.match(value["pattern"], "cpu-pool_1.a") and not re.match(value["pattern"], "-x")

@@ -44,6 +44,35 @@ MAX_LABEL_VALUE = 63
 MAX_MODEL_NAME = 253 - 17
 #: A DNS subdomain (RFC 1123), like every PVC name.
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: A label value (with at most 63 characters), as the API server checks a pod's nodeSelector.
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+#: A label or annotation key: an optional DNS-subdomain prefix and "/", then a name of at most
+#: 63 characters (no backslash: the same text is a CEL string).
+QUALIFIED_NAME = (
+    "([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+
+
+def _keys_are_qualified_names(what: str) -> dict[str, Any]:
+    """A map whose keys become label or annotation keys of a pod (else every write of the pod
+    template is refused)."""
+    return {
+        "x-kubernetes-validations": [
+            cel(
+                f"self.all(k, k.matches('^{QUALIFIED_NAME}$'))",
+                f"{what} keys must be label keys: an optional DNS-name prefix and '/', then at "
+                "most 63 letters, digits, '-', '_' or '.', starting and ending with a letter "
+                "or digit",
+            )
+        ]
+    }
+
+
+#: Node labels a pod must match: label keys and label values (at most 63 characters).
+NodeSelector = dict[
+    str, Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=LABEL_VALUE_PATTERN)]
+]
 
 Quantity = Annotated[
     int | str,
@@ -484,7 +513,10 @@ class ServingSpec(ApiModel):
         ),
     )
     pod_annotations: dict[str, str] | None = Field(
-        default=None, description="Annotations added to the serving pods."
+        default=None,
+        description="Annotations added to the serving pods.",
+        max_length=64,
+        json_schema_extra=_keys_are_qualified_names("serving.podAnnotations"),
     )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec, description="Rolling-update limits of the Deployment."
@@ -504,7 +536,10 @@ class PrecompileSpec(ApiModel):
         default=None, description="CPU/memory for the precompile container."
     )
     pod_annotations: dict[str, str] | None = Field(
-        default=None, description="Annotations added to the precompile pod."
+        default=None,
+        description="Annotations added to the precompile pod.",
+        max_length=64,
+        json_schema_extra=_keys_are_qualified_names("precompile.podAnnotations"),
     )
     on_cards: bool = Field(
         default=False,
@@ -515,8 +550,10 @@ class PrecompileSpec(ApiModel):
             "artifact compiles). Ignored by the CPU backends, which never use cards."
         ),
     )
-    node_selector: dict[str, str] | None = Field(
+    node_selector: NodeSelector | None = Field(
         default=None,
+        max_length=64,
+        json_schema_extra=_keys_are_qualified_names("precompile.nodeSelector"),
         description=(
             "Node labels the precompile pod must match when it compiles off the cards "
             "(e.g. a CPU pool with enough memory for the compiler)."
@@ -549,7 +586,9 @@ class EngineSpec(ApiModel):
 class Toleration(ApiModel):
     """A toleration (as in a Pod spec)."""
 
-    key: str | None = Field(default=None, description="Taint key.")
+    key: str | None = Field(
+        default=None, description="Taint key.", pattern=f"^({QUALIFIED_NAME})?$", max_length=317
+    )
     operator: str | None = Field(
         default=None,
         description="Exists or Equal.",
@@ -594,8 +633,11 @@ class AcceleratorSpec(ApiModel):
         description="Pod scheduler; empty means the cluster's default scheduler.",
         max_length=253,
     )
-    node_selector: dict[str, str] | None = Field(
-        default=None, description="Node labels the pods must match."
+    node_selector: NodeSelector | None = Field(
+        default=None,
+        description="Node labels the pods must match.",
+        max_length=64,
+        json_schema_extra=_keys_are_qualified_names("accelerator.nodeSelector"),
     )
     tolerations: list[Toleration] | None = Field(
         default=None, description="Tolerations for tainted accelerator nodes."
