@@ -39,7 +39,7 @@ def _env(hub: LocalHub, token: str | None) -> dict[str, str]:
     return {"HF_ENDPOINT": hub.url, **({"HF_TOKEN": token} if token else {})}
 
 
-def _precompile(model: str, tmp_path: Path, env: dict[str, str]) -> object:
+def _precompile(model: str, tmp_path: Path, env: dict[str, str]) -> tuple[int, object]:
     term = tmp_path / "term"
     full = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
     full.update(env)
