@@ -122,3 +122,38 @@ def test_a_deployment_deleted_while_a_new_key_compiles_serves_the_old_key_again(
     assert dep["metadata"]["annotations"][f"{GROUP}/artifact-key"] == old_key
     kube.wait_condition("d", "Ready", "True", reason="ServingPreviousArtifact", timeout=60)
     assert kube.model("d")["status"]["servingArtifactKey"] == old_key
+
+
+def test_models_sharing_a_failing_compile_share_one_retry_budget(
+    kube: Kube, operator: OperatorProcess, control_plane: Any, kubeconfig: Any
+) -> None:
+    """A model joining a key whose compile failed several times started its own count at 1
+    and retried after the first backoff: N models retried a shared compile N times as often.
+    The attempt is the Job's: the newcomer waits for the same retry as the others."""
+    operator.stop()
+    fast = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
+                           env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "4",
+                                "SPYRE_COMPILE_RETRY_MAX_SECONDS": "120"})
+    fast.start()
+    try:
+        failing = spec(podAnnotations={"kwok.spyre.dev/fail": "true"})
+        kube.apply_model("a", failing)
+        kube.wait(lambda: int(kube.model("a")["status"]["artifact"].get("attempts") or 0) >= 3
+                  and kube.model("a")["status"]["artifact"]["phase"] == "Failed", 90,
+                  "a's third attempt failed")
+        kube.apply_model("b", failing)
+
+        def same_retry() -> bool:
+            a, b = (kube.model(n)["status"]["artifact"] for n in ("a", "b"))
+            return (b.get("phase") == a.get("phase") == "Failed"
+                    and b.get("nextRetryAt") == a.get("nextRetryAt")
+                    and b.get("attempts") == a.get("attempts"))
+
+        kube.wait(same_retry, 30, "b on a's retry schedule")
+        art = kube.model("b")["status"]["artifact"]
+        assert int(art["attempts"]) >= 3, art
+        [job] = precompile_jobs(kube)
+        assert job["metadata"]["annotations"][f"{GROUP}/attempt"] == str(art["attempts"])
+    finally:
+        fast.stop()
+        operator.start()
