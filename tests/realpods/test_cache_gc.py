@@ -12,6 +12,7 @@ the claim (``--keep`` every key still known) and, with a zero retention, the GC 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -122,3 +123,76 @@ def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) 
     assert left == sorted([serving, ".gc-orphans.json"]) or left == [serving], left
     assert "files" in manifest.verify(root / "artifacts" / serving)
     assert support.condition(env.kube.model(MODEL), "Ready")["status"] == "True"
+
+
+def test_a_key_served_again_before_the_gc_pod_runs_stays_on_the_claim(env: RealEnv) -> None:
+    """A GC Job's remove list is fixed when it is created; its pod may run minutes later.
+    Here it waits for a node label (the claim's oldest user's precompile.nodeSelector) while
+    the model reverts to the listed key and serves it again. When the real GC pod runs, the
+    engine asks the API server (as the spyre-gc ServiceAccount the operator applied) and keeps
+    the key its pods serve: the artifact is whole on the PV and the model answers."""
+    hold, peer, model = "spyre.dev/gc-hold", "gc-hold", "gc-rev"
+    volume = {"volume": {"name": "gc-revert", "retention": {"keepLast": 0,
+                                                            "unusedForSeconds": 0}}}
+
+    def spec(seqs: int, **override: Any) -> dict[str, Any]:
+        return model_spec(env.image, compile={"maxNumSeqs": seqs}, cache=volume, **override)
+
+    def wait(name: str, what: str, predicate: Any, timeout: float = 900) -> Any:
+        return support.wait_for(env.cp, env.ns, name, what, predicate, timeout)
+
+    # The claim's oldest user compiles its shape, then its precompile placement (outside the
+    # key) names a node label nobody has: the GC Job's pod, placed like it, waits.
+    env.kube.apply_model(peer, {**spec(3), "replicas": 0})
+    wait(peer, "the peer's artifact", lambda: (
+        (support.condition(env.kube.model(peer), "ArtifactReady") or {}).get("status") == "True"))
+    env.kube.apply_model(peer, {**spec(3, precompile={"nodeSelector": {hold: "go"}}),
+                                "replicas": 0})
+    env.kube.apply_model(model, spec(2))
+    key = wait_ready(env.kube, model)["status"]["servingArtifactKey"]
+    env.kube.apply_model(model, spec(4))
+    wait(model, "served from the edit", lambda: (
+        (env.kube.model(model).get("status") or {}).get("servingArtifactKey")
+        not in (None, key) and (support.condition(env.kube.model(model), "Ready") or {})
+        .get("status") == "True"))  # fmt: skip
+
+    def gc_job() -> dict[str, Any] | None:
+        for j in env.kube.items("jobs", f"{names.COMPONENT}={COMPONENT_GC}"):
+            args = j["spec"]["template"]["spec"]["containers"][0]["args"]
+            if key in args[args.index("--remove") + 1].split(","):
+                return j
+        return None
+
+    job = wait(model, "a GC Job listing the old key", gc_job, 120)
+    env.kube.apply_model(model, spec(2))  # the revert, before the GC pod runs
+    wait(model, "the revert served", lambda: (
+        (env.kube.model(model).get("status") or {}).get("servingArtifactKey") == key
+        and (support.condition(env.kube.model(model), "Ready") or {}).get("status") == "True"
+        and (pods := support.server_pods(env.cp, env.ns, model))
+        and all(p["metadata"]["annotations"].get(names.ARTIFACT_KEY_ANNOTATION) == key
+                for p in pods)))  # fmt: skip
+    assert not (env.kube.get("job", job["metadata"]["name"]).get("status") or {}).get(
+        "succeeded"), "the GC pod must not have run yet"
+
+    env.cp.kubectl("label", "node", env.node.name, f"{hold}=go", "--overwrite")
+    try:
+        done = wait(model, "the GC pod ran", lambda: next(
+            (j for j in [env.kube.get("job", job["metadata"]["name"])]
+             if (j.get("status") or {}).get("succeeded") or (j.get("status") or {}).get("failed")),
+            None), 300)  # fmt: skip
+    finally:
+        env.cp.kubectl("label", "node", env.node.name, f"{hold}-", check=False)
+    [pod] = env.kube.items("pods", f"job-name={job['metadata']['name']}")
+    term = pod["status"]["containerStatuses"][0]["state"].get("terminated") or {}
+    assert done["status"].get("succeeded"), term
+    summary = json.loads(term["message"])
+    assert summary["removed"] == [], summary
+    [skipped] = [s for s in summary["skipped"] if s["key"] == key]
+    assert "in use by" in skipped["reason"] and "deployment/" in skipped["reason"], skipped
+    root = claim_host_dir(env.cp, env.kube, "gc-revert")
+    assert "files" in manifest.verify(root / "artifacts" / key)
+    assert support.condition(env.kube.model(model), "Ready")["status"] == "True"
+    art = support.condition(env.kube.model(model), "ArtifactReady")
+    assert art["status"] == "True", art
+    answer = support.completion(env.cp, env.ns, model, "hello", max_tokens=4, ignore_eos=True)
+    assert answer["usage"]["completion_tokens"] == 4, answer
