@@ -108,8 +108,7 @@ def test_gc_off_then_on_collects_and_says_so(
         # a few evaluations (2 s apart): the oldest user's retention is off
         holds_over_reconciles(kube, fast, lambda: not kube.items("jobs", GC_SELECTOR),
                               "no GC Job")
-        assert any(j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key_a
-                   for j in kube.items("jobs", "app.kubernetes.io/component=precompile"))
+        # (key_a's finished precompile Job may be gone already: no spec needs it.)
 
         summary = {"removed": [{"key": key_a, "sizeBytes": 3000}], "skipped": [],
                    "freedBytes": 3000, "remainingBytes": 5}
@@ -140,54 +139,6 @@ def test_gc_off_then_on_collects_and_says_so(
     finally:
         fast.stop()
         operator.start()
-
-
-def test_the_key_of_a_running_precompile_is_not_collected_until_it_finishes(
-    kube: Kube, operator: OperatorProcess, control_plane: ControlPlane, kubeconfig: Any
-) -> None:
-    """An artifact model a no longer uses is being compiled again by a precompile Job nobody's
-    spec needs any more (model c asked for it, then was edited away): the Job protects it."""
-    operator.stop()
-    fast = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
-                           env={"SPYRE_GC_INTERVAL_SECONDS": "2"})
-    fast.start()
-    off = {"volume": {"retention": {"enabled": False, "keepLast": 0, "unusedForSeconds": 0}}}
-    held = {"backoffLimit": 0, "podAnnotations": HOLD}
-    try:
-        kube.apply_model("a", spec(compile={"maxModelLen": 2048}, cache=off))
-        kube.wait_condition("a", "Ready", "True", reason="Serving")
-        key_x = kube.model("a")["status"]["artifact"]["key"]
-        kube.apply_model("a", spec(compile={"maxModelLen": 4096}, cache=off))
-        kube.wait(lambda: [a["key"] for a in kube.model("a")["status"]["cache"]["artifacts"]
-                           if not a["inUse"]] == [key_x], 90, "X unused")
-        kube.kubectl("delete", "job", names_of_key(kube, key_x)[0], "--wait=true")
-
-        kube.apply_model("c", spec(compile={"maxModelLen": 2048}, precompile=held))
-        x_job = kube.wait(lambda: next(iter(names_of_key(kube, key_x)), None), 30,
-                          "X compiling again")
-        kube.apply_model("c", spec(compile={"maxModelLen": 8192}, precompile=held))
-        kube.wait(lambda: kube.model("c")["status"]["artifact"]["key"] != key_x, 30,
-                  "c edited away from X")
-        assert names_of_key(kube, key_x) == [x_job], "X's Job still running"
-
-        kube.apply_model("a", spec(compile={"maxModelLen": 4096}, cache=NO_RETENTION))
-        # a few evaluations (2 s apart): X is unused but being written
-        holds_over_reconciles(kube, fast, lambda: not kube.items("jobs", GC_SELECTOR),
-                              "no GC Job", seconds=6)
-
-        release(kube, x_job)
-        job = kube.wait(lambda: next(iter(kube.items("jobs", GC_SELECTOR)), None), 60,
-                        "a GC Job once X's compile finished")
-        assert _removed(job) == [key_x]
-    finally:
-        fast.stop()
-        operator.start()
-
-
-def names_of_key(kube: Kube, key: str) -> list[str]:
-    return [j["metadata"]["name"] for j in
-            kube.items("jobs", "app.kubernetes.io/component=precompile")
-            if j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key]
 
 
 def _gc_pod_check(kube: Kube, control_plane: ControlPlane, claim: str,
