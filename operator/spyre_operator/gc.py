@@ -347,6 +347,10 @@ class GarbageCollector:
                 set(result.removed) - result.orphans_removed, claim, models
             )
             await self._after(ns, claim, result, models, announce)
+            if any(r.startswith("in use by") for r in result.skipped.values()):
+                # Its name is the decision's: while it exists the same keys are never tried
+                # again (a replica that was still draining then keeps a key for an hour).
+                await self.c.applier.delete(Job, job["metadata"]["name"], ns)
 
     def _forget_gone_jobs(self) -> None:
         """Bound ``_done``: a uid whose Job is gone (TTL, deleted) is never seen again."""

@@ -382,3 +382,21 @@ def test_a_key_a_model_that_left_the_claim_still_serves_from_it_is_not_removed()
         assert job.metadata.annotations[GC_KEYS_ANNOTATION] == old_key
         await c.stop()
     asyncio.run(run())
+
+
+def test_a_gc_job_that_kept_a_key_in_use_goes_so_the_decision_can_be_made_again() -> None:
+    """The GC pod kept a key a pod still served (e.g. an old replica still draining): the
+    same key set names the same Job, so the finished one goes, or nothing retried for 1 h."""
+    async def run() -> None:
+        old_key = _key("a", 2048)
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-k", gc_labels, {GC_KEYS_ANNOTATION: old_key}, True)
+        c, fake, plan_a, _ = _setup([gc])
+        summary = {"removed": [], "skipped": [{"key": old_key, "reason": "in use by pod/a-1"}],
+                   "freedBytes": 0}
+        c._job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert "spyre-gc-k" in fake.deleted
+        await c.stop()
+    asyncio.run(run())
