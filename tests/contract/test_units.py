@@ -97,8 +97,9 @@ def _flat(obj: object, prefix: str = "") -> dict[str, object]:
 
 def test_the_sendnn_pods_differ_from_the_pods_run_here_only_in_backend_and_cards() -> None:
     """The real-pod tests run the CPU backend; for ``sendnn`` the operator writes the same Job
-    and serving pod but for the backend flag and env, the Spyre card requests and the Spyre
-    scheduler (compile off the cards: the Job gets no cards)."""
+    and serving pod but for the backend flag and env, the Spyre card requests, ``FLEX_DEVICE``
+    (VF for ``ibm.com/spyre_vf``, on pods with cards only) and the Spyre scheduler (compile off
+    the cards: the Job gets no cards)."""
     from spyre_operator.reconcile import Observed, decide
 
     from tests.cluster.node import NODE_SELECTOR, NODE_TOLERATION
@@ -133,14 +134,17 @@ def test_the_sendnn_pods_differ_from_the_pods_run_here_only_in_backend_and_cards
     dep_diff = diff(cpu_dep, card_dep)
     assert {k for k in dep_diff if not k.startswith(f"{c}.args[")} == {
         f"{c}.env[SENDNN_INFERENCE_DYNAMO_BACKEND].value",
+        f"{c}.env[FLEX_DEVICE].name",
+        f"{c}.env[FLEX_DEVICE].value",
         f"{c}.resources.limits.ibm.com/spyre_vf",
         f"{c}.resources.requests.ibm.com/spyre_vf",
         "schedulerName",
     }, dep_diff
     assert card_dep["schedulerName"] == "spyre-scheduler"
     assert card_dep[f"{c}.resources.limits.ibm.com/spyre_vf"] == "1"
+    assert card_dep[f"{c}.env[FLEX_DEVICE].value"] == "VF"
     assert sorted(str(v) for _, v in dep_diff.values()) == sorted(
-        ["sendnn", "sendnn", "1", "1", "spyre-scheduler"]
+        ["sendnn", "sendnn", "1", "1", "spyre-scheduler", "FLEX_DEVICE", "VF"]
     ), dep_diff
     # Both run on the real node's selector and toleration (the Job off the cards there too).
     for flat in (cpu_job, cpu_dep, card_job, card_dep):
