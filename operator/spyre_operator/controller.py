@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2  # lightkube's HTTP client (httpx is a test-only package here)
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Event, PersistentVolumeClaim, Pod
 from pydantic import ValidationError
@@ -173,7 +173,7 @@ def unexpected(e: BaseException) -> bool:
     """An error no cluster state explains (a bug, e.g. in observe()), as opposed to the API
     server refusing or failing a request, the connection dropping, or losing the lease."""
     return not isinstance(
-        e, ApiError | RejectedWrites | NotLeader | httpx.HTTPError | OSError | TimeoutError
+        e, ApiError | RejectedWrites | NotLeader | httpx2.HTTPError | OSError | TimeoutError
     )
 
 
