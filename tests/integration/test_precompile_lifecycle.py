@@ -47,9 +47,16 @@ def test_an_unschedulable_precompile_shows_in_status_and_a_fix_replaces_it(
 ) -> None:
     t0 = time.monotonic()
     kube.apply_model("m", spec(nodeSelector={"pool": "no-such-pool"}))
-    c = kube.wait_condition("m", "ArtifactReady", "False", "PrecompileUnschedulable", timeout=30)
+    kube.wait_condition("m", "ArtifactReady", "False", "PrecompileUnschedulable", timeout=30)
     print(f"apply -> PrecompileUnschedulable in {time.monotonic() - t0:.0f}s")
-    assert "didn't match Pod's node affinity/selector" in c["message"], c
+    # The scheduler's first answer may be the cache claim not bound yet (a loaded run saw
+    # "unbound immediate PersistentVolumeClaims"); once it binds, the status carries the
+    # nodeSelector's refusal, still PrecompileUnschedulable.
+    c = kube.wait(lambda: (lambda c: c if "didn't match Pod's node affinity/selector"
+                           in c.get("message", "") else None)(
+                               kube.condition("m", "ArtifactReady")), 60,
+                  "the status to name the nodeSelector's refusal")
+    assert c["reason"] == "PrecompileUnschedulable", c
     assert kube.condition("m", "Progressing")["reason"] == "PrecompileUnschedulable"
     assert kube.condition("m", "Degraded")["status"] == "False"  # waiting, not broken
     [stuck] = precompile_jobs(kube)
