@@ -41,6 +41,10 @@ SERVED_NAME = support.SERVED_NAME
 READY_TIMEOUT = 900.0
 #: Small requests: the node has 2 CPUs; with maxSurge 1 two engine pods run at once.
 SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
+#: A listed model id (its shape resolves without config.json) for pods that never download.
+HF_MODEL = "hf://ibm-granite/granite-3.3-8b-instruct"
+#: A local image name no registry serves: the real kubelet's pull fails, nothing leaves.
+MISSING_IMAGE = "localhost/spyre-engine:does-not-exist"
 
 
 def start_operator(cp: ControlPlane, namespace: str,

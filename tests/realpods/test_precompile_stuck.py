@@ -11,32 +11,18 @@ must get as far as the container's configuration (a Secret it references).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from spyre_operator import conditions as C
 
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.node import RealNode
 from tests.cluster.ociimage import busybox_image
-from tests.contract.realpods import start_operator
+from tests.contract.realpods import HF_MODEL, MISSING_IMAGE
 from tests.integration.conftest import Kube
 from tests.realpods import support
 
 pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout(600)]
 
-HF_MODEL = "hf://ibm-granite/granite-3.3-8b-instruct"
-MISSING_IMAGE = "localhost/spyre-engine:does-not-exist"
-
-
-@pytest.fixture
-def kube(control_plane: ControlPlane, real_node: RealNode, namespace: str) -> Iterator[Kube]:
-    op = start_operator(control_plane, namespace)
-    try:
-        yield Kube(control_plane, namespace)
-    finally:
-        op.stop()
 
 
 def spec(image: str, **override: Any) -> dict[str, Any]:

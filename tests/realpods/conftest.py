@@ -1,0 +1,23 @@
+"""Fixtures shared by the real-pod modules that need no engine image."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.controlplane import ControlPlane
+from tests.cluster.node import RealNode
+from tests.contract.realpods import start_operator
+from tests.integration.conftest import Kube
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane, real_node: RealNode, namespace: str) -> Iterator[Kube]:
+    """The test's namespace with its own operator (a local process watching only it), the
+    real node up."""
+    op = start_operator(control_plane, namespace)
+    try:
+        yield Kube(control_plane, namespace)
+    finally:
+        op.stop()
