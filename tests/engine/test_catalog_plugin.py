@@ -21,20 +21,15 @@ from spyre_engine import catalog, known_configs
 from spyre_engine.launch import plugin_env, vllm_command
 from spyre_engine.settings import PrecompileSettings, ServeSettings
 
+from tests.unit.test_spyre_pins import GRANITE_33_8B_ARCH
+
 pytestmark = pytest.mark.engine
 
 PROBE = Path(__file__).with_name("plugin_probe.py")
 
-# The architecture of ibm-granite/granite-3.3-8b-instruct in model_configs.yaml.
-GRANITE_33_8B = {
-    "model_type": "granite",
-    "num_hidden_layers": 40,
-    "max_position_embeddings": 131072,
-    "hidden_size": 4096,
-    "vocab_size": 49159,
-    "num_key_value_heads": 8,
-    "num_attention_heads": 32,
-}
+# The architecture of ibm-granite/granite-3.3-8b-instruct in model_configs.yaml (the pin-drift
+# test checks it against the installed file).
+GRANITE_33_8B = GRANITE_33_8B_ARCH
 
 
 def _variant(tiny_model: Path, dest: Path, **config: Any) -> Path:
