@@ -441,6 +441,10 @@ class ControlPlane:
             _log("a previous cluster is only partly running; stopping it first")
             self._down()
         t0 = time.monotonic()
+        # A cluster stopped without `down` (the machine or the session was cut) leaves etcd's
+        # data behind: reused with the new ports it keeps the old `kubernetes` Service
+        # endpoint (the API server's previous port), and pods cannot reach the API server.
+        self._wipe_data()
         for d in (self.state_dir, self.pki, self.logs, self.pids, self.link_dir):
             d.mkdir(parents=True, exist_ok=True)
         for f in self.logs.glob("*.log"):  # keep the previous run's logs as *.log.prev
@@ -521,12 +525,16 @@ class ControlPlane:
             f.unlink(missing_ok=True)
         for p in (self.state_file, self.kubeconfig, self.component_kubeconfig):
             p.unlink(missing_ok=True)
+        self._wipe_data()
+        return leaks
+
+    def _wipe_data(self) -> None:
+        """Remove etcd's data and, with it, the PVs' contents (only with etcd stopped)."""
         etcd_dir = self.state_dir / "etcd"
         if etcd_dir.exists():
             subprocess.run(["rm", "-rf", str(etcd_dir)], check=False)
         if self.pv_root.is_dir():  # the PVs are gone with etcd's data; so is what was on them
             subprocess.run(["rm", "-rf", "--one-file-system", str(self.pv_root)], check=False)
-        return leaks
 
     def restart(self, components: Sequence[str] = ("kube-apiserver", "etcd")) -> None:
         """Stop the given components and start them again in place (same ports, certs, data)."""
