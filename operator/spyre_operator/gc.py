@@ -458,11 +458,13 @@ class GarbageCollector:
         for obj in build_gc_access(ns, [u.owner for u in users]):
             await self.c.applier.apply(obj, None)
         log.info(
-            "cache claim %s/%s: removing unused artifacts %s%s",
+            "cache claim %s/%s: removing unused artifacts %s%s (GC pod placed like %s's "
+            "precompile)",
             ns,
             claim,
             remove,
             ", sweeping orphans" if due else "",
+            job_plan.owner.name,
         )
         await self.c.applier.ensure_job(gc_job, None)
         if due:
@@ -583,6 +585,18 @@ class GarbageCollector:
                 self.c._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
                 await self.c.applier.delete(Job, name, ns)
         self._announce_orphans(ns, claim, result, models if announce else [])
+        in_use = {k: r for k, r in result.skipped.items() if r.startswith("in use by")}
+        if in_use and announce:
+            # The Job that kept them is deleted next (and its pod's message with it).
+            kept = "; ".join(f"{k[:12]} {r}" for k, r in sorted(in_use.items()))
+            message = (
+                f"kept {len(in_use)} artifact(s) on cache claim {claim} that pods use again, "
+                f"although they were due for removal: {kept}"
+            )
+            for m in models:
+                self.c._background(
+                    self.c.applier.event(dict(m), "Normal", "ArtifactsKept", message[:1024])
+                )
         if not result.removed:
             return
         if not announce:

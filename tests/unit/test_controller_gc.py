@@ -400,3 +400,25 @@ def test_a_gc_job_that_kept_a_key_in_use_goes_so_the_decision_can_be_made_again(
         assert "spyre-gc-k" in fake.deleted
         await c.stop()
     asyncio.run(run())
+
+
+def test_a_key_the_gc_pod_kept_because_a_pod_uses_it_is_an_event_on_every_user() -> None:
+    """The Job that kept it goes at once (above), and with it the pod's termination message:
+    the Event is what is left to say why the space was not freed."""
+    async def run() -> None:
+        old_key = _key("a", 2048)
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-k", gc_labels, {GC_KEYS_ANNOTATION: old_key}, True)
+        c, fake, plan_a, _ = _setup([gc])
+        summary = {"removed": [], "freedBytes": 0, "skipped": [
+            {"key": old_key, "reason": "in use by deployment/a (pod a-1)"}]}
+        c._job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+        await c.collect_garbage((NS, "a"), plan_a)
+        await asyncio.sleep(0)  # events are sent in the background
+        kept = [e for e in fake.events if e[2] == "ArtifactsKept"]
+        assert sorted(e[0] for e in kept) == ["a", "b"], fake.events
+        assert all(e[1] == "Normal" and old_key[:12] in e[3] and CLAIM in e[3]
+                   and "in use by deployment/a" in e[3] for e in kept), kept
+        await c.stop()
+    asyncio.run(run())
