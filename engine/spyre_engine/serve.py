@@ -91,6 +91,9 @@ CHILD_STOP_GRACE = STOP_GRACE
 HTTP_STOP_GRACE = 1.0
 # Exit even if something above hangs (drain + 24 s); the operator allows drain timeout + 25 s.
 HARD_EXIT_AFTER_DEADLINE = ABORT_GRACE + CHILD_STOP_GRACE + HTTP_STOP_GRACE + 2.0
+#: While vLLM starts, how often the wrapper says what its /health answered (a slow start or a
+#: hang is then visible in the log, not only as a probe that never succeeds).
+STARTUP_REPORT_SECONDS = 30.0
 
 
 def _json_error(status: int, message: str, kind: str, close: bool = False) -> web.Response:
@@ -207,6 +210,7 @@ class EngineServer:
     async def _watch_child(self, spawned: float) -> None:
         """Mark started when vLLM is healthy; trigger shutdown (exit 1) if vLLM dies."""
         assert self.child is not None and self._session is not None
+        last_said, answer = spawned, "no answer"
         while not self.started:
             if not self.child.alive():
                 self._fail(
@@ -214,10 +218,18 @@ class EngineServer:
                     f"{self.child.last_error()}"
                 )
                 return
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            if time.monotonic() - last_said >= STARTUP_REPORT_SECONDS:
+                last_said = time.monotonic()
+                log.info(
+                    "vLLM not serving yet after %.0fs (its /health: %s)",
+                    last_said - spawned,
+                    answer,
+                )
+            try:
                 async with self._session.get(
                     self.upstream + "/health", timeout=aiohttp.ClientTimeout(total=2)
                 ) as resp:
+                    answer = f"HTTP {resp.status}"
                     if resp.status == 200:
                         now = time.monotonic()
                         self.metrics.startup_phase_seconds.labels("engine_start").set(now - spawned)
@@ -232,6 +244,8 @@ class EngineServer:
                             now - self.process_started,
                         )
                         break
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                answer = f"{type(exc).__name__}: {exc}"[:200]
             await asyncio.sleep(0.25)
         while True:
             await asyncio.sleep(0.5)
