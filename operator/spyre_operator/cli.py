@@ -4,10 +4,54 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import socket
 import sys
+from datetime import UTC, datetime
+from typing import Any
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: LogRecord attributes that are not extra fields (``logging.makeLogRecord`` sets them all).
+_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+#: Extra fields kopf's per-object loggers add: the object's reference is kept (as ``object``),
+#: the rest is kopf's internals.
+_KOPF_EXTRAS = frozenset({"k8s_ref", "k8s_skip", "settings"})
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (RFC 3339, UTC), level, logger, message; ``object``
+    (apiVersion, kind, namespace, name, uid) on kopf's per-object lines; ``exception`` with
+    the traceback if there is one; and any other ``extra=`` fields a caller passed."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict):
+            out["object"] = {k: v for k, v in ref.items() if v is not None}
+        for key, value in vars(record).items():
+            if key not in _RECORD_ATTRS and key not in _KOPF_EXTRAS and key not in out:
+                out[key] = value
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        elif record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """The root logger's level and format: ``text`` (as before) or ``json``."""
+    handler = logging.StreamHandler()
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -35,10 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     OperatorConfig.leader_election_lease = args.leader_election_lease
     OperatorConfig.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     # kopf's per-object log lines are noisy at 500 models; ours are enough.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # One line per API request (the Lease every 2 s) would drown the operator's own lines.
@@ -100,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     run.add_argument("--log-level", default="info")
+    run.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default) or json: one object per line with time, level, logger, message "
+        "and, on kopf's per-object lines, the object",
+    )
     args = parser.parse_args(argv)
     if args.command == "crd":
         from .crd import render_crd
