@@ -58,7 +58,11 @@ def test_quantity_is_exact_to_the_milli(value: float, expected: str) -> None:
     {"minReplicas": 4, "maxReplicas": 3, "targetQueueLength": 1},
     {"maxReplicas": 3},  # no target
     {"maxReplicas": 3, "targetKvCacheUsage": 1.5},
-    {"minReplicas": 0, "maxReplicas": 3, "targetQueueLength": 1},
+    {"minReplicas": 1, "maxReplicas": 3, "targetQueueLength": 1, "scaleToZero": {}},
+    {"minReplicas": 0, "maxReplicas": 3, "targetQueueLength": 1,
+     "scaleToZero": {"idleSeconds": 10}},
+    {"minReplicas": 0, "maxReplicas": 3, "targetQueueLength": 1,
+     "scaleToZero": {"maxWaitSeconds": 0}},
 ])
 def test_invalid_autoscaling_is_rejected(bad: dict[str, Any]) -> None:
     spec = copy.deepcopy(model("m", GENERATE)["spec"])

@@ -2,6 +2,7 @@
 
 from .v1alpha1 import (
     AcceleratorSpec,
+    AutoscalingSpec,
     ArtifactStatus,
     Backend,
     CachedArtifact,
@@ -15,6 +16,7 @@ from .v1alpha1 import (
     ServingSpec,
     SpyreModel,
     SpyreModelSpec,
+    ScaleToZeroSpec,
     SpyreModelStatus,
     Task,
     WarmupShape,
@@ -22,6 +24,7 @@ from .v1alpha1 import (
 
 __all__ = [
     "AcceleratorSpec",
+    "AutoscalingSpec",
     "ArtifactStatus",
     "Backend",
     "CachedArtifact",
@@ -35,6 +38,7 @@ __all__ = [
     "ServingSpec",
     "SpyreModel",
     "SpyreModelSpec",
+    "ScaleToZeroSpec",
     "SpyreModelStatus",
     "Task",
     "WarmupShape",
