@@ -2,8 +2,8 @@
 
 from .v1alpha1 import (
     AcceleratorSpec,
-    AutoscalingSpec,
     ArtifactStatus,
+    AutoscalingSpec,
     Backend,
     CachedArtifact,
     CacheSpec,
@@ -13,10 +13,10 @@ from .v1alpha1 import (
     EngineSpec,
     ModelSource,
     PrecompileSpec,
+    ScaleToZeroSpec,
     ServingSpec,
     SpyreModel,
     SpyreModelSpec,
-    ScaleToZeroSpec,
     SpyreModelStatus,
     Task,
     WarmupShape,

@@ -1,0 +1,282 @@
+"""Scale to zero with KEDA and its HTTP add-on: the objects a model with ``minReplicas: 0``
+needs (pure: spec in, typed objects out).
+
+The design is operator/SCALE-TO-ZERO.md (KEDA v2.21.0, HTTP add-on v0.12.0):
+
+* ``<model>-engine``: a Service selecting the model's serving pods on ``serving.port``, the
+  address the add-on's interceptor forwards to (``scaleTargetRef.service``) and whose
+  EndpointSlices it watches to know when a held request can go.
+* an ``HTTPScaledObject`` named like the model's Service: the interceptor's route for the
+  Service's host names, its per-route timeouts and the cold-start failover (our responder's
+  503 + Retry-After). Annotated ``skip-scaledobject-creation`` from the start (the add-on
+  ignores an annotation-only change later), so the add-on writes no ScaledObject.
+* a KEDA ``ScaledObject`` named like the model, written by us: the single writer of the
+  SpyreModel's ``/scale``. Its ``external-push`` trigger (the add-on's scaler) wakes the model
+  on a held request and keeps it up while requests arrive; one ``prometheus`` trigger per
+  autoscaling target drives 1..N exactly as today's HPA does (``autoscaling.py``).
+
+The cluster-specific addresses (scaler, Prometheus, cold-start responder) are arguments: they
+come from the operator's configuration, not from the SpyreModel.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import ServicePort, ServiceSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Service
+
+from .. import KIND
+from ..api.v1alpha1 import AutoscalingSpec, ScaleToZeroSpec
+from . import names
+from .autoscaling import (
+    KV_CACHE_METRIC,
+    QUEUE_METRIC,
+    RUNNING_METRIC,
+    hpa_behavior,
+    targets,
+)
+from .deployment import PORT_NAME
+from .owners import API_VERSION, controller_ref
+from .plan import ModelPlan
+
+HTTP_GROUP = "http.keda.sh"
+HTTP_VERSION = "v1alpha1"
+HTTP_SCALED_OBJECT_KIND = "HTTPScaledObject"
+HTTP_SCALED_OBJECT_PLURAL = "httpscaledobjects"
+
+KEDA_GROUP = "keda.sh"
+KEDA_VERSION = "v1alpha1"
+SCALED_OBJECT_KIND = "ScaledObject"
+SCALED_OBJECT_PLURAL = "scaledobjects"
+
+HTTPScaledObject = create_namespaced_resource(
+    HTTP_GROUP, HTTP_VERSION, HTTP_SCALED_OBJECT_KIND, HTTP_SCALED_OBJECT_PLURAL
+)
+ScaledObject = create_namespaced_resource(
+    KEDA_GROUP, KEDA_VERSION, SCALED_OBJECT_KIND, SCALED_OBJECT_PLURAL
+)
+
+#: The add-on writes no ScaledObject for an HTTPScaledObject carrying this (we write our own,
+#: with the Prometheus triggers); H/operator/controllers/http/app.go.
+SKIP_SCALED_OBJECT_ANNOTATION = "httpscaledobject.keda.sh/skip-scaledobject-creation"
+
+#: Concurrency per replica the HTTP trigger aims at. KEDA's HPA takes the largest replica count
+#: any trigger asks for; with this target the HTTP trigger never asks for more than one
+#: (ceil(in-flight / 1e6)), so 0 -> 1 and the idle decision are its job and 1..N belongs to
+#: the engine's metrics (the Prometheus triggers), as with today's HPA.
+HTTP_CONCURRENCY_TARGET = 1_000_000
+
+#: The ScaledObject's external-push trigger type and its metadata keys (what the add-on's own
+#: operator writes, H/pkg/k8s/scaledobject.go).
+EXTERNAL_PUSH = "external-push"
+
+#: The Prometheus label that carries the model (``names.MODEL_LABEL`` on the pod): the chart's
+#: PodMonitor copies it as a pod target label (``podTargetLabels``), sanitised by Prometheus.
+PROMETHEUS_MODEL_LABEL = "serving_spyre_dev_model"
+
+#: The engine's Prometheus series behind each of the HPA's custom metrics (prometheus-adapter
+#: renames ``vllm:X`` to ``vllm_X``), and the trigger's name.
+_SERIES: dict[str, tuple[str, str]] = {
+    QUEUE_METRIC: ("vllm:num_requests_waiting", "queue-length"),
+    KV_CACHE_METRIC: ("vllm:kv_cache_usage_perc", "kv-cache-usage"),
+    RUNNING_METRIC: ("vllm:num_requests_running", "running-requests"),
+}
+
+
+def wants_scale_to_zero(plan: ModelPlan) -> bool:
+    """Whether the model may go to zero replicas (``autoscaling.minReplicas: 0``)."""
+    auto = plan.spec.autoscaling
+    return auto is not None and auto.min_replicas == 0
+
+
+def scale_to_zero_settings(auto: AutoscalingSpec) -> ScaleToZeroSpec:
+    """``autoscaling.scaleToZero``, or its defaults when left out."""
+    return auto.scale_to_zero if auto.scale_to_zero is not None else ScaleToZeroSpec()
+
+
+def _meta(plan: ModelPlan, name: str, annotations: dict[str, str] | None = None) -> ObjectMeta:
+    return ObjectMeta(
+        name=name,
+        namespace=plan.namespace,
+        labels={
+            **names.common_labels(names.COMPONENT_SERVER),
+            names.MODEL_LABEL: names.model_label_value(plan.name),
+        },
+        annotations=annotations,
+        ownerReferences=[controller_ref(plan.owner)],
+    )
+
+
+def _auto(plan: ModelPlan) -> AutoscalingSpec:
+    auto = plan.spec.autoscaling
+    assert auto is not None and auto.min_replicas == 0, "not a scale-to-zero model"
+    return auto
+
+
+def build_engine_service(plan: ModelPlan) -> Service:
+    """``<model>-engine``: the serving pods on serving.port, what the interceptor forwards to.
+
+    The same selector and port as the model's own Service (service.py), which then points at
+    the interceptor so that every request is counted (the idle signal).
+    """
+    return Service(
+        metadata=_meta(plan, names.engine_service_name(plan.name)),
+        spec=ServiceSpec(
+            type="ClusterIP",
+            selector=names.server_selector(plan.name),
+            ports=[
+                ServicePort(
+                    name=PORT_NAME,
+                    port=plan.spec.serving.port,
+                    targetPort=PORT_NAME,
+                    protocol="TCP",
+                    appProtocol="http",
+                )
+            ],
+        ),
+    )
+
+
+def http_hosts(plan: ModelPlan) -> list[str]:
+    """Every Host a client in the cluster may send for the model's Service (the interceptor
+    matches the Host header without its port)."""
+    svc = names.server_name(plan.name)
+    ns = plan.namespace
+    return [svc, f"{svc}.{ns}", f"{svc}.{ns}.svc", f"{svc}.{ns}.svc.cluster.local"]
+
+
+def _seconds(value: int) -> str:
+    """A Go duration (metav1.Duration) of whole seconds."""
+    return f"{value}s"
+
+
+def build_http_scaled_object(
+    plan: ModelPlan, *, failover_service: str, failover_port: int
+) -> Any:
+    """The interceptor's route to the model, its wake-up bound and its cold-start failover.
+
+    ``failover_service``/``failover_port``: the operator's cold-start responder, which answers
+    a request held past maxWaitSeconds with 503 + Retry-After (v0.12.0's own answer is a 502
+    without Retry-After). The request carries ``X-KEDA-HTTP-Cold-Start-Ref-Name`` (the
+    SpyreModel) and ``-Namespace``, so the responder knows which model it is about.
+    """
+    auto = _auto(plan)
+    s2z = scale_to_zero_settings(auto)
+    return HTTPScaledObject(
+        apiVersion=f"{HTTP_GROUP}/{HTTP_VERSION}",
+        kind=HTTP_SCALED_OBJECT_KIND,
+        metadata=_meta(
+            plan, names.server_name(plan.name), {SKIP_SCALED_OBJECT_ANNOTATION: "true"}
+        ),
+        spec={
+            "hosts": http_hosts(plan),
+            "scaleTargetRef": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": plan.name,
+                "service": names.engine_service_name(plan.name),
+                "port": plan.spec.serving.port,
+            },
+            # Unused while skip-scaledobject-creation is set (the ScaledObject carries them);
+            # kept equal so the object reads true.
+            "replicas": {"min": 0, "max": auto.max_replicas},
+            "scaledownPeriod": s2z.idle_seconds,
+            "scalingMetric": {"concurrency": {"targetValue": HTTP_CONCURRENCY_TARGET}},
+            "timeouts": {
+                # With a failover ref, its timeoutSeconds replaces conditionWait (v0.12.0,
+                # H/interceptor/proxy_handlers.go); both say the same.
+                "conditionWait": _seconds(s2z.max_wait_seconds),
+                # The interceptor's default is 500ms: far too short for a non-streamed
+                # completion, whose headers vLLM sends when it is done.
+                "responseHeader": _seconds(s2z.response_timeout_seconds),
+            },
+            "coldStartTimeoutFailoverRef": {
+                "service": failover_service,
+                "port": failover_port,
+                "timeoutSeconds": s2z.max_wait_seconds,
+            },
+        },
+    )
+
+
+def number(value: float) -> str:
+    """A KEDA trigger threshold (a string the scaler parses as a float): 2 -> "2", 0.8 -> "0.8"."""
+    return format(Decimal(str(value)).normalize(), "f")
+
+
+def promql(plan: ModelPlan, series: str) -> str:
+    """The model's total of one engine series, over its serving pods in its namespace.
+
+    ``max by (pod, engine)`` first: a pod scraped twice (a PodMonitor and a ServiceMonitor, or
+    through two Services) counts once. KEDA divides the total by the replica count
+    (``metricType: AverageValue``), which is what the HPA's per-pod average target is.
+    """
+    selector = (
+        f'namespace="{plan.namespace}",'
+        f'{PROMETHEUS_MODEL_LABEL}="{names.model_label_value(plan.name)}"'
+    )
+    return f"sum(max by (pod, engine) ({series}{{{selector}}}))"
+
+
+def prometheus_triggers(plan: ModelPlan, server_address: str) -> list[dict[str, Any]]:
+    """One ``prometheus`` trigger per autoscaling target, the HPA's metric as PromQL.
+
+    activationThreshold stays 0: any load seen keeps the model up, including requests that
+    reach the pods without the interceptor (an InferencePool's Gateway).
+    """
+    triggers = []
+    for metric, target in targets(_auto(plan)):
+        series, trigger_name = _SERIES[metric]
+        triggers.append(
+            {
+                "type": "prometheus",
+                "name": trigger_name,
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": server_address,
+                    "query": promql(plan, series),
+                    "threshold": number(target),
+                },
+            }
+        )
+    return triggers
+
+
+def build_scaled_object(plan: ModelPlan, *, scaler_address: str, prometheus_address: str) -> Any:
+    """KEDA's ScaledObject on the SpyreModel's ``/scale``: 0 <-> 1 on requests, 1..N on load.
+
+    ``scaler_address``: the add-on's external scaler (``<service>.<namespace>:<grpc port>``);
+    ``prometheus_address``: the Prometheus that scrapes the engine pods (``http://host:port``).
+    KEDA owns the HPA it creates (``keda-hpa-<name>``); the operator's own HPA must not exist
+    for this model (KEDA's webhook refuses a target another HPA manages).
+    """
+    auto = _auto(plan)
+    s2z = scale_to_zero_settings(auto)
+    name = names.server_name(plan.name)
+    return ScaledObject(
+        apiVersion=f"{KEDA_GROUP}/{KEDA_VERSION}",
+        kind=SCALED_OBJECT_KIND,
+        metadata=_meta(plan, name),
+        spec={
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": plan.name},
+            "minReplicaCount": 0,
+            "maxReplicaCount": auto.max_replicas,
+            # Seconds after the last active trigger before 1 -> 0 (N -> 0 directly).
+            "cooldownPeriod": s2z.idle_seconds,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(auto).to_dict()}
+            },
+            "triggers": [
+                {
+                    "type": EXTERNAL_PUSH,
+                    "name": "http-requests",
+                    "metadata": {"scalerAddress": scaler_address, "httpScaledObject": name},
+                },
+                *prometheus_triggers(plan, prometheus_address),
+            ],
+        },
+    )
