@@ -1193,6 +1193,18 @@ class OperatorStamp(ApiModel):
     )
 
 
+class ScaleToZeroStatus(ApiModel):
+    """Scale to zero (autoscaling.minReplicas 0), as KEDA reports it."""
+
+    last_active_time: str | None = Field(
+        default=None,
+        description="When KEDA last saw a trigger active (the ScaledObject's lastActiveTime).",
+    )
+    scaled_to_zero_since: str | None = Field(
+        default=None, description="Since when spec.replicas is 0 (RFC 3339); absent above zero."
+    )
+
+
 class SpyreModelStatus(ApiModel):
     """Observed state of a SpyreModel."""
 
@@ -1227,6 +1239,9 @@ class SpyreModelStatus(ApiModel):
     )
     endpoint: str | None = Field(
         default=None, description="In-cluster OpenAI base URL, e.g. http://name.ns.svc:8000/v1."
+    )
+    scale_to_zero: ScaleToZeroStatus | None = Field(
+        default=None, description="Only with autoscaling.minReplicas 0: last use and time at zero."
     )
     conditions: list[Condition] | None = Field(
         default=None,

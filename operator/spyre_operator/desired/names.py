@@ -94,6 +94,24 @@ def engine_service_name(model: str) -> str:
     return _derived(model, valid, ENGINE_SUFFIX)
 
 
+#: Suffix of the ExternalName Service in a scale-to-zero model's namespace that names the
+#: operator's cold-start responder (the add-on dials a failover Service in the HTTPScaledObject's
+#: own namespace only).
+COLDSTART_SUFFIX = "-coldstart"
+
+
+def coldstart_service_name(model: str) -> str:
+    """``<model>-coldstart``, a valid Service name of at most 63 characters (as engine)."""
+    name = model + COLDSTART_SUFFIX
+    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
+    return _derived(model, valid, COLDSTART_SUFFIX)
+
+
+def mirror_slice_name(model: str) -> str:
+    """The EndpointSlice that gives a scale-to-zero model's Service the interceptor's endpoints."""
+    return server_name(model) + "-interceptor"
+
+
 def model_label_value(model: str) -> str:
     """The model's name as a label value (at most 63 characters)."""
     return _derived(model, len(model) <= MAX_NAME)

@@ -26,8 +26,10 @@ from typing import Any
 
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ServicePort, ServiceSpec
+from lightkube.models.discovery_v1 import Endpoint, EndpointConditions, EndpointPort
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Service
+from lightkube.resources.discovery_v1 import EndpointSlice
 
 from .. import KIND
 from ..api.v1alpha1 import AutoscalingSpec, ScaleToZeroSpec
@@ -141,6 +143,99 @@ def build_engine_service(plan: ModelPlan) -> Service:
     )
 
 
+def build_interceptor_service(plan: ModelPlan) -> Service:
+    """The model's own Service (``status.endpoint``) while zero is allowed: the same name,
+    ClusterIP and port, but no selector. Its endpoints are the interceptor's, which the
+    operator mirrors into an EndpointSlice (build_mirror_slice), so every request passes the
+    interceptor (counted: the idle signal; held at zero)."""
+    svc = build_engine_service(plan)
+    assert svc.metadata is not None and svc.spec is not None
+    svc.metadata.name = names.server_name(plan.name)
+    svc.spec.selector = None
+    return svc
+
+
+#: EndpointSlice label that tells the EndpointSlice controller the slice is not its own.
+SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+SLICE_SERVICE_NAME = "kubernetes.io/service-name"
+SLICE_MANAGED_BY_VALUE = "serving.spyre.dev/spyre-model-operator"
+
+
+def interceptor_endpoints(
+    slices: list[dict[str, Any]], port_name: str = ""
+) -> tuple[list[dict[str, Any]], int | None, str]:
+    """(endpoints, endpoint port, address type) of the interceptor proxy's EndpointSlices.
+
+    The port is the slice's (the pods' port, not the Service's): the one named ``port_name``,
+    else the slice's first. IPv4 slices win over IPv6 ones (one slice has one address type);
+    endpoints of several slices are merged (at most 1000 endpoints fit in a slice).
+    """
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for sl in slices:
+        by_type.setdefault(str(sl.get("addressType") or "IPv4"), []).append(sl)
+    address_type = "IPv4" if "IPv4" in by_type else next(iter(sorted(by_type)), "IPv4")
+    endpoints: list[dict[str, Any]] = []
+    port: int | None = None
+    for sl in sorted(by_type.get(address_type, []), key=lambda x: x["metadata"]["name"]):
+        ports = sl.get("ports") or []
+        chosen = next((p for p in ports if port_name and p.get("name") == port_name), None)
+        chosen = chosen or (ports[0] if ports else None)
+        if chosen is None or chosen.get("port") is None:
+            continue
+        port = port if port is not None else int(chosen["port"])
+        for ep in sl.get("endpoints") or []:
+            endpoints.append(ep)
+    endpoints.sort(key=lambda ep: list(ep.get("addresses") or []))
+    return endpoints[:1000], port, address_type
+
+
+def build_mirror_slice(
+    plan: ModelPlan, endpoints: list[dict[str, Any]], port: int, address_type: str
+) -> EndpointSlice:
+    """The interceptor's endpoints for the model's selector-less Service: port named like the
+    Service's (kube-proxy maps Service port -> endpoint port by name), number the interceptor's."""
+    meta = _meta(plan, names.mirror_slice_name(plan.name))
+    assert meta.labels is not None
+    meta.labels[SLICE_SERVICE_NAME] = names.server_name(plan.name)
+    meta.labels[SLICE_MANAGED_BY] = SLICE_MANAGED_BY_VALUE
+    out = []
+    for ep in endpoints:
+        conds = ep.get("conditions") or {}
+        out.append(
+            Endpoint(
+                addresses=list(ep.get("addresses") or []),
+                conditions=EndpointConditions(
+                    ready=conds.get("ready"),
+                    serving=conds.get("serving"),
+                    terminating=conds.get("terminating"),
+                ),
+                nodeName=ep.get("nodeName"),
+                zone=ep.get("zone"),
+            )
+        )
+    return EndpointSlice(
+        metadata=meta,
+        addressType=address_type,
+        endpoints=out,
+        ports=[EndpointPort(name=PORT_NAME, port=port, protocol="TCP", appProtocol="http")],
+    )
+
+
+def build_coldstart_service(plan: ModelPlan, target: str, port: int) -> Service:
+    """``<model>-coldstart``: an ExternalName Service naming the operator's cold-start
+    responder (``target``: its FQDN). The add-on dials the failover ref as
+    ``<service>.<HTTPScaledObject namespace>:<port>``, so it must exist in the model's
+    namespace; a CNAME keeps the port, which is the responder Service's own."""
+    return Service(
+        metadata=_meta(plan, names.coldstart_service_name(plan.name)),
+        spec=ServiceSpec(
+            type="ExternalName",
+            externalName=target,
+            ports=[ServicePort(name="http", port=port, protocol="TCP")],
+        ),
+    )
+
+
 def http_hosts(plan: ModelPlan) -> list[str]:
     """Every Host a client in the cluster may send for the model's Service (the interceptor
     matches the Host header without its port)."""
@@ -155,7 +250,7 @@ def _seconds(value: int) -> str:
 
 
 def build_http_scaled_object(
-    plan: ModelPlan, *, failover_service: str, failover_port: int
+    plan: ModelPlan, *, failover_service: str | None, failover_port: int | None
 ) -> Any:
     """The interceptor's route to the model, its wake-up bound and its cold-start failover.
 
@@ -166,6 +261,17 @@ def build_http_scaled_object(
     """
     auto = _auto(plan)
     s2z = scale_to_zero_settings(auto)
+    failover = (
+        {
+            "coldStartTimeoutFailoverRef": {
+                "service": failover_service,
+                "port": failover_port,
+                "timeoutSeconds": s2z.max_wait_seconds,
+            }
+        }
+        if failover_service and failover_port
+        else {}
+    )
     return HTTPScaledObject(
         apiVersion=f"{HTTP_GROUP}/{HTTP_VERSION}",
         kind=HTTP_SCALED_OBJECT_KIND,
@@ -194,11 +300,8 @@ def build_http_scaled_object(
                 # completion, whose headers vLLM sends when it is done.
                 "responseHeader": _seconds(s2z.response_timeout_seconds),
             },
-            "coldStartTimeoutFailoverRef": {
-                "service": failover_service,
-                "port": failover_port,
-                "timeoutSeconds": s2z.max_wait_seconds,
-            },
+            # Without a responder (none configured) v0.12.0 answers 502 past conditionWait.
+            **failover,
         },
     )
 
