@@ -553,34 +553,43 @@ class Controller:
             obs.inference_pool = live
 
     def _observe_scale_to_zero(self, obs: Observed, ns: str, name: str) -> None:
-        """KEDA's objects, the engine/cold-start Services and the mirror, from the caches."""
+        """KEDA's objects, the engine/cold-start Services and the mirror, from the caches.
+
+        A same-named object that is not the operator's is never read as ours nor written over:
+        the model reports it (ScaleToZeroUnavailable) and writes none of them.
+        """
         cfg = obs.keda = self.scale_to_zero
         server = names.server_name(name)
-        for watch, state, message, attr in (
+        foreign: list[str] = []
+
+        def ours(kind: str, live: dict[str, Any] | None) -> dict[str, Any] | None:
+            why = foreign_owner(kind, live, name) if live is not None else None
+            if why:
+                foreign.append(why)
+                return None
+            return live
+
+        for watch, state, message, attr, kind in (
             (self.scaled_objects, "scaled_object_api", "scaled_object_api_message",
-             "scaled_object"),
+             "scaled_object", "ScaledObject"),
             (self.http_scaled_objects, "http_scaled_object_api",
-             "http_scaled_object_api_message", "http_scaled_object"),
+             "http_scaled_object_api_message", "http_scaled_object", "HTTPScaledObject"),
         ):  # fmt: skip
             if watch is None:
                 continue
             setattr(obs, state, watch.state)
             setattr(obs, message, watch.message)
-            live = watch.get(ns, server)
-            if live is not None and not foreign_owner("ScaledObject", live, name):
-                setattr(obs, attr, live)
-        engine = self.caches.one("services", (ns, names.engine_service_name(name)))
-        why = foreign_owner("Service", engine, name) if engine is not None else None
-        if why:
-            obs.foreign_engine_service = why
-        else:
-            obs.engine_service = engine
-        cold = self.caches.one("services", (ns, names.coldstart_service_name(name)))
-        if cold is not None and not foreign_owner("Service", cold, name):
-            obs.coldstart_service = cold
-        mirror = self.caches.one("endpointslices", (ns, names.mirror_slice_name(name)))
-        if mirror is not None and not foreign_owner("EndpointSlice", mirror, name):
-            obs.mirror_slice = mirror
+            setattr(obs, attr, ours(kind, watch.get(ns, server)))
+        obs.engine_service = ours(
+            "Service", self.caches.one("services", (ns, names.engine_service_name(name)))
+        )
+        obs.coldstart_service = ours(
+            "Service", self.caches.one("services", (ns, names.coldstart_service_name(name)))
+        )
+        obs.mirror_slice = ours(
+            "EndpointSlice", self.caches.one("endpointslices", (ns, names.mirror_slice_name(name)))
+        )
+        obs.foreign_scale_to_zero = "; ".join(foreign) or None
         if self.interceptor_slices is not None:
             obs.interceptor_slices = [
                 body

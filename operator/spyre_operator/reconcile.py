@@ -176,8 +176,8 @@ class Observed:
     engine_service: dict[str, Any] | None = None
     coldstart_service: dict[str, Any] | None = None
     mirror_slice: dict[str, Any] | None = None
-    #: A same-named ``<model>-engine`` Service that is not the operator's (why).
-    foreign_engine_service: str | None = None
+    #: Same-named scale-to-zero objects that are not the operator's (why): none is written.
+    foreign_scale_to_zero: str | None = None
     #: The interceptor proxy Service's EndpointSlices (what the mirror copies).
     interceptor_slices: list[dict[str, Any]] = field(default_factory=list)
 
@@ -1270,8 +1270,8 @@ def _scale_to_zero_problems(plan: ModelPlan, obs: Observed) -> list[str] | None:
             "autoscaling targets need the operator's --prometheus-address (the ScaledObject's "
             "prometheus triggers); without targets the model scales 0 <-> 1 on requests alone"
         )
-    if obs.foreign_engine_service:
-        problems.append(obs.foreign_engine_service)
+    if obs.foreign_scale_to_zero:
+        problems.append(obs.foreign_scale_to_zero)
     if problems:
         return problems
     if unknown:

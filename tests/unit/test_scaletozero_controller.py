@@ -66,13 +66,14 @@ def test_observe_reads_keda_objects_services_and_the_mirror_from_the_caches() ->
     assert obs.scaled_object is not None and obs.http_scaled_object is None
     assert obs.engine_service is not None and obs.mirror_slice is not None
     assert obs.coldstart_service is None  # not ours: never deleted or written over
+    assert "granite-coldstart" in (obs.foreign_scale_to_zero or "")
     assert obs.interceptor_slices == [proxy_slice]
 
 
 def test_a_foreign_engine_service_is_a_conflict_not_ours() -> None:
     c = controller({}, services={("ns", "granite-engine"): [body("granite-engine", {})]})
     obs = observe(c)
-    assert obs.engine_service is None and "granite-engine" in (obs.foreign_engine_service or "")
+    assert obs.engine_service is None and "granite-engine" in (obs.foreign_scale_to_zero or "")
 
 
 def test_api_appearing_and_interceptor_changes_wake_only_scale_to_zero_models() -> None:

@@ -208,3 +208,11 @@ def test_idle_recompute_writes_identical_status() -> None:
     d1 = served(m)
     d2 = served(model("granite", s2z(), status=d1.status))
     assert d1.status == d2.status
+
+
+def test_foreign_objects_are_reported_and_nothing_is_written() -> None:
+    why = "Service granite-engine exists and is not managed by the operator"
+    d = served(model("granite", s2z()), foreign_scale_to_zero=why)
+    assert not {"HTTPScaledObject", "ScaledObject", "EndpointSlice"} & set(kinds(d))
+    assert [o.metadata.name for o in d.apply if o.kind == "Service"] == ["granite"]
+    assert why in cond(d, C.AUTOSCALING)["message"]
