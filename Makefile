@@ -31,6 +31,7 @@ binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside t
 	tests/cluster/build.sh
 	tests/cluster/node-deps.sh
 	tests/cluster/metrics-deps.sh >/dev/null
+	tests/cluster/keda-deps.sh >/dev/null
 	tests/cluster/crds.sh >/dev/null
 
 cluster-up: install binaries ## Start the local control plane (SPYRE_REAL_NODE=1: with the real node)
