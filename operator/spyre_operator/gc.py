@@ -542,10 +542,7 @@ class GarbageCollector:
             f"GC Job {job['metadata'].get('name')} on cache claim {claim} failed"
             f"{': ' + why if why else ''}; nothing was removed from status"
         )
-        for m in models:
-            self.c._background(
-                self.c.applier.event(dict(m), "Warning", "ArtifactCollectionFailed", message[:1024])
-            )
+        self._tell_users(models, "Warning", "ArtifactCollectionFailed", message)
 
     def _record_measured(self, ns: str, claim: str, job: dict[str, Any], result: GcResult) -> None:
         """Keep the newest GC Job's measurement of the claim (a restart reads them in any
@@ -593,10 +590,7 @@ class GarbageCollector:
                 f"kept {len(in_use)} artifact(s) on cache claim {claim} that pods use again, "
                 f"although they were due for removal: {kept}"
             )
-            for m in models:
-                self.c._background(
-                    self.c.applier.event(dict(m), "Normal", "ArtifactsKept", message[:1024])
-                )
+            self._tell_users(models, "Normal", "ArtifactsKept", message)
         if not result.removed:
             return
         if not announce:
@@ -613,11 +607,15 @@ class GarbageCollector:
             message += f"; {result.remaining_bytes} bytes of artifacts left on the claim"
         if result.skipped:
             message += f"; skipped {', '.join(sorted(k[:12] for k in result.skipped))}"
-        for m in models:
-            self.c._background(
-                self.c.applier.event(dict(m), "Normal", "ArtifactsCollected", message[:1024])
-            )
+        self._tell_users(models, "Normal", "ArtifactsCollected", message)
         self.c.enqueue([(ns, m["metadata"]["name"]) for m in models])
+
+    def _tell_users(
+        self, models: list[dict[str, Any]], type_: str, reason: str, message: str
+    ) -> None:
+        """The same Event on every user of the claim (sent in the background)."""
+        for m in models:
+            self.c._background(self.c.applier.event(dict(m), type_, reason, message[:1024]))
 
     def _announce_orphans(
         self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
@@ -644,10 +642,7 @@ class GarbageCollector:
             f"{', '.join(k[:12] for k in sorted(now))}; removed once unused for {wait} "
             "unless a SpyreModel needs them again"
         )
-        for m in models:
-            self.c._background(
-                self.c.applier.event(dict(m), "Normal", "ArtifactsOrphaned", message[:1024])
-            )
+        self._tell_users(models, "Normal", "ArtifactsOrphaned", message)
 
 
 __all__ = [

@@ -29,10 +29,24 @@ class Stuck:
     needs_fix: bool
 
 
+#: The scheduler's verdict on a pod whose PersistentVolumeClaim is not bound yet (a PreFilter
+#: rejection for every node: it says nothing else); k8s.io/kubernetes v1.36.3
+#: pkg/scheduler/framework/plugins/volumebinding/volume_binding.go PreFilter.
+UNBOUND_CLAIM_VERDICT = "unbound immediate PersistentVolumeClaims"
+
+
 def job_stuck(
-    job_name: str, pods: list[dict[str, Any]], events: Iterable[dict[str, Any]] = ()
+    job_name: str,
+    pods: list[dict[str, Any]],
+    events: Iterable[dict[str, Any]] = (),
+    claim_bound: bool = False,
 ) -> Stuck | None:
-    """Why the running Job ``job_name`` does not compile, from its pods and Events."""
+    """Why the running Job ``job_name`` does not compile, from its pods and Events.
+
+    ``claim_bound``: the cache claim is Bound now. The scheduler's first try can precede the
+    binding of a new claim, and its verdict stays on the pod until it tries again (the
+    binding makes it); that verdict is then stale, not a reason.
+    """
     live = [p for p in pods if not p.get("terminated")]
     for p in live:
         cannot = P.cannot_start(p)
@@ -40,7 +54,7 @@ def job_stuck(
             return Stuck(cannot[0], f"precompile Job {job_name}: {cannot[1]}"[:1024], True)
     for p in live:
         why = P.unschedulable(p)
-        if why:
+        if why and not (claim_bound and UNBOUND_CLAIM_VERDICT in why):
             return Stuck(
                 C.PRECOMPILE_UNSCHEDULABLE,
                 f"precompile pod {p.get('name')} cannot be scheduled: {why}"[:1024],

@@ -777,7 +777,8 @@ def _running(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
     runs is never replaced.
     """
     plan = a.plan
-    stuck = job_stuck(plan.job_name, a.obs.job_pods, a.obs.job_events)
+    claim_bound = ((a.obs.cache_pvc or {}).get("status") or {}).get("phase") == "Bound"
+    stuck = job_stuck(plan.job_name, a.obs.job_pods, a.obs.job_events, claim_bound)
     if stuck is not None and a.replaceable(job):
         out = a.pending(
             f"replacing precompile Job {plan.job_name}: its pod template changed since it was "

@@ -29,17 +29,16 @@ discovery, and with it namespace deletion). Processes are recorded under ``.clus
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.cluster import procs
 from tests.cluster.controlplane import REPO_ROOT, ControlPlane, wait_until
+from tests.cluster.procs import PidFiles
 
 NAMESPACE = "keda"
 APISERVICE = "v1beta1.external.metrics.k8s.io"
@@ -79,21 +78,11 @@ class KedaStack:
         self.cp = cp
         self.node = cp.node
         self.dir = cp.state_dir / "keda"
+        self.procs = PidFiles(self.dir)
 
     # ------------------------------------------------------------------ state
-    def _pidfile(self, name: str) -> Path:
-        return self.dir / f"{name}.pid"
-
-    def _pid(self, name: str) -> int | None:
-        try:
-            pid = int(self._pidfile(name).read_text())
-            os.kill(pid, 0)
-        except (OSError, ValueError):
-            return None
-        return pid
-
     def running(self) -> bool:
-        return all(self._pid(n) for n in PROCESSES)
+        return all(self.procs.pid(n) for n in PROCESSES)
 
     # ------------------------------------------------------------------ up / down
     def up(self, timeout: float = 120) -> None:
@@ -226,7 +215,7 @@ class KedaStack:
             start_new_session=True, cwd=self.dir,
         )  # fmt: skip
         log.close()
-        self._pidfile(name).write_text(str(proc.pid))
+        self.procs.record(name, proc.pid)
 
     def _register(self) -> None:
         ip = self.node.node_ip
@@ -263,7 +252,7 @@ class KedaStack:
     def _wait_ready(self, timeout: float) -> None:
         def ready() -> bool:
             for name in PROCESSES:
-                if not self._pid(name):
+                if not self.procs.pid(name):
                     raise RuntimeError(
                         f"{name} exited; see {self.cp.logs / ('keda-' + name + '.log')}"
                     )
@@ -283,39 +272,9 @@ class KedaStack:
         self.stop_processes()
 
     def stop_processes(self) -> None:
-        for name in PROCESSES:
-            pid = self._pid(name)
-            if pid:
-                _kill_group(pid, signal.SIGTERM)
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline and self._pid(name):
-                    time.sleep(0.2)
-                if self._pid(name):
-                    _kill_group(pid, signal.SIGKILL)
-            self._pidfile(name).unlink(missing_ok=True)
-
-
-def _kill_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except OSError:
-        pass
+        self.procs.stop(PROCESSES)
 
 
 def stop_leftovers(state_dir: Path) -> None:
     """Stop KEDA's processes of a cluster being torn down (no API calls)."""
-    d = state_dir / "keda"
-    if not d.is_dir():
-        return
-    for f in d.glob("*.pid"):
-        try:
-            _kill_group(int(f.read_text()), signal.SIGKILL)
-        except ValueError:
-            pass
-        f.unlink(missing_ok=True)
-
-
-def status(cp: ControlPlane) -> dict[str, Any]:
-    """Which of the processes run (for diagnostics)."""
-    stack = KedaStack(cp)
-    return {n: stack._pid(n) for n in PROCESSES} | {"dir": json.dumps(str(stack.dir))}
+    procs.stop_leftovers(state_dir / "keda")

@@ -21,14 +21,12 @@ Processes are recorded under ``.cluster/metrics`` and stopped by ``controlplane.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+from tests.cluster import procs
 from tests.cluster.controlplane import (
     REPO_ROOT,
     ControlPlane,
@@ -36,6 +34,7 @@ from tests.cluster.controlplane import (
     node_host_ip,
     wait_until,
 )
+from tests.cluster.procs import PidFiles
 
 NAMESPACE = "spyre-metrics"
 APISERVICE = "v1beta1.custom.metrics.k8s.io"
@@ -78,24 +77,13 @@ class MetricsStack:
     def __init__(self, cp: ControlPlane):
         self.cp = cp
         self.dir = cp.state_dir / "metrics"
+        self.procs = PidFiles(self.dir)
         self.host_ip = node_host_ip(cp.state_dir)
         self._stop = threading.Event()
         self._discovery: threading.Thread | None = None
         #: The last error of the background discovery, if its latest pass failed (a test's
         #: diagnostics show it: a scale-up Prometheus never saw may start there).
         self.discovery_error: BaseException | None = None
-
-    # ------------------------------------------------------------------ state
-    def _pidfile(self, name: str) -> Path:
-        return self.dir / f"{name}.pid"
-
-    def _pid(self, name: str) -> int | None:
-        try:
-            pid = int(self._pidfile(name).read_text())
-            os.kill(pid, 0)
-        except (OSError, ValueError):
-            return None
-        return pid
 
     @property
     def prometheus_url(self) -> str:
@@ -106,7 +94,7 @@ class MetricsStack:
         adapter = adapter_binary()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._start_discovery()
-        if self._pid("prometheus") and self._pid("adapter"):
+        if self.procs.pid("prometheus") and self.procs.pid("adapter"):
             self._register(json.loads((self.dir / "ports.json").read_text())["adapter"])
             self._wait_served(timeout)
             return
@@ -205,7 +193,7 @@ scrape_configs:
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=self.dir,
         )  # fmt: skip
-        self._pidfile(name).write_text(str(proc.pid))
+        self.procs.record(name, proc.pid)
 
     def _register(self, port: int) -> None:
         objs: list[dict[str, Any]] = [
@@ -244,7 +232,7 @@ scrape_configs:
     def _wait_served(self, timeout: float) -> None:
         def available() -> bool:
             for name in ("prometheus", "adapter"):
-                if not self._pid(name):
+                if not self.procs.pid(name):
                     raise RuntimeError(
                         f"{name} exited; see {self.cp.logs / (name + '.log')}"
                     )
@@ -286,19 +274,7 @@ scrape_configs:
         self.stop_processes()
 
     def stop_processes(self) -> None:
-        for name in ("adapter", "prometheus"):
-            pid = self._pid(name)
-            if pid:
-                try:
-                    os.killpg(pid, signal.SIGTERM)
-                except OSError:
-                    pass
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline and self._pid(name):
-                    time.sleep(0.2)
-                if self._pid(name):
-                    os.killpg(pid, signal.SIGKILL)
-            self._pidfile(name).unlink(missing_ok=True)
+        self.procs.stop(("adapter", "prometheus"))
 
 
 def _quantity(v: str) -> float:
@@ -311,13 +287,4 @@ def _quantity(v: str) -> float:
 
 def stop_leftovers(state_dir: Path) -> None:
     """Stop the metrics processes of a cluster being torn down (no API calls)."""
-    d = state_dir / "metrics"
-    if not d.is_dir():
-        return
-    for f in d.glob("*.pid"):
-        try:
-            pid = int(f.read_text())
-            os.killpg(pid, signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-        f.unlink(missing_ok=True)
+    procs.stop_leftovers(state_dir / "metrics")

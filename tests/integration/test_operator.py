@@ -130,8 +130,8 @@ def test_same_key_shares_one_job(kube: Kube, operator: OperatorProcess) -> None:
         "ownerReferences", [])) == 2 and j[0], 30, "a Job owned by both models")
     assert len(jobs(kube)) == 1
     assert {r["name"] for r in job["metadata"]["ownerReferences"]} == {"a", "b"}
-    for n in ("a", "b"):
-        assert kube.condition(n, "ArtifactReady")["reason"] == "Compiling"
+    for n in ("a", "b"):  # the held pod: compiling (not the scheduler's try before binding)
+        kube.wait_condition(n, "ArtifactReady", "False", "Compiling", timeout=30)
     release(kube, job["metadata"]["name"])
     for n in ("a", "b"):
         kube.wait_condition(n, "Ready", timeout=60)

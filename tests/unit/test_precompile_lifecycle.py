@@ -94,6 +94,25 @@ def test_a_precompile_pod_that_cannot_start_shows_its_own_reason(case: str) -> N
     assert not d.delete, "a stuck Job of an unchanged spec is left alone"
 
 
+UNBOUND = ("0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. "
+           "preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.")
+
+
+def test_a_pod_refused_for_a_claim_that_was_not_bound_yet_is_starting_once_it_is() -> None:
+    """The scheduler's first try can precede the claim's binding (Immediate binding, a new
+    PVC): its verdict stays on the pod until it tries again. Once the claim is Bound, that
+    verdict is stale; while it is not, the pod does wait for it (CI saw the stale one)."""
+    m = model("m", GENERATE)
+    d = decide(m, stuck(m, pending_pod(unschedulable=UNBOUND)), NOW)
+    art = cond(d, C.ARTIFACT_READY)
+    assert art["reason"] == C.COMPILING, art
+    assert cond(d, C.DEGRADED)["status"] == "False"
+    obs = stuck(m, pending_pod(unschedulable=UNBOUND))
+    obs.cache_pvc = {**bound(), "status": {"phase": "Pending"}}
+    art = cond(decide(m, obs, NOW), C.ARTIFACT_READY)
+    assert art["reason"] == C.PRECOMPILE_UNSCHEDULABLE and "unbound immediate" in art["message"]
+
+
 def test_a_refused_pod_shows_the_job_controllers_failed_create() -> None:
     m = model("m", GENERATE)
     event = {"reason": "FailedCreate", "lastTimestamp": "2026-11-21T10:00:05Z", "message": (
