@@ -25,7 +25,8 @@ from spyre_operator.crd import build_crd
 from spyre_operator.desired import names
 from spyre_operator.desired.plan import ModelPlan, plan_model
 from spyre_operator.desired.scaletozero import (
-    HTTP_CONCURRENCY_TARGET,
+    HTTP_RATE_TARGET,
+    IN_FLIGHT_TRIGGER,
     SKIP_SCALED_OBJECT_ANNOTATION,
     build_engine_service,
     build_http_scaled_object,
@@ -150,7 +151,8 @@ def test_the_crd_keeps_every_autoscaling_rule_and_adds_the_scale_to_zero_one() -
     rules = {r["rule"]: r["message"] for r in _autoscaling_schema()["x-kubernetes-validations"]}
     assert "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas" in rules
     assert ("has(self.targetQueueLength) || has(self.targetKvCacheUsage) || "
-            "has(self.targetRunningRequests)") in rules
+            "has(self.targetRunningRequests) || (has(self.minReplicas) && self.minReplicas == 0 "
+            "&& self.maxReplicas == 1)") in rules
     rule = "!has(self.scaleToZero) || (has(self.minReplicas) && self.minReplicas == 0)"
     assert rules[rule] == ("autoscaling.scaleToZero is only allowed with "
                            "autoscaling.minReplicas: 0 (minReplicas 0 is what lets the model "
@@ -295,7 +297,10 @@ def test_http_scaled_object_routes_the_models_service_names_to_the_engine_servic
         "service": "granite-engine", "port": 8080}
     assert spec["replicas"] == {"min": 0, "max": 3}
     assert spec["scaledownPeriod"] == 300
-    assert spec["scalingMetric"] == {"concurrency": {"targetValue": HTTP_CONCURRENCY_TARGET}}
+    # the rate over a short window: a request shorter than the scaler's 500 ms sample still
+    # counts as use (in-flight concurrency missed a trickle of short requests)
+    assert spec["scalingMetric"] == {"requestRate": {
+        "targetValue": HTTP_RATE_TARGET, "window": "10s", "granularity": "1s"}}
     assert spec["timeouts"] == {"conditionWait": "300s", "responseHeader": "600s"}
     assert spec["coldStartTimeoutFailoverRef"] == {
         "service": "spyre-model-operator-coldstart", "port": 8082, "timeoutSeconds": 300}
@@ -348,9 +353,14 @@ def test_scaled_object_scales_the_model_from_zero_with_the_hpas_targets_and_beha
     hpa = build_hpa(p).to_dict()["spec"]
     assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["behavior"]
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
-    push, *prom = spec["triggers"]
+    push, *prom, in_flight = spec["triggers"]
     assert push == {"type": "external-push", "name": "http-requests",
                     "metadata": {"scalerAddress": SCALER, "httpScaledObject": "granite"}}
+    # a long stream makes no new arrival: requests running on the engine keep it up
+    assert in_flight["name"] == IN_FLIGHT_TRIGGER
+    assert in_flight["metadata"]["activationThreshold"] == "0"
+    assert float(in_flight["metadata"]["threshold"]) >= HTTP_RATE_TARGET
+    assert "vllm:num_requests_running{" in in_flight["metadata"]["query"]
     assert [(t["type"], t["metricType"], t["metadata"]["threshold"]) for t in prom] == [
         ("prometheus", "AverageValue", "2"), ("prometheus", "AverageValue", "0.8")]
     assert len(prom) == len(hpa["metrics"])
@@ -375,7 +385,7 @@ def test_one_prometheus_trigger_per_target(targets: dict[str, float], expected: 
         spec["autoscaling"].pop(key, None)
     spec["autoscaling"].update(targets)
     so = scaled_object(plan(spec))
-    prom = so["spec"]["triggers"][1:]
+    prom = so["spec"]["triggers"][1:-1]
     series = [re.search(r"(vllm:[a-z_]+)\{", t["metadata"]["query"]) for t in prom]
     assert [m.group(1) for m in series if m] == expected
     assert len({t["name"] for t in so["spec"]["triggers"]}) == len(so["spec"]["triggers"])
@@ -386,6 +396,15 @@ def test_one_prometheus_trigger_per_target(targets: dict[str, float], expected: 
                                              (0.001, "0.001"), (2.5, "2.5")])
 def test_thresholds_are_plain_decimals(value: float, text: str) -> None:
     assert number(value) == text
+
+
+def test_without_prometheus_the_scaled_object_has_the_http_trigger_alone() -> None:
+    spec = s2z_spec(maxReplicas=1)
+    for key in ("targetQueueLength", "targetKvCacheUsage", "targetRunningRequests"):
+        spec["autoscaling"].pop(key, None)
+    so = build_scaled_object(plan(spec), scaler_address=SCALER, prometheus_address="").to_dict()
+    assert [t["type"] for t in so["spec"]["triggers"]] == ["external-push"]
+    assert_valid(so, SO_CRD)
 
 
 def test_builders_refuse_a_model_that_does_not_scale_to_zero() -> None:

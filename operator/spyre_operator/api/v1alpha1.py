@@ -830,9 +830,11 @@ class AutoscalingSpec(ApiModel):
                 ),
                 cel(
                     "has(self.targetQueueLength) || has(self.targetKvCacheUsage) || "
-                    "has(self.targetRunningRequests)",
+                    "has(self.targetRunningRequests) || "
+                    "(has(self.minReplicas) && self.minReplicas == 0 && self.maxReplicas == 1)",
                     "autoscaling needs at least one target: targetQueueLength, "
-                    "targetKvCacheUsage or targetRunningRequests",
+                    "targetKvCacheUsage or targetRunningRequests (only minReplicas: 0 with "
+                    "maxReplicas: 1, which scales 0 <-> 1 on requests alone, needs none)",
                 ),
                 cel(
                     "!has(self.scaleToZero) || "
@@ -900,8 +902,12 @@ class AutoscalingSpec(ApiModel):
             self.target_queue_length is None
             and self.target_kv_cache_usage is None
             and self.target_running_requests is None
+            and not (self.min_replicas == 0 and self.max_replicas == 1)
         ):
-            raise ValueError("autoscaling needs at least one target")
+            raise ValueError(
+                "autoscaling needs at least one target (only minReplicas: 0 with "
+                "maxReplicas: 1, which scales 0 <-> 1 on requests alone, needs none)"
+            )
         return self
 
 

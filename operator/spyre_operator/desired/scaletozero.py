@@ -66,11 +66,24 @@ ScaledObject = create_namespaced_resource(
 #: with the Prometheus triggers); H/operator/controllers/http/app.go.
 SKIP_SCALED_OBJECT_ANNOTATION = "httpscaledobject.keda.sh/skip-scaledobject-creation"
 
-#: Concurrency per replica the HTTP trigger aims at. KEDA's HPA takes the largest replica count
-#: any trigger asks for; with this target the HTTP trigger never asks for more than one
-#: (ceil(in-flight / 1e6)), so 0 -> 1 and the idle decision are its job and 1..N belongs to
-#: the engine's metrics (the Prometheus triggers), as with today's HPA.
-HTTP_CONCURRENCY_TARGET = 1_000_000
+#: The HTTP trigger's idle signal is the request *rate* over a short window, not the number of
+#: requests in flight: the add-on's scaler samples the interceptor every 500 ms
+#: (KEDA_HTTP_QUEUE_TICK_DURATION), so a trickle of requests shorter than that is seen as no
+#: requests at all, and the model went to zero under steady use. Any arrival keeps the rate
+#: above zero for the whole window (the scaler reports ceil(rate), H/scaler/handlers.go),
+#: so "idle" is idleSeconds (KEDA's cooldown) plus at most this window without an arrival.
+HTTP_RATE_WINDOW = "10s"
+HTTP_RATE_GRANULARITY = "1s"
+#: Requests per second per replica the HTTP trigger aims at. KEDA's HPA takes the largest
+#: replica count any trigger asks for; with this target the HTTP trigger never asks for more
+#: than one (ceil(rate / 1e6)), so 0 -> 1 and the idle decision are its job and 1..N belongs
+#: to the engine's metrics (the Prometheus triggers), as with today's HPA.
+HTTP_RATE_TARGET = 1_000_000
+
+#: With Prometheus, one more trigger keeps a model with requests running up (a long stream
+#: makes no new arrival): activation only, its threshold never asks for a second replica.
+IN_FLIGHT_TRIGGER = "requests-in-flight"
+IN_FLIGHT_SERIES = "vllm:num_requests_running"
 
 #: The ScaledObject's external-push trigger type and its metadata keys (what the add-on's own
 #: operator writes, H/pkg/k8s/scaledobject.go).
@@ -291,7 +304,13 @@ def build_http_scaled_object(
             # kept equal so the object reads true.
             "replicas": {"min": 0, "max": auto.max_replicas},
             "scaledownPeriod": s2z.idle_seconds,
-            "scalingMetric": {"concurrency": {"targetValue": HTTP_CONCURRENCY_TARGET}},
+            "scalingMetric": {
+                "requestRate": {
+                    "targetValue": HTTP_RATE_TARGET,
+                    "window": HTTP_RATE_WINDOW,
+                    "granularity": HTTP_RATE_GRANULARITY,
+                }
+            },
             "timeouts": {
                 # With a failover ref, its timeoutSeconds replaces conditionWait (v0.12.0,
                 # H/interceptor/proxy_handlers.go); both say the same.
@@ -326,10 +345,12 @@ def promql(plan: ModelPlan, series: str) -> str:
 
 
 def prometheus_triggers(plan: ModelPlan, server_address: str) -> list[dict[str, Any]]:
-    """One ``prometheus`` trigger per autoscaling target, the HPA's metric as PromQL.
+    """One ``prometheus`` trigger per autoscaling target, the HPA's metric as PromQL, and the
+    activation-only in-flight trigger.
 
     activationThreshold stays 0: any load seen keeps the model up, including requests that
-    reach the pods without the interceptor (an InferencePool's Gateway).
+    reach the pods without the interceptor (an InferencePool's Gateway) and a stream that
+    outlasts the HTTP trigger's window.
     """
     triggers = []
     for metric, target in targets(_auto(plan)):
@@ -346,6 +367,19 @@ def prometheus_triggers(plan: ModelPlan, server_address: str) -> list[dict[str, 
                 },
             }
         )
+    triggers.append(
+        {
+            "type": "prometheus",
+            "name": IN_FLIGHT_TRIGGER,
+            "metricType": "AverageValue",
+            "metadata": {
+                "serverAddress": server_address,
+                "query": promql(plan, IN_FLIGHT_SERIES),
+                "threshold": number(HTTP_RATE_TARGET),
+                "activationThreshold": "0",
+            },
+        }
+    )
     return triggers
 
 
@@ -379,7 +413,7 @@ def build_scaled_object(plan: ModelPlan, *, scaler_address: str, prometheus_addr
                     "name": "http-requests",
                     "metadata": {"scalerAddress": scaler_address, "httpScaledObject": name},
                 },
-                *prometheus_triggers(plan, prometheus_address),
+                *(prometheus_triggers(plan, prometheus_address) if prometheus_address else []),
             ],
         },
     )
