@@ -28,8 +28,11 @@ from spyre_operator.desired.scaletozero import (
     HTTP_RATE_TARGET,
     IN_FLIGHT_TRIGGER,
     SKIP_SCALED_OBJECT_ANNOTATION,
+    build_coldstart_service,
     build_engine_service,
     build_http_scaled_object,
+    build_interceptor_service,
+    build_mirror_slice,
     build_scaled_object,
     number,
     scale_to_zero_settings,
@@ -413,3 +416,29 @@ def test_builders_refuse_a_model_that_does_not_scale_to_zero() -> None:
         build_scaled_object(p, scaler_address=SCALER, prometheus_address=PROMETHEUS)
     with pytest.raises(AssertionError):
         build_http_scaled_object(p, failover_service="x", failover_port=1)
+
+
+#: metadata.labels values and keys as the API server validates them (apimachinery validation).
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_NAME = re.compile(r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def test_every_object_carries_labels_the_api_server_accepts() -> None:
+    """(The mirrored EndpointSlice's managed-by value once had a '/': the API server refused
+    it on the real node and the model's Service had no endpoints.)"""
+    p = plan(name=LONG_DOTTED)
+    slice_ = build_mirror_slice(
+        p, [{"addresses": ["10.0.0.7"], "conditions": {"ready": True}}], 18080, "IPv4")
+    objs = [build_engine_service(p).to_dict(), build_interceptor_service(p).to_dict(),
+            build_coldstart_service(p, "x.keda.svc.cluster.local", 8082).to_dict(),
+            slice_.to_dict(), httpso(p), scaled_object(p)]
+    for obj in objs:
+        for k, v in obj["metadata"]["labels"].items():
+            assert LABEL_NAME.match(k) and len(k.rpartition("/")[2]) <= 63, (obj["kind"], k)
+            assert LABEL_VALUE.match(v) and len(v) <= 63, (obj["kind"], k, v)
+    sl = slice_.to_dict()
+    assert sl["metadata"]["labels"]["kubernetes.io/service-name"] == names.server_name(LONG_DOTTED)
+    assert sl["ports"] == [{"name": "http", "port": 18080, "protocol": "TCP",
+                            "appProtocol": "http"}]
+    assert sl["endpoints"][0]["addresses"] == ["10.0.0.7"]

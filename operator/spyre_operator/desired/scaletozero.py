@@ -171,7 +171,8 @@ def build_interceptor_service(plan: ModelPlan) -> Service:
 #: EndpointSlice label that tells the EndpointSlice controller the slice is not its own.
 SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
 SLICE_SERVICE_NAME = "kubernetes.io/service-name"
-SLICE_MANAGED_BY_VALUE = "serving.spyre.dev/spyre-model-operator"
+#: A label value: no "/" (the EndpointSlice controller's own is endpointslice-controller.k8s.io).
+SLICE_MANAGED_BY_VALUE = "spyre-model-operator.serving.spyre.dev"
 
 
 def interceptor_endpoints(
