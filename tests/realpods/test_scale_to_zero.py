@@ -34,7 +34,12 @@ import pytest
 from spyre_operator.desired import names
 
 from tests.cluster.controlplane import ControlPlane, wait_until
-from tests.cluster.keda import KedaStack
+from tests.cluster.keda import (
+    COLDSTART_SERVICE,
+    COLDSTART_SERVICE_PORT,
+    KedaStack,
+    host_coldstart_service,
+)
 from tests.cluster.node import RealNode
 from tests.contract.realpods import RealEnv, completion_body, model_spec
 from tests.realpods import support
@@ -43,12 +48,10 @@ pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout
 
 MODEL = "sleepy"
 IDLE = 30  # the API's minimum
-COLDSTART = "spyre-coldstart"
-COLDSTART_SERVICE_PORT = 8082
 WAKE_TIMEOUT = 600.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         return int(s.getsockname()[1])
@@ -66,27 +69,14 @@ def keda(control_plane: ControlPlane, real_node: RealNode) -> Iterator[KedaStack
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, real_node: RealNode, keda: KedaStack) -> Iterator[RealEnv]:
-    port = _free_port()
+    port = free_port()
 
     def args(ns: str) -> list[str]:
         return ["--coldstart-port", str(port),
-                "--coldstart-service", f"{ns}/{COLDSTART}:{COLDSTART_SERVICE_PORT}"]
+                "--coldstart-service", f"{ns}/{COLDSTART_SERVICE}:{COLDSTART_SERVICE_PORT}"]
 
     e = RealEnv(control_plane, real_node, "s2z", operator_args=args)
-    # The responder's Service: the operator process listens on the host, which the node
-    # reaches at host_ip (as pods reach the chart's operator pods through its Service).
-    control_plane.apply({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": COLDSTART, "namespace": e.ns},
-        "spec": {"ports": [{"name": "http", "port": COLDSTART_SERVICE_PORT,
-                            "targetPort": port}]}})  # fmt: skip
-    control_plane.apply({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": f"{COLDSTART}-host", "namespace": e.ns,
-                     "labels": {"kubernetes.io/service-name": COLDSTART}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [real_node.host_ip], "conditions": {"ready": True}}],
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}]})  # fmt: skip
+    host_coldstart_service(control_plane, e.ns, real_node.host_ip, port)
     yield e
     e.close()
 
@@ -155,14 +145,22 @@ def test_an_idle_model_goes_to_zero_and_keeps_its_address(env: RealEnv) -> None:
                                     f"spec.nodeName={env.node.name}")["items"]  # fmt: skip
     assert not [p for p in node_pods if p["metadata"]["namespace"] == env.ns
                 and p["metadata"].get("labels", {}).get(names.MODEL_LABEL)], node_pods
+    assert m["status"].get("scaleToZero", {}).get("scaledToZeroSince"), m["status"]
+
+    # kstatus (sigs.k8s.io/cli-utils) reads a custom resource as Current when it observed
+    # its generation and neither Reconciling nor Stalled is True (what Argo CD / Flux wait
+    # for); at zero it settles there (the Deployment's status catches up with its scale).
+    def current() -> bool:
+        m = _model(env)
+        return (m["status"]["observedGeneration"] == m["metadata"]["generation"]
+                and _cond(m, "Reconciling").get("status") == "False"
+                and _cond(m, "Stalled").get("status") == "False")
+
+    env.kube.wait(current, 60, "kstatus Current at zero")
+    m = _model(env)
     ready = _cond(m, "Ready")
     assert ready["status"] == "True" and ready["reason"] == "ScaledToZero", ready
-    assert m["status"].get("scaleToZero", {}).get("scaledToZeroSince"), m["status"]
-    # kstatus (sigs.k8s.io/cli-utils) reads a custom resource as Current when it observed
-    # its generation and neither Reconciling nor Stalled is True: Argo CD / Flux see Healthy.
-    assert m["status"]["observedGeneration"] == m["metadata"]["generation"]
-    assert _cond(m, "Reconciling").get("status") != "True", _cond(m, "Reconciling")
-    assert _cond(m, "Stalled").get("status") != "True", _cond(m, "Stalled")
+    assert _replicas(env) == 0
     # kubectl wait works at zero too
     env.kube.kubectl("wait", "--for=condition=Ready", "--timeout=10s", f"spyremodel/{MODEL}")
 
