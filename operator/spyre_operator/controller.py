@@ -56,6 +56,11 @@ ModelKey = tuple[str, str]  # (namespace, name)
 NOT_READY_RECHECK_SECONDS = 15.0
 ERROR_BACKOFF_BASE = 1.0
 ERROR_BACKOFF_MAX = 300.0
+#: Longest a single reconcile may take. Each API request has its own timeout, but a request
+#: on an HTTP/2 stream can wait past it (seen on the real node: a status PATCH whose answer
+#: never came, the model's key then held for good, every later event only marking it dirty).
+#: Past this the reconcile is cut off, reported (Reconciling=True ReconcileError) and retried.
+RECONCILE_DEADLINE_SECONDS = 120.0
 #: Serving pods are listed at most this often per model (see _recent_server_pods).
 SERVER_PODS_TTL = 5.0
 #: Events posted concurrently in the background.
@@ -167,6 +172,10 @@ class RejectedWrites(Exception):
     """Some writes of a reconcile were rejected; status says so, the worker backs off."""
 
 
+class ReconcileHung(Exception):
+    """A reconcile ran past the deadline and was cut off (reported, then retried)."""
+
+
 class NotLeader(RuntimeError):
     """The leader lease is not held (any more): this replica must not write."""
 
@@ -217,6 +226,7 @@ class Controller:
         self.applier = Applier(client)
         self.queue = WorkQueue()
         self.workers = workers
+        self.reconcile_deadline = RECONCILE_DEADLINE_SECONDS
         self.clock = clock
         self.stats = Stats()
         #: API requests by (verb, resource), counted on the client (see metrics.count_requests).
@@ -283,7 +293,7 @@ class Controller:
             key = await self.queue.get()
             try:
                 await self.active.wait()
-                await self.reconcile_key(key)
+                await self._reconcile_within_deadline(key)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a worker must survive any single failure
@@ -307,12 +317,28 @@ class Controller:
                     exc_info=unexpected(e),
                 )
                 if unexpected(e):
-                    await self._report_failure(key, e)
+                    try:
+                        async with asyncio.timeout(self.reconcile_deadline):
+                            await self._report_failure(key, e)
+                    except TimeoutError:
+                        log.warning("reporting the failure of %s/%s timed out", *key)
                 self.queue.add_after(key, delay)
             else:
                 self._failures.pop(key, None)
             finally:
                 self.queue.done(key)
+
+    async def _reconcile_within_deadline(self, key: ModelKey) -> None:
+        try:
+            async with asyncio.timeout(self.reconcile_deadline) as deadline:
+                await self.reconcile_key(key)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # an API request's own timeout
+            raise ReconcileHung(
+                f"the reconcile did not finish in {self.reconcile_deadline:.0f}s (an API "
+                "request that never answered) and was cut off"
+            ) from None
 
     async def _report_failure(self, key: ModelKey, error: BaseException) -> None:
         """An unexpected error: Reconciling=True ReconcileError with its message and a Warning

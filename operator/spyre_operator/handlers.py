@@ -207,6 +207,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.batching.batch_window = 0.02
 
     client = AsyncClient(field_manager=FIELD_MANAGER, timeout=30, http2=use_http2())
+    # The operator's own watches (optional APIs) stream for minutes: they get their own
+    # HTTP/1.1 connections, not streams on the connection every reconcile's requests share
+    # (a status PATCH on that connection once waited for its answer past every timeout).
+    memo["watch_client"] = watch_client = AsyncClient(
+        field_manager=FIELD_MANAGER, timeout=30, http2=False
+    )
     caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
     controller = Controller(
         client, caches, workers=OperatorConfig.workers, policy=policy_from_env(os.environ)
@@ -215,7 +221,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     count_requests(client, controller.requests)
     # InferencePools: the CRD may be absent (then models asking for one say so in RoutingReady).
     pools = OptionalApiWatch(
-        client,
+        watch_client,
         InferencePool,
         OperatorConfig.namespaces or None,
         on_object=lambda ns, obj: controller.enqueue(controller.models_for_routing_object(ns, obj)),

@@ -1,9 +1,11 @@
-"""The operator's own Prometheus metrics (reconciles, errors, writes by kind, queue depth)."""
+"""The operator's own Prometheus metrics (reconciles, errors, writes by kind, queue depth) and
+the state of the SpyreModels it watches (conditions, replicas, compile attempts)."""
 
 from __future__ import annotations
 
 import resource
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -71,7 +73,66 @@ def render(controller: Controller) -> str:
         "# TYPE spyre_operator_max_rss_bytes gauge",
         f"spyre_operator_max_rss_bytes {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
     ]
+    lines += model_lines(controller.caches.indices.get("models") or {})
     return "\n".join(lines) + "\n"
+
+
+def label_value(value: object) -> str:
+    """A label value escaped for the text exposition format (backslash, quote, newline)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def model_lines(models: Mapping[Any, Any]) -> list[str]:
+    """Gauges of every SpyreModel in the ``models`` index (kopf's slim copies, with status).
+
+    Read from the watch cache, so every replica reports them, the standby ones too (alerts
+    take the max per model); a model deleted from the cache has no series at the next scrape.
+    """
+    conditions, desired, ready, attempts = [], [], [], []
+    for key in sorted(list(models.keys())):
+        body = next(iter(models[key]), None)
+        if body is None:
+            continue
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        status = body.get("status") or {}
+        ids = (f'namespace="{label_value(meta.get("namespace", key[0]))}",'
+               f'model="{label_value(meta.get("name", key[1]))}"')
+        for cond in status.get("conditions") or []:
+            if not cond.get("type"):
+                continue
+            conditions.append(
+                f'spyre_operator_model_condition{{{ids},type="{label_value(cond["type"])}",'
+                f'status="{label_value(cond.get("status", ""))}",'
+                f'reason="{label_value(cond.get("reason", ""))}"}} 1'
+            )
+        desired.append(f"spyre_operator_model_desired_replicas{{{ids}}} "
+                       f"{_number(spec.get('replicas'), 1)}")
+        ready.append(f"spyre_operator_model_ready_replicas{{{ids}}} "
+                     f"{_number(status.get('readyReplicas'), 0)}")
+        artifact = status.get("artifact") or {}
+        if artifact.get("attempts") is not None:
+            attempts.append(f"spyre_operator_model_artifact_attempts{{{ids}}} "
+                            f"{_number(artifact['attempts'], 0)}")
+    return [
+        "# HELP spyre_operator_model_condition A SpyreModel's condition: one series per model"
+        " and type, with its current status and reason.",
+        "# TYPE spyre_operator_model_condition gauge",
+        *conditions,
+        "# HELP spyre_operator_model_desired_replicas A SpyreModel's spec.replicas.",
+        "# TYPE spyre_operator_model_desired_replicas gauge",
+        *desired,
+        "# HELP spyre_operator_model_ready_replicas A SpyreModel's status.readyReplicas.",
+        "# TYPE spyre_operator_model_ready_replicas gauge",
+        *ready,
+        "# HELP spyre_operator_model_artifact_attempts Precompile Jobs run for the model's"
+        " current artifact key on its claim (status.artifact.attempts).",
+        "# TYPE spyre_operator_model_artifact_attempts gauge",
+        *attempts,
+    ]
+
+
+def _number(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def request_resource(path: str) -> str:

@@ -144,3 +144,52 @@ def test_a_status_field_another_manager_changed_is_written_back(field: str) -> N
     live = {**m, "metadata": {**m["metadata"], "resourceVersion": "9"}, "status": edited}
     assert c._with_written_status(key, live)["status"] == edited
     assert key not in c._written_status
+
+
+def test_a_reconcile_that_hangs_is_cut_off_reported_and_retried() -> None:
+    """An API call that never answers (an HTTP/2 stream the client's read timeout did not
+    cover, on the real node) held its model's key for good: every later event on the model was
+    only marked dirty and nothing reconciled it again."""
+    m = model("m", GENERATE)
+    m["metadata"]["resourceVersion"] = "7"
+    m["status"] = serving_status(m)
+    c, applier = controller_with(m)
+    c.reconcile_deadline = 0.2
+    calls: list[int] = []
+    real_observe = c.observe
+
+    async def hanging_status(*_: Any, **__: Any) -> str | None:
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # the first write never returns
+        return "8"
+
+    def observe(*a: Any, **kw: Any) -> Observed:
+        return real_observe(*a, **kw)
+
+    c.observe = observe  # type: ignore[method-assign]
+    delays: list[float] = []
+    c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+    applier.apply_status = hanging_status  # type: ignore[method-assign]
+
+    async def run() -> None:
+        c.start()
+        c.queue.add(("ns", "m"))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if delays and not c.queue._active:
+                break
+        # the key is free again: a new event reconciles it at once
+        c.queue.add(("ns", "m"))
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(calls) >= 3 and not c.queue._active:
+                break
+        await c.stop()
+
+    asyncio.run(run())
+    assert delays, "the hung reconcile was never given up"
+    assert len(calls) >= 3, calls  # hung write, the failure report, the next reconcile
+    assert c.stats.errors >= 1
+    reported = [e for e in applier.events if e[1] == C.RECONCILE_ERROR]
+    assert reported and "did not finish in 0s" in reported[0][2], applier.events

@@ -14,7 +14,7 @@ from lightkube.resources.core_v1 import Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from spyre_operator import metrics
 from spyre_operator.apply import Applier, with_applied_hash
-from spyre_operator.controller import Stats
+from spyre_operator.controller import Caches, Stats
 
 
 class RecordingClient:
@@ -57,7 +57,8 @@ def test_writes_are_counted_per_namespace_and_rendered() -> None:
     assert sum(applier.writes.values()) == 4  # the by-kind counter is unchanged
     controller = SimpleNamespace(
         stats=Stats(reconciles=3, namespace_reconciles=Counter({"team-a": 2, "team-b": 1})),
-        applier=applier, requests=Counter(), queue=[], active=threading.Event(), yielded={})
+        applier=applier, requests=Counter(), queue=[], active=threading.Event(), yielded={},
+        caches=Caches())
     text = metrics.render(controller)  # type: ignore[arg-type]
     assert 'spyre_operator_namespace_writes_total{namespace="team-a"} 3\n' in text, text
     assert 'spyre_operator_namespace_writes_total{namespace="team-b"} 1\n' in text, text
