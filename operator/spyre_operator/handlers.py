@@ -233,7 +233,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     controller.inference_pools = pools
     memo["inference_pools"] = pools
     pools.start()
-    start_scale_to_zero_watches(controller, client, memo)
+    start_scale_to_zero_watches(controller, watch_client, memo)
     lease_namespace = OperatorConfig.leader_election_namespace or "default"
     # Every status write names this install; a model another install writes is left alone.
     controller.install = peers.install_id(lease_namespace, OperatorConfig.leader_election_lease)

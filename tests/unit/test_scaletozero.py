@@ -353,6 +353,7 @@ def test_scaled_object_scales_the_model_from_zero_with_the_hpas_targets_and_beha
         "apiVersion": "serving.spyre.dev/v1alpha1", "kind": "SpyreModel", "name": "granite"}
     assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["cooldownPeriod"]) == (
         0, 3, 300)
+    assert spec["initialCooldownPeriod"] == 300  # a new model is not at zero at once
     hpa = build_hpa(p).to_dict()["spec"]
     assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["behavior"]
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120

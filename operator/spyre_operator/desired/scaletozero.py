@@ -405,6 +405,9 @@ def build_scaled_object(plan: ModelPlan, *, scaler_address: str, prometheus_addr
             "maxReplicaCount": auto.max_replicas,
             # Seconds after the last active trigger before 1 -> 0 (N -> 0 directly).
             "cooldownPeriod": s2z.idle_seconds,
+            # ... and after the ScaledObject's creation while no trigger was ever active
+            # (KEDA's default 0 takes a new model to zero before anyone could call it).
+            "initialCooldownPeriod": s2z.idle_seconds,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(auto).to_dict()}
             },
