@@ -1363,7 +1363,10 @@ def decide_scale_to_zero(plan: ModelPlan, obs: Observed, old_conditions: Any) ->
     out.apply += [
         build_engine_service(plan),
         build_http_scaled_object(
-            plan, failover_service=failover_service, failover_port=failover_port
+            plan,
+            failover_service=failover_service,
+            failover_port=failover_port,
+            no_capacity=_unschedulable(obs.server_pods) is not None,
         ),
         build_scaled_object(
             plan, scaler_address=cfg.scaler_address, prometheus_address=cfg.prometheus_address

@@ -222,9 +222,7 @@ def test_a_steady_trickle_keeps_the_model_up(env: RealEnv) -> None:
             seen.add(_replicas(env))
             time.sleep(1)
     finally:
-        assert steady.stdin is not None
-        steady.stdin.close()
-        out, _ = steady.communicate(timeout=120)
+        out, _ = steady.communicate(timeout=120)  # closes its stdin: the client stops
     results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     durations = sorted(round(x["t1"] - x["t0"], 2) for x in results)
     print(f"trickle: {len(results)} requests, durations {durations[:3]}..{durations[-3:]} s, "
@@ -245,3 +243,45 @@ def test_past_the_hold_bound_the_client_gets_503_with_retry_after(env: RealEnv) 
     assert "starting" in json.dumps(body), body
     # the held request asked for a replica all the same: the model wakes
     wait_until(lambda: _replicas(env) == 1, 120, "the model wakes after the 503")
+
+
+def test_a_model_at_zero_that_cannot_get_its_resources_says_so(env: RealEnv) -> None:
+    """Its replica cannot be scheduled (here: more memory than the node has, as a model with no
+    free Spyre card): status says InsufficientCapacity, and a held request's 503 says no card
+    is available. The first request waits out maxWaitSeconds (v0.12.0 reads the wait when the
+    request arrives); once the operator knows, the route's wait is 1 s."""
+    name = "nocard"
+    spec = model_spec(env.image, replicas=1, serving={"resources": {
+        "requests": {"cpu": "100m", "memory": "4000Gi"}}}, autoscaling={
+        "minReplicas": 0, "maxReplicas": 1,
+        "scaleToZero": {"idleSeconds": IDLE, "maxWaitSeconds": 20}})  # fmt: skip
+    env.kube.apply_model(name, spec)
+
+    def at_zero() -> bool:
+        m = env.kube.model(name)
+        return (m["spec"].get("replicas") == 0
+                and _cond(m, "Ready").get("reason") == "ScaledToZero")
+
+    env.kube.wait(at_zero, 600, f"{name} compiled and at zero")
+    url = support.service_url(env.cp, env.ns, name)
+    r = env.client.run("once", f"{url}/v1/completions", completion_body(8),
+                       "--timeout", "120", timeout=180)  # fmt: skip
+    print(f"no capacity: HTTP {r['status']} after {r['t1'] - r['t0']:.1f}s: {r.get('body')}")
+    m = env.kube.model(name)
+    progressing = _cond(m, "Progressing")
+    assert progressing.get("reason") == "InsufficientCapacity", m["status"]["conditions"]
+    assert r["status"] == 503, r
+    body = json.loads(r["body"])
+    assert body["error"]["type"] == "insufficient_capacity", body
+    assert "no Spyre card" in body["error"]["message"], body
+    assert int(r["headers"]["retry-after"]) > 0
+    # known now: the next held request is not kept waiting for a card that is not there
+    route = env.kube.wait(lambda: (h := env.kube.get("httpscaledobject", name)) and h["spec"][
+        "coldStartTimeoutFailoverRef"]["timeoutSeconds"] == 1 and h, 60,
+        "the route's wait cut to 1 s")  # fmt: skip
+    assert route["spec"]["timeouts"]["conditionWait"] == "1s"
+    again = env.client.run("once", f"{url}/v1/completions", completion_body(8),
+                           "--timeout", "120", timeout=180)  # fmt: skip
+    print(f"no capacity, known: HTTP {again['status']} after {again['t1'] - again['t0']:.1f}s")
+    assert again["status"] == 503 and "no Spyre card" in again["body"], again
+    env.kube.kubectl("delete", "spyremodel", name, "--wait=false")

@@ -216,3 +216,21 @@ def test_foreign_objects_are_reported_and_nothing_is_written() -> None:
     assert not {"HTTPScaledObject", "ScaledObject", "EndpointSlice"} & set(kinds(d))
     assert [o.metadata.name for o in d.apply if o.kind == "Service"] == ["granite"]
     assert why in cond(d, C.AUTOSCALING)["message"]
+
+
+def test_while_a_replica_cannot_be_scheduled_held_requests_get_their_503_at_once() -> None:
+    """No card: waiting out maxWaitSeconds helps no one. While the model's replica is known
+    unschedulable, the route's failover timeout is 1 s (the add-on's minimum) and the
+    responder says no card is available; it is restored once the pod can be scheduled."""
+    m = model("m", s2z())
+    pending = {"name": "m-abc", "phase": "Pending", "ready": False,
+               "unschedulable": "0/1 nodes are available: 1 Insufficient ibm.com/spyre_vf."}
+    d = served(m, ready=0, server_pods=[pending])
+    route = by_kind(d, "HTTPScaledObject", names.server_name("m"))["spec"]
+    assert route["coldStartTimeoutFailoverRef"]["timeoutSeconds"] == 1, route
+    assert route["timeouts"]["conditionWait"] == "1s"
+    assert cond(d, C.PROGRESSING)["reason"] == C.INSUFFICIENT_CAPACITY
+    d = served(m, ready=0, server_pods=[{**pending, "unschedulable": None}])
+    route = by_kind(d, "HTTPScaledObject", names.server_name("m"))["spec"]
+    assert route["coldStartTimeoutFailoverRef"]["timeoutSeconds"] == 300
+    assert route["timeouts"]["conditionWait"] == "300s"

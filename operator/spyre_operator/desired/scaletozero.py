@@ -263,8 +263,16 @@ def _seconds(value: int) -> str:
     return f"{value}s"
 
 
+#: The add-on's shortest wait (seconds): a held request's answer while no replica can start.
+NO_CAPACITY_WAIT_SECONDS = 1
+
+
 def build_http_scaled_object(
-    plan: ModelPlan, *, failover_service: str | None, failover_port: int | None
+    plan: ModelPlan,
+    *,
+    failover_service: str | None,
+    failover_port: int | None,
+    no_capacity: bool = False,
 ) -> Any:
     """The interceptor's route to the model, its wake-up bound and its cold-start failover.
 
@@ -275,12 +283,15 @@ def build_http_scaled_object(
     """
     auto = _auto(plan)
     s2z = scale_to_zero_settings(auto)
+    # ``no_capacity``: the model's replica is known not to fit on any node (no free card):
+    # a held request gets its 503 ("no Spyre card") after 1 s instead of maxWaitSeconds.
+    wait = NO_CAPACITY_WAIT_SECONDS if no_capacity else s2z.max_wait_seconds
     failover = (
         {
             "coldStartTimeoutFailoverRef": {
                 "service": failover_service,
                 "port": failover_port,
-                "timeoutSeconds": s2z.max_wait_seconds,
+                "timeoutSeconds": wait,
             }
         }
         if failover_service and failover_port
@@ -315,7 +326,7 @@ def build_http_scaled_object(
             "timeouts": {
                 # With a failover ref, its timeoutSeconds replaces conditionWait (v0.12.0,
                 # H/interceptor/proxy_handlers.go); both say the same.
-                "conditionWait": _seconds(s2z.max_wait_seconds),
+                "conditionWait": _seconds(wait),
                 # The interceptor's default is 500ms: far too short for a non-streamed
                 # completion, whose headers vLLM sends when it is done.
                 "responseHeader": _seconds(s2z.response_timeout_seconds),
