@@ -608,9 +608,15 @@ def part_wakeup(env: RealEnv, args: argparse.Namespace) -> dict[str, Any]:
     support.wait_model_ready(env.cp, env.ns, MODEL, timeout=1800)
     first_ready = time.monotonic() - t0
     log(f"{MODEL} ({args.backend}, zero allowed) Ready in {first_ready:.0f}s")
-    bare = bare_deployment(env, port)
     url = support.service_url(env.cp, env.ns, MODEL)
+    # the bare Deployment copies a serving pod's command: wake the model if it is at zero
+    woke = env.client.run("once", f"{url}/v1/completions", BODY, "--timeout", "900",
+                          timeout=960)  # fmt: skip
+    assert woke["status"] == 200, woke
     sel = ",".join(f"{k}={v}" for k, v in names.server_selector(MODEL).items())
+    env.kube.wait(lambda: any(support.pod_ready(p) for p in _pods(env, sel)), 300,
+                  "a serving pod")  # fmt: skip
+    bare = bare_deployment(env, port)
     chat = json.dumps({"model": support.SERVED_NAME, "stream": True, "max_tokens": 8,
                        "messages": [{"role": "user", "content": "hello"}]})  # fmt: skip
     rounds: list[dict[str, Any]] = []
