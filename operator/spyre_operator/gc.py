@@ -391,7 +391,10 @@ class GarbageCollector:
         for m in models:
             try:
                 spec = SpyreModelSpec.model_validate(m.get("spec") or {})
-                m_plan = plan_model(m["metadata"]["name"], ns, m["metadata"].get("uid", ""), spec)
+                m_plan = plan_model(
+                    m["metadata"]["name"], ns, m["metadata"].get("uid", ""), spec,
+                    self.c.policy.site,
+                )
                 spec_key = m_plan.key
                 if m["metadata"]["name"] == oldest_name:
                     job_plan = m_plan  # the oldest user's image and placement, like its PVC
