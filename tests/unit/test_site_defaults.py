@@ -254,3 +254,17 @@ def test_the_crd_still_validates_the_card_resource() -> None:
            ["spec"]["properties"]["accelerator"]["properties"])
     assert "pattern" in acc["resourceName"] and acc["resourceName"]["x-kubernetes-validations"]
     assert SpyreModelSpec.model_validate(GENERATE).engine.image is None
+
+
+def test_the_watch_indices_plan_with_the_operators_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The indices (which Jobs are needed, who shares a claim) key models as decide() does:
+    with the defaults from the flags, else a shared Job under the new image would look
+    unneeded."""
+    from spyre_operator import handlers
+
+    monkeypatch.setattr(handlers.OperatorConfig, "site", SITE)
+    p = handlers._build_plan("ns", "m", "uid-m", GENERATE)
+    assert p.key == plan(GENERATE).key
+    assert p.spec.engine.image == SITE.engine_image
