@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from spyre_operator import conditions as C
-from spyre_operator.api.v1alpha1 import SpyreModelSpec, Toleration
+from spyre_operator.api.v1alpha1 import SpyreModelSpec
 from spyre_operator.crd import build_crd
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.job import build_precompile_job
@@ -17,20 +17,9 @@ from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.site import SiteDefaults
 from spyre_operator.reconcile import Observed, Policy, decide
 
-from .samples import GENERATE, model
+from .samples import GENERATE, SITE, model
 from .test_reconcile import NOW, cond
 from .test_reconcile_correctness import bound
-
-SITE = SiteDefaults(
-    engine_image="registry.example.com/spyre/spyre-engine:1.0",
-    image_pull_secrets=("registry-pull",),
-    resource_name="ibm.com/spyre_pf",
-    scheduler_name="site-scheduler",
-    serving_node_selector={"pool": "spyre"},
-    serving_tolerations=(Toleration(key="spyre", operator="Exists", effect="NoSchedule"),),
-    precompile_node_selector={"pool": "cpu"},
-    storage_class_name="nfs-rwx",
-)
 
 
 def plan(spec: dict[str, Any], site: SiteDefaults = SITE) -> Any:
