@@ -326,3 +326,22 @@ def test_site_flags_that_cannot_work_stop_the_operator(args: list[str], error: s
 
     with pytest.raises(ValueError, match=error):
         site_defaults(build_parser().parse_args(["run", "-A", *args]))
+
+
+@needs_helm
+def test_the_readmes_site_values_render_and_reach_the_operator(tmp_path: Path) -> None:
+    """README, "Install the operator with Helm": the values file for a Spyre site is valid
+    (schema, lint) and its defaults become the operator's."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(# spyre-values\.yaml\n.*?)```", readme, re.S)
+    assert block is not None, "the README's spyre-values.yaml block is gone"
+    values = tmp_path / "spyre-values.yaml"
+    values.write_text(block.group(1))
+    res = helm("lint", "--strict", str(CHART), "-f", str(values))
+    assert "0 chart(s) failed" in res.stdout, res.stdout
+    site = _site(render("-f", str(values), "--api-versions", MONITORING))
+    assert site.engine_image == "registry.example.com/spyre/spyre-engine:0.1.0"
+    assert site.allows(site.engine_image) and not site.allows("docker.io/library/busybox")
+    assert site.storage_class_name and site.precompile_node_selector
