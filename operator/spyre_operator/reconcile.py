@@ -899,7 +899,9 @@ def decide_cache_status(
         in_use.add((serving.key, serving.plan.claim))
     live_key, live_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
     if live_key and live_spec is not None:  # its pods serve it until the rollout replaces them
-        live = plan_model(plan.name, plan.namespace, plan.uid, live_spec, plan.site)
+        live = plan_model(
+            plan.name, plan.namespace, plan.uid, live_spec, plan.site.for_served_spec()
+        )
         in_use.add((live_key, live.claim))
     entries = {  # removed by a GC Job since compiled: no longer on the claim (unless in use)
         k: a
@@ -973,7 +975,8 @@ def decide_serving(
         return ServingOutcome()
     old_spec = old_spec.model_copy(update={"replicas": plan.spec.replicas})
     return ServingOutcome(
-        plan_model(plan.name, plan.namespace, plan.uid, old_spec, plan.site), live_key
+        plan_model(plan.name, plan.namespace, plan.uid, old_spec, plan.site.for_served_spec()),
+        live_key,
     )
 
 

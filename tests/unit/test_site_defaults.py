@@ -257,3 +257,21 @@ def test_the_watch_indices_plan_with_the_operators_defaults(
     p = handlers._build_plan("ns", "m", "uid-m", GENERATE)
     assert p.key == plan(GENERATE).key
     assert p.spec.engine.image == SITE.engine_image
+
+
+def test_a_default_added_while_compiling_does_not_roll_the_pods_of_the_previous_artifact() -> None:
+    """A new image and a new pull secret at once: the old Deployment keeps its pod template
+    (its served spec had no pull secret) until the switch, which rolls once with both."""
+    bare = replace(SITE, image_pull_secrets=(), serving_node_selector={})
+    m = model("m", GENERATE)
+    obs = serving(m, bare)
+    before = obs.deployment["spec"]["template"]  # type: ignore[index]
+    new = replace(bare, engine_image="registry.example.com/spyre/e:2",
+                  image_pull_secrets=("new-registry",), serving_node_selector={"pool": "b"})
+    obs.job = None
+    d = decide(copy.deepcopy(m), obs, NOW, Policy(site=new))
+    dep = next(o for o in d.apply if o.kind == "Deployment").to_dict()
+    assert dep["spec"]["template"] == before
+    assert d.job is not None
+    job_pod = d.job.spec.template.spec
+    assert [s.name for s in job_pod.imagePullSecrets] == ["new-registry"], "the compile pulls"

@@ -48,6 +48,17 @@ class SiteDefaults:
     #: empty: any.
     allowed_engine_images: tuple[str, ...] = ()
 
+    def for_served_spec(self) -> SiteDefaults:
+        """The defaults to re-plan a spec a Deployment was built from (its served-spec
+        annotation, ``status.servedSpec``) with: that spec was resolved when it was built, so
+        a list or map it lacks was empty then, and a default added since must not change the
+        pods that keep serving the previous artifact (a roll of its own before the switch)."""
+        return SiteDefaults(
+            engine_image=self.engine_image,
+            resource_name=self.resource_name,
+            scheduler_name=self.scheduler_name,
+        )
+
     def allows(self, image: str) -> bool:
         """Whether ``image`` is on the allow-list (or there is none)."""
         return not self.allowed_engine_images or any(
