@@ -70,6 +70,8 @@ PRECOMPILE_POD_REJECTED = "PrecompilePodRejected"
 MODEL_NOT_FOUND = "ModelNotFound"
 MODEL_ACCESS_DENIED = "ModelAccessDenied"
 UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
+#: The effective engine image is not on the operator's allow-list: nothing is compiled.
+ENGINE_IMAGE_NOT_ALLOWED = "EngineImageNotAllowed"
 #: Engine failure reasons that replace the generic PrecompileFailed in conditions.
 ENGINE_COMPILE_REASONS = frozenset(
     {MODEL_NOT_FOUND, MODEL_ACCESS_DENIED, UNSUPPORTED_CONFIGURATION}
@@ -146,6 +148,7 @@ WARNING_REASONS = frozenset(
         MODEL_NOT_FOUND,
         MODEL_ACCESS_DENIED,
         UNSUPPORTED_CONFIGURATION,
+        ENGINE_IMAGE_NOT_ALLOWED,
         INVALID_SPEC,
         ENGINE_FAILED,
         ARTIFACT_CORRUPT,

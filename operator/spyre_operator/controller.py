@@ -578,7 +578,7 @@ class Controller:
         else:
             # Anything else that fails here is a bug: it propagates, so nothing is decided
             # from a partial observation (the worker reports it and backs off).
-            plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec)
+            plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec, self.policy.site)
             obs = self.observe(model, plan.claim, plan.key, plan.job_name, plan.model_claim)
         if plan is not None and obs.job is not None:
             await self._observe_precompile(key, obs)

@@ -30,6 +30,7 @@ from .controller import Caches, Controller
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
 from .desired.routing import InferencePool
+from .desired.site import SiteDefaults
 from .metrics import count_requests, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy
@@ -75,6 +76,8 @@ class OperatorConfig:
     identity: str = "spyre-model-operator"
     #: Watched namespaces; empty: all namespaces.
     namespaces: list[str] = []  # noqa: RUF012 - process-wide settings
+    #: Cluster-wide defaults of per-site SpyreModel fields and the engine-image allow-list.
+    site: SiteDefaults = SiteDefaults()
 
 
 def slim(body: Any) -> dict[str, Any]:
@@ -118,7 +121,7 @@ def _build_plan(namespace: str, name: str, uid: str, spec_body: Any) -> Any:
         spec = SpyreModelSpec.model_validate(dict(spec_body or {}))
     except ValidationError:
         return None
-    return plan_model(name, namespace, uid, spec)
+    return plan_model(name, namespace, uid, spec, OperatorConfig.site)
 
 
 def use_http2() -> bool:
@@ -206,7 +209,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     )
     caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
     controller = Controller(
-        client, caches, workers=OperatorConfig.workers, policy=policy_from_env(os.environ)
+        client,
+        caches,
+        workers=OperatorConfig.workers,
+        policy=dataclasses.replace(policy_from_env(os.environ), site=OperatorConfig.site),
     )
     memo["controller"] = controller
     count_requests(client, controller.requests)

@@ -39,6 +39,7 @@ from .desired.routing import (
     wants_inference_pool,
 )
 from .desired.service import build_pdb, build_service, wants_pdb
+from .desired.site import SiteDefaults, effective_status
 from .precompile_state import Stuck, job_attempt, job_stuck, superseded, template_changed
 from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 
@@ -66,6 +67,8 @@ class Policy:
     retry_cap_seconds: float = 3600.0
     #: A cache claim's artifacts are evaluated for garbage collection at most this often.
     gc_interval_seconds: float = 300.0
+    #: The cluster-wide defaults of per-site fields and the engine-image allow-list.
+    site: SiteDefaults = field(default_factory=SiteDefaults)
 
     def retry_delay(self, attempts: int) -> float:
         delay = self.retry_base_seconds * 2 ** max(0, attempts - 1)
@@ -327,18 +330,22 @@ def _volume_differences(a: CacheVolumeSpec, b: CacheVolumeSpec) -> list[str]:
 
 
 def _immutable_edits(
-    volume: CacheVolumeSpec, live: dict[str, Any]
+    volume: CacheVolumeSpec, live: dict[str, Any], class_defaulted: bool = False
 ) -> tuple[CacheVolumeSpec, list[str]]:
     """``volume`` with the fields an existing PVC cannot change reset to the live values.
 
     A bound PVC's StorageClass and access modes are immutable and its size can only grow:
-    applying such an edit is rejected on every retry, so the edit is reported instead.
+    applying such an edit is rejected on every retry, so the edit is reported instead. With a
+    default StorageClass (``class_defaulted``), a volume that names none keeps the live
+    class: the PVC may have been created with an earlier default, which is no edit.
     """
     spec = live.get("spec") or {}
     edits: list[str] = []
     keep: dict[str, Any] = {}
     live_class = spec.get("storageClassName")
-    if volume.storage_class_name is not None and volume.storage_class_name != live_class:
+    if volume.storage_class_name is None and class_defaulted and live_class is not None:
+        keep["storage_class_name"] = live_class
+    elif volume.storage_class_name is not None and volume.storage_class_name != live_class:
         edits.append(f"storageClassName {live_class} -> {volume.storage_class_name}")
         keep["storage_class_name"] = live_class
     live_modes = spec.get("accessModes") or []
@@ -377,8 +384,11 @@ def decide_cache(plan: ModelPlan, obs: Observed) -> CacheOutcome:
                 f"cache.volume settings were first and are used ({'; '.join(diff)}, this model "
                 "vs the first): make the cache.volume entries agree, or name another PVC",
             )
+    if pvc is None and volume.storage_class_name is None and plan.site.storage_class_name:
+        # The default StorageClass applies when the PVC is created; it keeps its class.
+        volume = volume.model_copy(update={"storage_class_name": plan.site.storage_class_name})
     if pvc is not None:
-        volume, edits = _immutable_edits(volume, pvc)
+        volume, edits = _immutable_edits(volume, pvc, bool(plan.site.storage_class_name))
         if edits and out.problem is None:
             out.problem = C.Cond(
                 C.DEGRADED,
@@ -889,7 +899,9 @@ def decide_cache_status(
         in_use.add((serving.key, serving.plan.claim))
     live_key, live_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
     if live_key and live_spec is not None:  # its pods serve it until the rollout replaces them
-        live = plan_model(plan.name, plan.namespace, plan.uid, live_spec)
+        live = plan_model(
+            plan.name, plan.namespace, plan.uid, live_spec, plan.site.for_served_spec()
+        )
         in_use.add((live_key, live.claim))
     entries = {  # removed by a GC Job since compiled: no longer on the claim (unless in use)
         k: a
@@ -962,7 +974,10 @@ def decide_serving(
     if not live_key or old_spec is None:
         return ServingOutcome()
     old_spec = old_spec.model_copy(update={"replicas": plan.spec.replicas})
-    return ServingOutcome(plan_model(plan.name, plan.namespace, plan.uid, old_spec), live_key)
+    return ServingOutcome(
+        plan_model(plan.name, plan.namespace, plan.uid, old_spec, plan.site.for_served_spec()),
+        live_key,
+    )
 
 
 @dataclass(frozen=True)
@@ -1432,21 +1447,36 @@ def _invalid_status(
     return Decision(status=status, events=_events(old_status.get("conditions"), conds))
 
 
-def _refused_status(model: dict[str, Any], message: str, generation: int, now: str) -> Decision:
+def _refused_status(
+    model: dict[str, Any],
+    message: str,
+    generation: int,
+    now: str,
+    reason: str = C.UNSUPPORTED_CONFIGURATION,
+    effective: dict[str, Any] | None = None,
+) -> Decision:
     """A shape the plugin does not support (or none given for a model it cannot choose one
-    for): nothing is created or changed (a Deployment serving an earlier artifact keeps it)."""
+    for), or an engine image the allow-list refuses: nothing is created or changed (a
+    Deployment serving an earlier artifact keeps it)."""
     old_status = model.get("status") or {}
-    reason, msg = C.UNSUPPORTED_CONFIGURATION, message[:1024]
+    msg = message[:1024]
+    todo = (
+        "use an allowed engine image"
+        if reason == C.ENGINE_IMAGE_NOT_ALLOWED
+        else "choose a supported compile shape"
+    )
     refused = [
         C.Cond(C.READY, C.FALSE, reason, msg),
         C.Cond(C.ARTIFACT_READY, C.FALSE, reason, msg),
         C.Cond(C.DEGRADED, C.TRUE, reason, msg),
-        C.Cond(C.PROGRESSING, C.FALSE, reason, "choose a supported compile shape"),
+        C.Cond(C.PROGRESSING, C.FALSE, reason, todo),
     ]
     conds = C.merge_conditions(
         old_status.get("conditions"), C.with_kstatus(refused), generation, now
     )
     status = {**old_status, "observedGeneration": generation, "conditions": conds}
+    if effective is not None:
+        status["effective"] = effective
     status.pop("compile", None)
     return Decision(status=status, events=_events(old_status.get("conditions"), conds))
 
@@ -1463,9 +1493,14 @@ def decide(
         spec = SpyreModelSpec.model_validate(model.get("spec") or {})
     except ValidationError as e:
         return _invalid_status(model, e, generation, now)
-    plan = plan_model(name, ns, meta.get("uid", ""), spec)
+    plan = plan_model(name, ns, meta.get("uid", ""), spec, policy.site)
+    effective = effective_status(plan.spec, plan.from_defaults, plan.storage_class(obs.cache_pvc))
+    if plan.image_refusal:
+        return _refused_status(
+            model, plan.image_refusal, generation, now, C.ENGINE_IMAGE_NOT_ALLOWED, effective
+        )
     if plan.shape is not None and plan.shape.refusal:
-        return _refused_status(model, plan.shape.refusal, generation, now)
+        return _refused_status(model, plan.shape.refusal, generation, now, effective=effective)
 
     cache = decide_cache(plan, obs)
     artifact = decide_artifact(plan, obs, model, cache, now, policy)
@@ -1510,6 +1545,7 @@ def decide(
         "observedGeneration": generation,
         "artifact": artifact.status,
         **({"compile": plan.shape.status()} if plan.shape is not None else {}),
+        "effective": effective,
         "replicas": dep_status.get("replicas") or 0,
         "readyReplicas": dep_status.get("readyReplicas") or 0,
         "selector": ",".join(f"{k}={v}" for k, v in names.server_selector(name).items()),
