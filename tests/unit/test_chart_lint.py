@@ -253,3 +253,16 @@ def test_network_policy() -> None:
 ])
 def test_schema_rejects(values: list[str]) -> None:
     assert helm("template", "spyre", str(CHART), *values, check=False).returncode != 0
+
+
+@needs_helm
+def test_budget_values_reach_the_operator() -> None:
+    args = operator_container(render())["args"]
+    assert "--max-concurrent-compiles=4" in args and "--max-concurrent-rollouts=4" in args
+    args = operator_container(render("--set", "budget.maxConcurrentCompiles=2",
+                                     "--set", "budget.maxConcurrentRollouts=0"))["args"]
+    assert "--max-concurrent-compiles=2" in args and "--max-concurrent-rollouts=0" in args
+    # the schema refuses what the operator would refuse
+    res = helm("template", "spyre", str(CHART), "--set", "budget.maxConcurrentCompiles=-1",
+               check=False)
+    assert res.returncode != 0 and "maxConcurrentCompiles" in res.stderr
