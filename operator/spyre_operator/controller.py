@@ -1030,6 +1030,8 @@ class Controller:
         results = await asyncio.gather(*writes, return_exceptions=True)
         for (kind, obj_name), r in zip(targets, results, strict=True):
             if isinstance(r, ApiError) and _rejected(r):
+                if kind == "Job":  # not created: the slot it held is free again
+                    self._compile_reserved.drop(ns, obj_name)
                 obs.write_errors.append(
                     WriteError(kind, obj_name, r.status.code or 0, r.status.message or str(r))
                 )

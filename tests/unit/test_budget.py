@@ -99,6 +99,20 @@ def test_a_model_waiting_for_a_compile_slot_keeps_serving_the_old_artifact() -> 
     assert C.WAITING_FOR_COMPILE_SLOT in ready["message"]
 
 
+def test_an_edit_reverted_while_waiting_never_creates_a_job() -> None:
+    m, dep = served(model("m", spec(0)))
+    new = edited(m, "registry.local/engine:2")
+    waiting = decide(new, Observed(cache_pvc=bound(), deployment=dep, compile_slot=FULL), NOW)
+    assert waiting.job is None
+    back = edited({**new, "status": waiting.status}, "registry.local/engine:1")
+    d = decide(back, Observed(cache_pvc=bound(), deployment=dep, compile_slot=FULL), NOW)
+    assert d.job is None
+    art = cond(d, C.ARTIFACT_READY)
+    assert (art["status"], art["reason"]) == (C.TRUE, C.ARTIFACT_AVAILABLE)
+    assert "waitingSince" not in d.status["artifact"]
+    assert cond(d, C.PROGRESSING)["status"] == C.FALSE
+
+
 def test_a_full_rollout_budget_keeps_the_old_artifact_serving() -> None:
     m, dep = served(model("m", spec(0)))
     old_key = plan_for(m).key
@@ -389,6 +403,30 @@ def test_jobs_the_cache_does_not_show_yet_hold_their_slot() -> None:
     assert plan_for(a).job_name == plan_for(b).job_name
     assert reason(c, "o") == C.WAITING_FOR_COMPILE_SLOT
     assert c.compiles_in_use() == 1
+
+
+def test_a_job_the_api_server_refused_frees_its_slot() -> None:
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import Status
+
+    a, b = model("a", spec(0)), model("b", spec(1))
+    c, cl = cluster([a, b], compiles=1)
+
+    async def refuse(job: Any, live: Any) -> bool:
+        raise ApiError(status=Status(code=403, message="exceeded quota: count/jobs.batch"))
+
+    cl.ensure_job = refuse  # type: ignore[method-assign]
+
+    async def run() -> None:
+        c.enqueue([("ns", "a")])
+        try:
+            await drain(c)
+        except Exception as e:  # noqa: BLE001 - the worker would back off
+            assert "quota" in str(e)
+        c.queue._active.clear()
+        assert c.compiles_in_use() == 0
+
+    asyncio.run(run())
 
 
 def test_a_model_that_stops_waiting_lets_the_next_one_go() -> None:
