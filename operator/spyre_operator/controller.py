@@ -665,24 +665,25 @@ class Controller:
         (from the Job cache; a Job shared by several models is one), plus the ones just created
         that the cache does not show yet."""
         running: set[tuple[str, str]] = set()
-        seen: set[tuple[str, str]] = set()
+        seen: set[tuple[str, str]] = set()  # Jobs in the cache that are not deleted ones
         index = self.caches.indices.get("jobs") or {}
         for k in list(index.keys()):
             job = self.caches.one("jobs", k)
             if job is None:
                 continue
-            seen.add(k)
             meta = job.get("metadata") or {}
+            if meta.get("uid") in self._deleted_jobs:
+                continue  # e.g. a failed Job removed for its retry, under the same name
+            seen.add(k)
             labels = meta.get("labels") or {}
             if (
                 labels.get(names.COMPONENT) == names.COMPONENT_PRECOMPILE
-                and meta.get("uid") not in self._deleted_jobs
                 and not job_status.finished(job)
             ):
                 running.add(k)
         for k in self._compile_reserved.live():
             if k in seen:
-                self._compile_reserved.drop(*k)  # the cache shows it now
+                self._compile_reserved.drop(*k)  # the cache shows the new Job now
             else:
                 running.add(k)
         return len(running)
@@ -741,13 +742,15 @@ class Controller:
             own = (ns, names.server_name(key[1]))
             if deployment_rolling(dep):
                 return  # already rolling: it holds its slot, switching it adds no rollout
+            # Order: when the new artifact was compiled (status, else its Job's completion).
             artifact = (model.get("status") or {}).get("artifact") or {}
+            done = artifact.get("completedAt") if artifact.get("key") == plan.key else None
             obs.rollout_slot = B.slot(
                 self.max_concurrent_rollouts,
                 self.rollouts_in_use(exclude=own),
                 self.rollout_waiting,
                 key,
-                str(artifact.get("completedAt") or now),
+                str(done or job_status.finished_at(obs.job) or now),
             )
 
     def _track_budgets(

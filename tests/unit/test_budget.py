@@ -405,6 +405,29 @@ def test_jobs_the_cache_does_not_show_yet_hold_their_slot() -> None:
     assert c.compiles_in_use() == 1
 
 
+def test_a_retry_under_the_same_job_name_holds_its_slot_until_the_cache_shows_it() -> None:
+    """A failed Job is deleted for its retry; the new one has the same name, and the cache
+    still holds the deleted one when the retry is created."""
+    a, o = model("a", spec(0)), model("o", spec(1))
+    c, cl = cluster([a, o], compiles=1)
+    cl.lag = True
+    old = live_job(a, "Failed")
+    c.caches.indices["jobs"][("ns", old["metadata"]["name"])] = [old]
+    c._deleted_jobs[old["metadata"]["uid"]] = 0.0
+    c._expire_deleted_jobs = lambda: None  # type: ignore[method-assign]
+
+    async def run() -> None:
+        c.enqueue([("ns", "a")])
+        await drain(c)
+        assert cl.created == [old["metadata"]["name"]]
+        c.enqueue([("ns", "o")])
+        await drain(c)
+
+    asyncio.run(run())
+    assert reason(c, "o") == C.WAITING_FOR_COMPILE_SLOT
+    assert c.compiles_in_use() == 1
+
+
 def test_a_job_the_api_server_refused_frees_its_slot() -> None:
     from lightkube import ApiError
     from lightkube.models.meta_v1 import Status
@@ -484,6 +507,35 @@ def test_rollouts_wait_for_a_slot_and_go_when_one_completes() -> None:
         assert serving(2) == plan_for(before[2][0]).key
 
     asyncio.run(run())
+
+
+def test_the_model_whose_artifact_was_ready_first_rolls_first() -> None:
+    (x0, xd), (y0, yd), (_, busy) = (served(model(n, spec(i)))
+                                    for i, n in enumerate(["x", "y", "busy"]))
+    x, y = edited(x0, "registry.local/engine:2"), edited(y0, "registry.local/engine:2")
+    busy["status"].update(updatedReplicas=0)  # another model's rollout holds the one slot
+    c, cl = cluster([x, y], compiles=0, rollouts=1,
+                    deployments={"x": xd, "y": yd, "busy": busy})
+    for m, done in ((x, "2026-11-21T10:05:00Z"), (y, "2026-11-21T10:02:00Z")):
+        job = live_job(m, "Complete")
+        job["status"]["completionTime"] = done
+        c.caches.indices["jobs"][("ns", job["metadata"]["name"])] = [job]
+
+    async def run() -> None:
+        c.enqueue([("ns", "x"), ("ns", "y")])
+        await drain(c)
+        assert reason(c, "x", C.PROGRESSING) == reason(c, "y", C.PROGRESSING) == (
+            C.WAITING_FOR_ROLLOUT_SLOT)
+        busy["status"].update(updatedReplicas=1)
+        c.wake_rollout_waiters()
+        assert list(c.queue._queued) == [("ns", "y")]
+        c.enqueue([("ns", "x")], urgent=True)  # x even reconciles first: it still waits
+        await drain(c)
+
+    asyncio.run(run())
+    dep = c.caches.one("deployments", ("ns", names.server_name("y")))
+    assert served_key(dep) == plan_for(y).key
+    assert reason(c, "x", C.PROGRESSING) == C.WAITING_FOR_ROLLOUT_SLOT
 
 
 # ---------------------------------------------------------------- settings
