@@ -253,13 +253,20 @@ def running(c: Controller) -> list[dict[str, Any]]:
             if not (j.get("status") or {}).get("conditions")]
 
 
-def finish(c: Controller, job: dict[str, Any], state: str = "Complete") -> None:
-    """The Job ends; the watch event does what handlers.on_child does."""
+async def event(c: Controller, body: dict[str, Any], type_: str = "MODIFIED") -> None:
+    """The watch event on a child, through the kopf layer's handler."""
+    from spyre_operator.handlers import on_child
+
+    await on_child(type=type_, namespace="ns", body=body,  # type: ignore[arg-type]
+                   memo={"controller": c})  # type: ignore[arg-type]
+
+
+async def finish(c: Controller, job: dict[str, Any], state: str = "Complete") -> None:
+    """The Job ends (its watch event goes through handlers.on_child)."""
     job["status"] = {"conditions": [{"type": state, "status": "True",
                                      "lastTransitionTime": NOW}],
                      "startTime": NOW, "completionTime": NOW if state == "Complete" else None}
-    c.enqueue(c.models_for_owner_refs("ns", job), urgent=True)
-    c.wake_compile_waiters()
+    await event(c, job)
 
 
 def reason(c: Controller, name: str, type_: str = C.ARTIFACT_READY) -> str:
@@ -290,7 +297,7 @@ def test_a_freed_slot_goes_to_the_model_that_waited_longest() -> None:
             "conditions"], C.ARTIFACT_READY) or {})["message"]
         assert len(cl.created) == 3
         # a Job fails: its slot frees, and only the model that waited longest is woken
-        finish(c, running(c)[0], "Failed")
+        await finish(c, running(c)[0], "Failed")
         assert ("ns", "early") in c.queue._queued and ("ns", "late") not in c.queue._queued
         # even if both reconcile, only the oldest gets the slot
         c.enqueue([("ns", "late")])
@@ -325,7 +332,7 @@ def test_ten_models_upgraded_under_a_budget_of_three_compile_three_at_a_time() -
                 assert key in (plan_for(m).key, plan_for(models[i]).key)
             if not jobs:
                 break
-            finish(c, jobs[0])
+            await finish(c, jobs[0])
         # the first three reconciled found free slots; then the waiting ones went oldest
         # first (they all started waiting at once: by name)
         order = [9, 8, 7, 0, 1, 2, 3, 4, 5, 6]
@@ -470,7 +477,7 @@ def test_a_model_that_stops_waiting_lets_the_next_one_go() -> None:
         c.enqueue([("ns", "m1")])
         await drain(c)
         assert ("ns", "m1") not in c.compile_waiting
-        finish(c, running(c)[0])
+        await finish(c, running(c)[0])
         await drain(c)
 
     asyncio.run(run())
@@ -500,8 +507,8 @@ def test_rollouts_wait_for_a_slot_and_go_when_one_completes() -> None:
         dep = c.caches.one("deployments", ("ns", names.server_name("m0")))
         dep["status"].update(replicas=1, updatedReplicas=1, availableReplicas=1)
         assert not deployment_rolling(dep)
-        c.wake_rollout_waiters()
-        assert list(c.queue._queued) == [("ns", "m1")]
+        await event(c, {**dep, "kind": "Deployment"})
+        assert list(c.queue._queued) == [("ns", "m0"), ("ns", "m1")]  # its owner, the waiter
         await drain(c)
         assert serving(1) == plan_for(models[1]).key
         assert serving(2) == plan_for(before[2][0]).key
@@ -527,8 +534,8 @@ def test_the_model_whose_artifact_was_ready_first_rolls_first() -> None:
         assert reason(c, "x", C.PROGRESSING) == reason(c, "y", C.PROGRESSING) == (
             C.WAITING_FOR_ROLLOUT_SLOT)
         busy["status"].update(updatedReplicas=1)
-        c.wake_rollout_waiters()
-        assert list(c.queue._queued) == [("ns", "y")]
+        await event(c, {**busy, "kind": "Deployment"})
+        assert ("ns", "y") in c.queue._queued and ("ns", "x") not in c.queue._queued
         c.enqueue([("ns", "x")], urgent=True)  # x even reconciles first: it still waits
         await drain(c)
 
