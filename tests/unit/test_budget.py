@@ -393,6 +393,27 @@ def test_a_restarted_operator_keeps_the_waiting_order_and_counts_from_its_caches
     assert reason(c, "m1") == reason(c, "m2") == C.WAITING_FOR_COMPILE_SLOT
 
 
+def test_a_replica_that_loses_the_lease_forgets_its_reservations_and_waiting_list() -> None:
+    """The next leader (maybe this replica again) counts from the caches and rebuilds the
+    waiting list from status: nothing the old leader held in memory can block a slot."""
+    models = [model(f"m{i}", spec(i)) for i in range(3)]
+    c, cl = cluster(models, compiles=1)
+    cl.lag = True  # the Job m0 created never reaches the cache (it was refused after all)
+
+    async def run() -> None:
+        c.enqueue([("ns", "m0"), ("ns", "m1")])
+        await drain(c)
+
+    asyncio.run(run())
+    assert c.compiles_in_use() == 1 and ("ns", "m1") in c.compile_waiting
+    c.set_leader(False)
+    assert c.compiles_in_use() == 0
+    c.clock = lambda: "2026-11-21T10:05:00Z"  # m0 asks again now; m1 has waited since NOW
+    c.set_leader(True)
+    asyncio.run(drain(c))
+    assert cl.created[1:] == [plan_for(models[1]).job_name], "m1 waited: it goes first"
+
+
 def test_jobs_the_cache_does_not_show_yet_hold_their_slot() -> None:
     """Concurrent reconciles decide before the watch brings the Job one of them created."""
     a, b, other = model("a", spec(0)), model("b", spec(0)), model("o", spec(1))
