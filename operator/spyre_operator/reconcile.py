@@ -663,7 +663,7 @@ def _waiting_for_compile_slot(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifa
         f"{slot.message('precompile', 'max-concurrent-compiles')}; the precompile Job "
         f"{a.plan.job_name} starts when a slot frees"
     )
-    since = out.status.get("waitingSince") or a.old.get("waitingSince") or _fmt_time(a.now)
+    since = a.old.get("waitingSince") or _fmt_time(a.now)  # as waiting_since() finds it
     st = {**out.status, "phase": PENDING, "message": message, "waitingSince": since}
     waiting = ArtifactOutcome(
         st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, message)
