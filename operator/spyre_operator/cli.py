@@ -138,6 +138,8 @@ def _run(args: argparse.Namespace) -> int:
     OperatorConfig.workers = args.workers
     OperatorConfig.namespaces = [] if args.all_namespaces else list(dict.fromkeys(args.namespace))
     OperatorConfig.metrics_port = args.metrics_port
+    OperatorConfig.max_concurrent_compiles = args.max_concurrent_compiles
+    OperatorConfig.max_concurrent_rollouts = args.max_concurrent_rollouts
     OperatorConfig.leader_election = args.leader_elect
     # The Lease lives in the operator's own namespace (POD_NAMESPACE, set by the chart); run
     # outside a pod, in the first watched namespace, or in `default` with --all-namespaces.
@@ -239,6 +241,14 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
+def _budget(value: str) -> int:
+    """A budget: a whole number, 0 for no limit."""
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more, not {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `spyre-operator`."""
     parser = argparse.ArgumentParser(prog="spyre-operator", description=__doc__)
@@ -257,6 +267,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="concurrent reconciles (they mostly wait on the API server; default 32)",
     )
     run.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
+    run.add_argument(
+        "--max-concurrent-compiles",
+        type=_budget,
+        default=_budget(os.environ.get("SPYRE_MAX_CONCURRENT_COMPILES", "4")),
+        help="precompile Jobs running at once across the watched namespaces; a model that "
+        "needs one more waits (WaitingForCompileSlot), oldest first (default 4; 0: no limit)",
+    )
+    run.add_argument(
+        "--max-concurrent-rollouts",
+        type=_budget,
+        default=_budget(os.environ.get("SPYRE_MAX_CONCURRENT_ROLLOUTS", "4")),
+        help="serving Deployments rolling at once; a model whose new artifact is ready keeps "
+        "serving the previous one until a slot frees (WaitingForRolloutSlot; default 4; 0: no "
+        "limit)",
+    )
     run.add_argument(
         "--liveness", default=None, help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz"
     )

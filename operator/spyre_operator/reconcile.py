@@ -26,6 +26,7 @@ from . import conditions as C
 from . import pods as P
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import parse_quantity
+from .budget import FREE, WAITING_RECHECK_SECONDS, Slot
 from .desired import names
 from .desired.autoscaling import build_hpa, wants_hpa
 from .desired.deployment import build_deployment, served_spec_json
@@ -135,6 +136,12 @@ class Observed:
     #: Bytes of the artifacts on the cache claim, as the SpyreModels using it list them
     #: (status.cache.artifacts of every user, each key once); None when unknown.
     claim_artifact_bytes: int | None = None
+    #: The cluster-wide precompile budget's answer (budget.py; the controller counts): when
+    #: not free, a model that would create a precompile Job waits instead.
+    compile_slot: Slot = FREE
+    #: The rollout budget's: when not free, a Deployment serving another artifact is not
+    #: switched to the spec's ready one yet.
+    rollout_slot: Slot = FREE
 
 
 @dataclass
@@ -417,6 +424,8 @@ class ArtifactOutcome:
     requeue_after: float | None = None
     #: The running Job's pod cannot start (not scheduled, image, Secret, quota).
     stuck: Stuck | None = None
+    #: No precompile Job yet: the model waits for a slot of the compile budget.
+    waiting: bool = False
 
     @property
     def phase(self) -> str:
@@ -600,7 +609,10 @@ def decide_artifact(
     a = _ArtifactFacts.read(plan, obs, model, cache, now, policy)
     job = obs.job
     if job is None:
-        return _without_job(a, model)
+        out = _without_job(a, model)
+        if out.job is not None and not obs.compile_slot.free:
+            return _waiting_for_compile_slot(a, out)
+        return out
     state = _job_state(job)
     if state == READY:
         return _compiled(a, job)
@@ -640,6 +652,35 @@ def _without_job(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome:
     )
     out.job = a.job()
     return out
+
+
+def waiting_since(model: dict[str, Any], plan: ModelPlan, now: str) -> str:
+    """Since when the model waits for a compile slot for this (claim, key): what its status
+    recorded (so a restarted operator keeps the order), else now."""
+    old = (model.get("status") or {}).get("artifact") or {}
+    if old.get("key") == plan.key and old.get("claim") == plan.claim and old.get(
+        "waitingSince"
+    ):
+        return str(old["waitingSince"])
+    return now
+
+
+def _waiting_for_compile_slot(a: _ArtifactFacts, out: ArtifactOutcome) -> ArtifactOutcome:
+    """The Job ``out`` would create waits for the compile budget: no Job; status says why and
+    since when (the order among waiting models, oldest first)."""
+    slot = a.obs.compile_slot
+    message = (
+        f"{slot.message('precompile', 'max-concurrent-compiles')}; the precompile Job "
+        f"{a.plan.job_name} starts when a slot frees"
+    )
+    since = a.old.get("waitingSince") or _fmt_time(a.now)  # as waiting_since() finds it
+    st = {**out.status, "phase": PENDING, "message": message, "waitingSince": since}
+    waiting = ArtifactOutcome(
+        st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, message)
+    )
+    waiting.waiting = True
+    waiting.requeue_after = WAITING_RECHECK_SECONDS
+    return waiting
 
 
 def _known_on_claim(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome | None:
@@ -945,6 +986,9 @@ class ServingOutcome:
 
     plan: ModelPlan | None = None
     key: str | None = None
+    #: The spec's artifact is ready, but the Deployment keeps the previous one: every slot
+    #: of the rollout budget is in use (the budget's message).
+    waiting: str | None = None
 
     def current(self, plan: ModelPlan) -> bool:
         return (
@@ -964,10 +1008,31 @@ def decide_serving(
     its shape, compile-time env and cache claim match the artifact it runs. A Deployment
     that is gone (deleted by hand or by a cleanup script) is rebuilt from what status
     remembers (servingArtifactKey, servedSpec): the old artifact serves again while the new
-    one compiles.
+    one compiles. A ready artifact waits too while the rollout budget has no free slot
+    (``obs.rollout_slot``), if the live Deployment serves another artifact to users.
     """
     if artifact.phase == READY:
-        return ServingOutcome(plan, plan.key)
+        new = ServingOutcome(plan, plan.key)
+        available = ((obs.deployment or {}).get("status") or {}).get("availableReplicas") or 0
+        if obs.rollout_slot.free or obs.deployment is None or available == 0:
+            # A first Deployment (or one deleted by hand), or one serving nothing (scaled to
+            # zero, crashing): switching it takes nothing away from users.
+            return new
+        previous = _previous_serving(plan, obs, None)
+        if previous.plan is None or previous.current(plan):
+            return new  # nothing else serves: not a switch to a new artifact
+        previous.waiting = (
+            f"{obs.rollout_slot.message('rollout', 'max-concurrent-rollouts')}; the "
+            f"Deployment switches to artifact {plan.short_key} when a slot frees"
+        )
+        return previous
+    return _previous_serving(plan, obs, old_status)
+
+
+def _previous_serving(
+    plan: ModelPlan, obs: Observed, old_status: dict[str, Any] | None
+) -> ServingOutcome:
+    """What the live Deployment serves (else what status remembers), at the spec's replicas."""
     live_key, old_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
     if not live_key or old_spec is None:
         live_key, old_spec = _remembered_serving(old_status or {})
@@ -1287,6 +1352,8 @@ def _ready(
             return C.Cond(C.READY, C.FALSE, artifact.cond.reason, artifact.cond.message)
         if cache.missing:
             return C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache.cond.message)
+        if artifact.waiting:
+            return C.Cond(C.READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, artifact.cond.message)
         return C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
     if replicas == 0:
         return C.Cond(C.READY, C.TRUE, C.SCALED_TO_ZERO, "scaled to zero replicas")
@@ -1306,6 +1373,10 @@ def _ready(
                 if artifact.phase == FAILED
                 else f"cannot compile yet ({artifact.stuck.reason})"
                 if artifact.stuck is not None
+                else f"waits for a rollout slot ({C.WAITING_FOR_ROLLOUT_SLOT})"
+                if serving.waiting
+                else f"waits for a precompile slot ({C.WAITING_FOR_COMPILE_SLOT})"
+                if artifact.waiting
                 else "compiles"
             ),
         )
@@ -1342,7 +1413,11 @@ def _progressing(
     roll = f.roll
     if artifact.phase in (PENDING, COMPILING) and not cache.missing:
         reason = artifact.stuck.reason if artifact.stuck is not None else C.COMPILING
+        if artifact.waiting:
+            reason = C.WAITING_FOR_COMPILE_SLOT
         return C.Cond(C.PROGRESSING, C.TRUE, reason, artifact.cond.message)
+    if serving.waiting:
+        return C.Cond(C.PROGRESSING, C.TRUE, C.WAITING_FOR_ROLLOUT_SLOT, serving.waiting)
     if serving.key is None or (f.current and roll.done) or roll.stall:
         return C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
     available = f"{roll.available}/{plan.spec.replicas} replicas available"
@@ -1509,6 +1584,8 @@ def decide(
     routing = decide_routing(plan, obs, old_status.get("conditions"))
 
     d = Decision(job=artifact.job, requeue_after=artifact.requeue_after)
+    if serving.waiting:
+        d.requeue_after = min(d.requeue_after or WAITING_RECHECK_SECONDS, WAITING_RECHECK_SECONDS)
     if cache.pvc is not None:
         d.apply.append(cache.pvc)
     if artifact.delete_job:
@@ -1579,7 +1656,7 @@ def _events(
     for c in C.transitions(old, new):
         if c["type"] not in (
             C.READY, C.ARTIFACT_READY, C.DEGRADED, C.CACHE_VOLUME_READY, C.ROUTING_READY
-        ):
+        ) and not (c["type"] == C.PROGRESSING and c["reason"] in C.WAITING_REASONS):
             continue
         if c["type"] == C.DEGRADED and c["status"] == C.FALSE and not old:
             continue  # "not degraded" on creation is not news
@@ -1614,6 +1691,7 @@ __all__ = [
     "decide_cache_status",
     "decide_status",
     "served_key",
+    "waiting_since",
     "shape_text",
     "write_error_message",
 ]

@@ -345,3 +345,16 @@ def test_the_readmes_site_values_render_and_reach_the_operator(tmp_path: Path) -
     assert site.engine_image == "registry.example.com/spyre/spyre-engine:0.1.0"
     assert site.allows(site.engine_image) and not site.allows("docker.io/library/busybox")
     assert site.storage_class_name and site.precompile_node_selector
+
+
+@needs_helm
+def test_budget_values_reach_the_operator() -> None:
+    args = operator_container(render())["args"]
+    assert "--max-concurrent-compiles=4" in args and "--max-concurrent-rollouts=4" in args
+    args = operator_container(render("--set", "budget.maxConcurrentCompiles=2",
+                                     "--set", "budget.maxConcurrentRollouts=0"))["args"]
+    assert "--max-concurrent-compiles=2" in args and "--max-concurrent-rollouts=0" in args
+    # the schema refuses what the operator would refuse
+    res = helm("template", "spyre", str(CHART), "--set", "budget.maxConcurrentCompiles=-1",
+               check=False)
+    assert res.returncode != 0 and "maxConcurrentCompiles" in res.stderr

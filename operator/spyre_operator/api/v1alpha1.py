@@ -1060,6 +1060,13 @@ class ArtifactStatus(ApiModel):
             "own, e.g. ModelNotFound); kept with the message once the failed Job is removed."
         ),
     )
+    waiting_since: str | None = Field(
+        default=None,
+        description=(
+            "While the model waits for a slot of the cluster-wide precompile budget "
+            "(WaitingForCompileSlot): since when; the oldest waiting model goes first."
+        ),
+    )
 
 
 class CachedArtifact(ApiModel):
