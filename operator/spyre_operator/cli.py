@@ -54,6 +54,70 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
+def _json_flag(flag: str, text: str | None, schema: Any) -> Any:
+    """A JSON-valued flag, validated against ``schema`` (a pydantic type)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    if not text:
+        return None
+    try:
+        return TypeAdapter(schema).validate_json(text)
+    except ValidationError as e:
+        raise ValueError(f"{flag}: {e.errors()[0]['msg']} in {text!r}") from None
+
+
+def site_defaults(args: argparse.Namespace) -> Any:
+    """The cluster-wide defaults (desired.site.SiteDefaults) from the ``--default-*`` and
+    ``--allowed-engine-image`` flags; ValueError names a flag whose value cannot work."""
+    import re
+
+    from .api.v1alpha1 import EXTENDED_RESOURCE_PATTERN, NodeSelector, Toleration
+    from .desired.site import SiteDefaults
+
+    if args.default_card_resource is not None and not re.match(
+        EXTENDED_RESOURCE_PATTERN, args.default_card_resource
+    ):
+        raise ValueError(
+            f"--default-card-resource {args.default_card_resource!r}: not an extended "
+            "resource name, e.g. ibm.com/spyre_vf"
+        )
+    given = {
+        "engine_image": args.default_engine_image,
+        "image_pull_secrets": tuple(dict.fromkeys(args.default_image_pull_secret)),
+        "resource_name": args.default_card_resource,
+        "scheduler_name": args.default_scheduler_name,
+        "serving_node_selector": _json_flag(
+            "--default-serving-node-selector", args.default_serving_node_selector, NodeSelector
+        ),
+        "serving_tolerations": _json_flag(
+            "--default-serving-tolerations", args.default_serving_tolerations, list[Toleration]
+        ),
+        "precompile_node_selector": _json_flag(
+            "--default-precompile-node-selector",
+            args.default_precompile_node_selector,
+            NodeSelector,
+        ),
+        "precompile_tolerations": _json_flag(
+            "--default-precompile-tolerations",
+            args.default_precompile_tolerations,
+            list[Toleration],
+        ),
+        "storage_class_name": args.default_storage_class,
+        "allowed_engine_images": tuple(dict.fromkeys(args.allowed_engine_image)),
+    }
+    for k in ("serving_tolerations", "precompile_tolerations"):
+        if given[k] is not None:
+            given[k] = tuple(given[k])
+    site = SiteDefaults(**{k: v for k, v in given.items() if v is not None})
+    if not site.allows(site.engine_image):
+        raise ValueError(
+            f"the default engine image {site.engine_image} is not allowed by "
+            f"--allowed-engine-image {' '.join(site.allowed_engine_images)}: every model "
+            "leaving engine.image unset would be refused"
+        )
+    return site
+
+
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -66,9 +130,16 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        OperatorConfig.site = site_defaults(args)
+    except ValueError as e:
+        print(f"spyre-operator run: {e}", file=sys.stderr)
+        return 2
     OperatorConfig.workers = args.workers
     OperatorConfig.namespaces = [] if args.all_namespaces else list(dict.fromkeys(args.namespace))
     OperatorConfig.metrics_port = args.metrics_port
+    OperatorConfig.max_concurrent_compiles = args.max_concurrent_compiles
+    OperatorConfig.max_concurrent_rollouts = args.max_concurrent_rollouts
     OperatorConfig.leader_election = args.leader_elect
     # The Lease lives in the operator's own namespace (POD_NAMESPACE, set by the chart); run
     # outside a pod, in the first watched namespace, or in `default` with --all-namespaces.
@@ -141,8 +212,87 @@ def scale_to_zero_config(args: argparse.Namespace) -> Any:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `spyre-operator` console script."""
+def _add_site_flags(run: argparse.ArgumentParser) -> None:
+    """Cluster-wide defaults of the per-site SpyreModel fields (a model that leaves one unset
+    follows it at every reconcile) and the engine-image allow-list."""
+    g = run.add_argument_group(
+        "cluster-wide defaults",
+        "for SpyreModel fields left unset, followed at every reconcile (status.effective "
+        "shows the values in use)",
+    )
+    g.add_argument(
+        "--default-engine-image",
+        default=None,
+        metavar="IMAGE",
+        help="engine.image (built in: ghcr.io/spyre-model-operator/spyre-engine:0.1.0); "
+        "part of the artifact key: a new default compiles every following model anew",
+    )
+    g.add_argument(
+        "--default-image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="engine.imagePullSecrets (repeatable; a Secret in each model's namespace)",
+    )
+    g.add_argument(
+        "--default-card-resource",
+        default=None,
+        metavar="RESOURCE",
+        help="accelerator.resourceName (built in: ibm.com/spyre_vf)",
+    )
+    g.add_argument(
+        "--default-scheduler-name",
+        default=None,
+        metavar="NAME",
+        help="accelerator.schedulerName of pods on the cards (built in: spyre-scheduler; "
+        "empty: the cluster's default scheduler)",
+    )
+    g.add_argument(
+        "--default-serving-node-selector",
+        default=None,
+        metavar="JSON",
+        help='accelerator.nodeSelector, a JSON object, e.g. {"pool": "spyre"}',
+    )
+    g.add_argument(
+        "--default-serving-tolerations", default=None, metavar="JSON",
+        help="accelerator.tolerations, a JSON list of tolerations",
+    )
+    g.add_argument(
+        "--default-precompile-node-selector", default=None, metavar="JSON",
+        help="precompile.nodeSelector (compiling off the cards), a JSON object",
+    )
+    g.add_argument(
+        "--default-precompile-tolerations", default=None, metavar="JSON",
+        help="precompile.tolerations, a JSON list of tolerations",
+    )
+    g.add_argument(
+        "--default-storage-class",
+        default=None,
+        metavar="CLASS",
+        help="cache.volume.storageClassName of cache PVCs the operator creates (built in: "
+        "none, the cluster's default StorageClass); an existing PVC keeps its class",
+    )
+    g.add_argument(
+        "--allowed-engine-image",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="an engine image models may run, a shell pattern such as "
+        "registry.example.com/spyre/* (repeatable; none given: any image). A model whose "
+        "image matches none is refused (EngineImageNotAllowed) and nothing is compiled",
+    )
+
+
+def _budget(value: str) -> int:
+    """A budget: a whole number, 0 for no limit."""
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more, not {n}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `spyre-operator`."""
     parser = argparse.ArgumentParser(prog="spyre-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
@@ -159,6 +309,21 @@ def main(argv: list[str] | None = None) -> int:
         help="concurrent reconciles (they mostly wait on the API server; default 32)",
     )
     run.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
+    run.add_argument(
+        "--max-concurrent-compiles",
+        type=_budget,
+        default=_budget(os.environ.get("SPYRE_MAX_CONCURRENT_COMPILES", "4")),
+        help="precompile Jobs running at once across the watched namespaces; a model that "
+        "needs one more waits (WaitingForCompileSlot), oldest first (default 4; 0: no limit)",
+    )
+    run.add_argument(
+        "--max-concurrent-rollouts",
+        type=_budget,
+        default=_budget(os.environ.get("SPYRE_MAX_CONCURRENT_ROLLOUTS", "4")),
+        help="serving Deployments rolling at once; a model whose new artifact is ready keeps "
+        "serving the previous one until a slot frees (WaitingForRolloutSlot; default 4; 0: no "
+        "limit)",
+    )
     run.add_argument(
         "--liveness", default=None, help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
@@ -226,7 +391,13 @@ def main(argv: list[str] | None = None) -> int:
         help="text (default) or json: one object per line with time, level, logger, message "
         "and, on kopf's per-object lines, the object",
     )
-    args = parser.parse_args(argv)
+    _add_site_flags(run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `spyre-operator` console script."""
+    args = build_parser().parse_args(argv)
     if args.command == "crd":
         from .crd import render_crd
 

@@ -66,10 +66,15 @@ PRECOMPILE_UNSCHEDULABLE = "PrecompileUnschedulable"
 #: The Job controller cannot create the precompile pod (a ResourceQuota, LimitRange or
 #: PodSecurity refusal; the message is its FailedCreate Event's).
 PRECOMPILE_POD_REJECTED = "PrecompilePodRejected"
+#: ArtifactReady=False, Progressing=True: the model needs a precompile Job but every slot of
+#: the cluster-wide budget (--max-concurrent-compiles) is in use; no Job is created yet.
+WAITING_FOR_COMPILE_SLOT = "WaitingForCompileSlot"
 # ... or the engine's own reason when it says what users must fix (engine/spyre_engine/summary.py)
 MODEL_NOT_FOUND = "ModelNotFound"
 MODEL_ACCESS_DENIED = "ModelAccessDenied"
 UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
+#: The effective engine image is not on the operator's allow-list: nothing is compiled.
+ENGINE_IMAGE_NOT_ALLOWED = "EngineImageNotAllowed"
 #: Engine failure reasons that replace the generic PrecompileFailed in conditions.
 ENGINE_COMPILE_REASONS = frozenset(
     {MODEL_NOT_FOUND, MODEL_ACCESS_DENIED, UNSUPPORTED_CONFIGURATION}
@@ -98,6 +103,11 @@ IMAGE_PULL_FAILED = "ImagePullFailed"
 #: missing (CreateContainerConfigError, CreateContainerError; the message is the kubelet's).
 CONTAINER_CONFIG_ERROR = "ContainerConfigError"
 ROLLOUT_STALLED = "RolloutStalled"
+#: Progressing=True: the new artifact is ready but every slot of the cluster-wide rollout
+#: budget (--max-concurrent-rollouts) is in use; the Deployment keeps the previous artifact.
+WAITING_FOR_ROLLOUT_SLOT = "WaitingForRolloutSlot"
+#: Reasons of a model waiting its turn in a cluster-wide budget (Normal Events: not a fault).
+WAITING_REASONS = frozenset({WAITING_FOR_COMPILE_SLOT, WAITING_FOR_ROLLOUT_SLOT})
 #: Progressing: replicas are missing because no node has the cards (or CPU, memory) they
 #: need; the model keeps serving on the others.
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
@@ -161,6 +171,7 @@ WARNING_REASONS = frozenset(
         MODEL_NOT_FOUND,
         MODEL_ACCESS_DENIED,
         UNSUPPORTED_CONFIGURATION,
+        ENGINE_IMAGE_NOT_ALLOWED,
         INVALID_SPEC,
         ENGINE_FAILED,
         ARTIFACT_CORRUPT,

@@ -25,6 +25,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Event, PersistentVolumeClaim, Pod
 from pydantic import ValidationError
 
+from . import budget as B
 from . import conditions as C
 from . import jobs as job_status
 from . import peers
@@ -44,6 +45,8 @@ from .reconcile import (
     ScaleToZeroConfig,
     WriteError,
     decide,
+    served_key,
+    waiting_since,
     write_error_message,
 )
 from .release import claims_to_release, mounted_claims, rollout_complete
@@ -219,8 +222,22 @@ class Controller:
         workers: int = DEFAULT_WORKERS,
         clock: Callable[[], str] = C.now_rfc3339,
         policy: Policy = DEFAULT_POLICY,
+        max_concurrent_compiles: int = B.DEFAULT_MAX_CONCURRENT_COMPILES,
+        max_concurrent_rollouts: int = B.DEFAULT_MAX_CONCURRENT_ROLLOUTS,
     ) -> None:
         self.client = client
+        #: Cluster-wide budgets (budget.py; 0: unlimited), over every watched namespace.
+        self.max_concurrent_compiles = max_concurrent_compiles
+        self.max_concurrent_rollouts = max_concurrent_rollouts
+        self.compile_waiting = B.Waiting()
+        self.rollout_waiting = B.Waiting()
+        #: Precompile Jobs created (key: namespace, Job name) and Deployments switched to a
+        #: new artifact (namespace, Deployment name -> key) that the caches do not show yet.
+        self._compile_reserved = B.Reservations()
+        self._rollout_reserved = B.Reservations()
+        #: Whether the waiting lists were rebuilt from the models' status (after a start or
+        #: on becoming leader).
+        self._budget_seeded = False
         self.policy = policy
         self.caches = caches
         self.applier = Applier(client)
@@ -393,6 +410,11 @@ class Controller:
 
     def set_leader(self, leading: bool) -> None:
         """Leader election callback: only the leader writes; a new leader resyncs everything."""
+        # Budgets: a new leader rebuilds the waiting lists from the models' status, and counts
+        # slots from its own caches (the old leader's reservations are not its own).
+        self._budget_seeded = False
+        self._compile_reserved.clear()
+        self._rollout_reserved.clear()
         if leading:
             self.active.set()
             models = self.caches.indices.get("models") or {}
@@ -642,6 +664,7 @@ class Controller:
             self._server_pods.pop(key, None)
             self.yielded.pop(key, None)
             self._conflicts_reported.pop(key, None)
+            self._stop_waiting(key)
             return None  # deleted: ownerReferences let the garbage collector clean up
         if self.install is not None and self._written_elsewhere(key, model):
             return None
@@ -653,7 +676,7 @@ class Controller:
         else:
             # Anything else that fails here is a bug: it propagates, so nothing is decided
             # from a partial observation (the worker reports it and backs off).
-            plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec)
+            plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec, self.policy.site)
             obs = self.observe(model, plan.claim, plan.key, plan.job_name, plan.model_claim)
         if plan is not None and obs.job is not None:
             await self._observe_precompile(key, obs)
@@ -666,7 +689,10 @@ class Controller:
                 obs.server_pods = await self._recent_server_pods(key)
         if plan is not None and plan.claim_managed:
             obs.collected = await self.gc.collected(ns, plan.claim)
+        if plan is not None:  # no await from here to the reservation: slots are counted once
+            self._observe_budgets(key, model, plan, obs)
         decision = decide(model, obs, self.clock(), self.policy)
+        self._track_budgets(key, plan, obs, decision)
         await self.execute(model, obs, decision)
         if plan is not None:
             await self.release_claims(plan, obs.deployment)
@@ -687,6 +713,168 @@ class Controller:
             # unreported in a loaded run).
             self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
         return decision
+
+    # ------------------------------------------------------------------ budgets
+
+    def _seed_waiting(self) -> None:
+        """Rebuild who waits for a slot, in order, from the models' status (the watch cache
+        is complete before any reconcile): a restarted operator or a new leader keeps the
+        order of the models that waited before it."""
+        self._budget_seeded = True
+        self.compile_waiting.clear()
+        self.rollout_waiting.clear()
+        models = self.caches.indices.get("models") or {}
+        for key in list(models.keys()):
+            st = (self.caches.one("models", key) or {}).get("status") or {}
+            conds = st.get("conditions")
+            art = st.get("artifact") or {}
+            ready = C.find(conds, C.ARTIFACT_READY) or {}
+            if ready.get("reason") == C.WAITING_FOR_COMPILE_SLOT and art.get("waitingSince"):
+                self.compile_waiting.add(key, str(art["waitingSince"]))
+            progressing = C.find(conds, C.PROGRESSING) or {}
+            if progressing.get("reason") == C.WAITING_FOR_ROLLOUT_SLOT:
+                self.rollout_waiting.add(key, str(art.get("completedAt") or ""))
+
+    def compiles_in_use(self) -> int:
+        """Precompile Jobs of this operator that have not finished, in every watched namespace
+        (from the Job cache; a Job shared by several models is one), plus the ones just created
+        that the cache does not show yet."""
+        running: set[tuple[str, str]] = set()
+        seen: set[tuple[str, str]] = set()  # Jobs in the cache that are not deleted ones
+        index = self.caches.indices.get("jobs") or {}
+        for k in list(index.keys()):
+            job = self.caches.one("jobs", k)
+            if job is None:
+                continue
+            meta = job.get("metadata") or {}
+            if meta.get("uid") in self._deleted_jobs:
+                continue  # e.g. a failed Job removed for its retry, under the same name
+            seen.add(k)
+            labels = meta.get("labels") or {}
+            if (
+                labels.get(names.COMPONENT) == names.COMPONENT_PRECOMPILE
+                and not job_status.finished(job)
+            ):
+                running.add(k)
+        for k in self._compile_reserved.live():
+            if k in seen:
+                self._compile_reserved.drop(*k)  # the cache shows the new Job now
+            else:
+                running.add(k)
+        return len(running)
+
+    def rollouts_in_use(self, exclude: tuple[str, str] | None = None) -> int:
+        """Serving Deployments of this operator whose rollout is not complete (pods of an
+        older template left, or fewer available than asked) and has not exceeded its progress
+        deadline, plus the ones just switched that the cache does not show yet."""
+        rolling: set[tuple[str, str]] = set()
+        index = self.caches.indices.get("deployments") or {}
+        reserved = self._rollout_reserved.live()
+        for k in list(index.keys()):
+            dep = self.caches.one("deployments", k)
+            if dep is None:
+                continue
+            labels = (dep.get("metadata") or {}).get("labels") or {}
+            if labels.get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
+                continue
+            if k in reserved and served_key(dep) == reserved[k]:
+                self._rollout_reserved.drop(*k)  # the cache shows the switch now
+                reserved.pop(k)
+            if deployment_rolling(dep):
+                rolling.add(k)
+        rolling |= set(reserved)
+        rolling.discard(exclude)  # type: ignore[arg-type]
+        return len(rolling)
+
+    def _observe_budgets(
+        self, key: ModelKey, model: Mapping[str, Any], plan: Any, obs: Observed
+    ) -> None:
+        """The budgets' answers for this model (Observed.compile_slot, rollout_slot): asked
+        only when it may need a slot (no Job of its own yet; a Deployment serving another
+        artifact or claim)."""
+        if not self._budget_seeded:
+            self._seed_waiting()
+        ns = key[0]
+        now = self.clock()
+        if (
+            self.max_concurrent_compiles > 0
+            and obs.job is None
+            and self._compile_reserved.get(ns, plan.job_name) is None  # a sharer just made it
+        ):
+            obs.compile_slot = B.slot(
+                self.max_concurrent_compiles,
+                self.compiles_in_use(),
+                self.compile_waiting,
+                key,
+                waiting_since(dict(model), plan, now),
+            )
+        dep = obs.deployment
+        if (
+            self.max_concurrent_rollouts > 0
+            and dep is not None
+            and (served_key(dep) != plan.key or plan.claim not in mounted_claims(dep))
+        ):
+            own = (ns, names.server_name(key[1]))
+            if deployment_rolling(dep):
+                return  # already rolling: it holds its slot, switching it adds no rollout
+            # Order: when the new artifact was compiled (status, else its Job's completion).
+            artifact = (model.get("status") or {}).get("artifact") or {}
+            done = artifact.get("completedAt") if artifact.get("key") == plan.key else None
+            obs.rollout_slot = B.slot(
+                self.max_concurrent_rollouts,
+                self.rollouts_in_use(exclude=own),
+                self.rollout_waiting,
+                key,
+                str(done or job_status.finished_at(obs.job) or now),
+            )
+
+    def _track_budgets(
+        self, key: ModelKey, plan: Any, obs: Observed, d: Decision
+    ) -> None:
+        """After decide(): hold the slot a new Job or a switch takes until the caches show it,
+        and keep the waiting lists; a model that stops waiting lets the next ones go."""
+        ns = key[0]
+        conds = d.status.get("conditions")
+        artifact = d.status.get("artifact") or {}
+        if d.job is not None and obs.job is None and d.job.metadata is not None:
+            self._compile_reserved.hold(ns, str(d.job.metadata.name))
+        if (C.find(conds, C.ARTIFACT_READY) or {}).get("reason") == C.WAITING_FOR_COMPILE_SLOT:
+            self.compile_waiting.add(key, str(artifact.get("waitingSince") or ""))
+        elif self.compile_waiting.discard(key):
+            self.wake_compile_waiters()
+        switched = next(
+            (o for o in d.apply if o.kind == "Deployment" and o.metadata is not None), None
+        )
+        if switched is not None and obs.deployment is not None and plan is not None:
+            new_key = served_key({"metadata": switched.metadata.to_dict()})
+            if new_key and new_key != served_key(obs.deployment):
+                self._rollout_reserved.hold(ns, names.server_name(key[1]), new_key)
+        if (C.find(conds, C.PROGRESSING) or {}).get("reason") == C.WAITING_FOR_ROLLOUT_SLOT:
+            self.rollout_waiting.add(key, str(artifact.get("completedAt") or ""))
+        elif self.rollout_waiting.discard(key):
+            self.wake_rollout_waiters()
+
+    def _stop_waiting(self, key: ModelKey) -> None:
+        """A deleted model leaves both waiting lists (the next ones may go)."""
+        if self.compile_waiting.discard(key):
+            self.wake_compile_waiters()
+        if self.rollout_waiting.discard(key):
+            self.wake_rollout_waiters()
+
+    def wake_compile_waiters(self) -> None:
+        """A precompile slot may have freed (a Job finished or went, a waiting model left):
+        reconcile as many of the longest-waiting models as there are free slots."""
+        if not self.compile_waiting:
+            return
+        free = self.max_concurrent_compiles - self.compiles_in_use()
+        self.enqueue(self.compile_waiting.first(free))
+
+    def wake_rollout_waiters(self) -> None:
+        """Same for the rollout budget (a rollout completed, a Deployment went)."""
+        if not self.rollout_waiting:
+            return
+        free = self.max_concurrent_rollouts - self.rollouts_in_use()
+        self.enqueue(self.rollout_waiting.first(free))
 
     # ------------------------------------------------------------------ claims left behind
 
@@ -931,6 +1119,8 @@ class Controller:
         results = await asyncio.gather(*writes, return_exceptions=True)
         for (kind, obj_name), r in zip(targets, results, strict=True):
             if isinstance(r, ApiError) and _rejected(r):
+                if kind == "Job":  # not created: the slot it held is free again
+                    self._compile_reserved.drop(ns, obj_name)
                 obs.write_errors.append(
                     WriteError(kind, obj_name, r.status.code or 0, r.status.message or str(r))
                 )
@@ -983,6 +1173,21 @@ class Controller:
         for uid, when in list(self._deleted_jobs.items()):
             if when < cutoff:
                 del self._deleted_jobs[uid]
+
+
+def deployment_rolling(dep: Mapping[str, Any]) -> bool:
+    """A serving Deployment whose rollout holds a slot of the rollout budget: pods of an older
+    template left, not all asked replicas updated and available, or not observed since its
+    last change; one past its progress deadline (RolloutStalled) no longer does."""
+    st = dep.get("status") or {}
+    for c in st.get("conditions") or []:
+        if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded":
+            return False
+    want = (dep.get("spec") or {}).get("replicas")
+    want = 1 if want is None else int(want)
+    if not rollout_complete(dep):
+        return True
+    return (st.get("updatedReplicas") or 0) < want or (st.get("availableReplicas") or 0) < want
 
 
 def _rejected(e: ApiError) -> bool:

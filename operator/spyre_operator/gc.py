@@ -386,19 +386,30 @@ class GarbageCollector:
     def _uses(
         self, ns: str, models: list[dict[str, Any]], oldest_name: str, plan: Any
     ) -> tuple[list[ClaimUse], Any]:
-        """Each user's spec key and status artifacts; the oldest user's plan (for the Job)."""
-        uses, job_plan = [], plan
+        """Each user's spec key and status artifacts; the oldest user's plan (for the Job).
+
+        A user whose engine image the allow-list refuses never lends its image to the GC Job:
+        the oldest allowed user's plan does (None: no user's image is allowed).
+        """
+        uses, job_plan, allowed = [], plan, []
         for m in models:
             try:
                 spec = SpyreModelSpec.model_validate(m.get("spec") or {})
-                m_plan = plan_model(m["metadata"]["name"], ns, m["metadata"].get("uid", ""), spec)
+                m_plan = plan_model(
+                    m["metadata"]["name"], ns, m["metadata"].get("uid", ""), spec,
+                    self.c.policy.site,
+                )
                 spec_key = m_plan.key
                 if m["metadata"]["name"] == oldest_name:
                     job_plan = m_plan  # the oldest user's image and placement, like its PVC
+                if not m_plan.image_refusal:
+                    allowed.append((m.get("metadata", {}).get("creationTimestamp") or "", m_plan))
             except Exception:  # noqa: BLE001 - an invalid spec needs nothing
                 spec_key = None
             artifacts = ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []
             uses.append(ClaimUse(m["metadata"]["name"], spec_key, list(artifacts)))
+        if job_plan.image_refusal:
+            job_plan = min(allowed, key=lambda a: (a[0], a[1].name))[1] if allowed else None
         return uses, job_plan
 
     def _protected(self, ns: str, claim: str) -> set[str]:
@@ -433,6 +444,8 @@ class GarbageCollector:
         clock = time.monotonic()
         protected = self._protected(ns, claim)
         uses, job_plan = self._uses(ns, models, oldest.owner.name, plan)
+        if job_plan is None:
+            return  # no user's engine image is allowed: nothing may run on the claim
         retention, now = oldest.volume.retention, self.c.clock()
         remove = keys_to_remove(
             claim, (pvc.get("metadata") or {}).get("uid"), uses, protected, retention, now

@@ -27,12 +27,14 @@ from pydantic import ValidationError
 
 from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
+from .budget import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .coldstart import start_coldstart_server
-from .controller import Caches, Controller
+from .controller import Caches, Controller, deployment_rolling
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
 from .desired.routing import InferencePool
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
+from .desired.site import SiteDefaults
 from .metrics import count_requests, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
@@ -84,6 +86,11 @@ class OperatorConfig:
     scale_to_zero: ScaleToZeroConfig = ScaleToZeroConfig()
     #: The port the cold-start responder listens on (None: not served).
     coldstart_port: int | None = None
+    #: Cluster-wide defaults of per-site SpyreModel fields and the engine-image allow-list.
+    site: SiteDefaults = SiteDefaults()
+    #: Cluster-wide budgets (budget.py): precompile Jobs and serving rollouts at once (0: any).
+    max_concurrent_compiles: int = DEFAULT_MAX_CONCURRENT_COMPILES
+    max_concurrent_rollouts: int = DEFAULT_MAX_CONCURRENT_ROLLOUTS
 
 
 def slim(body: Any) -> dict[str, Any]:
@@ -127,7 +134,7 @@ def _build_plan(namespace: str, name: str, uid: str, spec_body: Any) -> Any:
         spec = SpyreModelSpec.model_validate(dict(spec_body or {}))
     except ValidationError:
         return None
-    return plan_model(name, namespace, uid, spec)
+    return plan_model(name, namespace, uid, spec, OperatorConfig.site)
 
 
 def use_http2() -> bool:
@@ -215,7 +222,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     )
     caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
     controller = Controller(
-        client, caches, workers=OperatorConfig.workers, policy=policy_from_env(os.environ)
+        client,
+        caches,
+        workers=OperatorConfig.workers,
+        policy=dataclasses.replace(policy_from_env(os.environ), site=OperatorConfig.site),
+        max_concurrent_compiles=OperatorConfig.max_concurrent_compiles,
+        max_concurrent_rollouts=OperatorConfig.max_concurrent_rollouts,
     )
     memo["controller"] = controller
     count_requests(client, controller.requests)
@@ -418,12 +430,19 @@ async def on_model(
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
-async def on_child(namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A child changed: reconcile the SpyreModels that own it."""
+async def on_child(
+    type: str | None, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """A child changed: reconcile the SpyreModels that own it (and, when a precompile Job
+    finished or went, or a rollout completed, the models waiting for that budget's slot)."""
     c = _controller(memo)
     # a Job that just finished: the Deployment is what users wait for
     finished = body.get("kind") == "Job" and jobs.finished(body)
     c.enqueue(c.models_for_owner_refs(namespace, body), urgent=finished)
+    if body.get("kind") == "Job" and (finished or type == "DELETED"):
+        c.wake_compile_waiters()
+    elif body.get("kind") == "Deployment" and (type == "DELETED" or not deployment_rolling(body)):
+        c.wake_rollout_waiters()
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={names.MANAGED_BY: kopf.ABSENT})

@@ -27,6 +27,7 @@ from . import conditions as C
 from . import pods as P
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import parse_quantity
+from .budget import FREE, WAITING_RECHECK_SECONDS, Slot
 from .desired import names
 from .desired.autoscaling import build_hpa, targets, wants_hpa
 from .desired.deployment import build_deployment, served_spec_json
@@ -52,6 +53,7 @@ from .desired.scaletozero import (
     wants_scale_to_zero,
 )
 from .desired.service import build_pdb, build_service, wants_pdb
+from .desired.site import SiteDefaults, effective_status
 from .precompile_state import Stuck, job_attempt, job_stuck, superseded, template_changed
 from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 
@@ -79,6 +81,8 @@ class Policy:
     retry_cap_seconds: float = 3600.0
     #: A cache claim's artifacts are evaluated for garbage collection at most this often.
     gc_interval_seconds: float = 300.0
+    #: The cluster-wide defaults of per-site fields and the engine-image allow-list.
+    site: SiteDefaults = field(default_factory=SiteDefaults)
 
     def retry_delay(self, attempts: int) -> float:
         delay = self.retry_base_seconds * 2 ** max(0, attempts - 1)
@@ -180,6 +184,12 @@ class Observed:
     foreign_scale_to_zero: str | None = None
     #: The interceptor proxy Service's EndpointSlices (what the mirror copies).
     interceptor_slices: list[dict[str, Any]] = field(default_factory=list)
+    #: The cluster-wide precompile budget's answer (budget.py; the controller counts): when
+    #: not free, a model that would create a precompile Job waits instead.
+    compile_slot: Slot = FREE
+    #: The rollout budget's: when not free, a Deployment serving another artifact is not
+    #: switched to the spec's ready one yet.
+    rollout_slot: Slot = FREE
 
 
 @dataclass
@@ -375,18 +385,22 @@ def _volume_differences(a: CacheVolumeSpec, b: CacheVolumeSpec) -> list[str]:
 
 
 def _immutable_edits(
-    volume: CacheVolumeSpec, live: dict[str, Any]
+    volume: CacheVolumeSpec, live: dict[str, Any], class_defaulted: bool = False
 ) -> tuple[CacheVolumeSpec, list[str]]:
     """``volume`` with the fields an existing PVC cannot change reset to the live values.
 
     A bound PVC's StorageClass and access modes are immutable and its size can only grow:
-    applying such an edit is rejected on every retry, so the edit is reported instead.
+    applying such an edit is rejected on every retry, so the edit is reported instead. With a
+    default StorageClass (``class_defaulted``), a volume that names none keeps the live
+    class: the PVC may have been created with an earlier default, which is no edit.
     """
     spec = live.get("spec") or {}
     edits: list[str] = []
     keep: dict[str, Any] = {}
     live_class = spec.get("storageClassName")
-    if volume.storage_class_name is not None and volume.storage_class_name != live_class:
+    if volume.storage_class_name is None and class_defaulted and live_class is not None:
+        keep["storage_class_name"] = live_class
+    elif volume.storage_class_name is not None and volume.storage_class_name != live_class:
         edits.append(f"storageClassName {live_class} -> {volume.storage_class_name}")
         keep["storage_class_name"] = live_class
     live_modes = spec.get("accessModes") or []
@@ -425,8 +439,11 @@ def decide_cache(plan: ModelPlan, obs: Observed) -> CacheOutcome:
                 f"cache.volume settings were first and are used ({'; '.join(diff)}, this model "
                 "vs the first): make the cache.volume entries agree, or name another PVC",
             )
+    if pvc is None and volume.storage_class_name is None and plan.site.storage_class_name:
+        # The default StorageClass applies when the PVC is created; it keeps its class.
+        volume = volume.model_copy(update={"storage_class_name": plan.site.storage_class_name})
     if pvc is not None:
-        volume, edits = _immutable_edits(volume, pvc)
+        volume, edits = _immutable_edits(volume, pvc, bool(plan.site.storage_class_name))
         if edits and out.problem is None:
             out.problem = C.Cond(
                 C.DEGRADED,
@@ -455,6 +472,8 @@ class ArtifactOutcome:
     requeue_after: float | None = None
     #: The running Job's pod cannot start (not scheduled, image, Secret, quota).
     stuck: Stuck | None = None
+    #: No precompile Job yet: the model waits for a slot of the compile budget.
+    waiting: bool = False
 
     @property
     def phase(self) -> str:
@@ -638,7 +657,10 @@ def decide_artifact(
     a = _ArtifactFacts.read(plan, obs, model, cache, now, policy)
     job = obs.job
     if job is None:
-        return _without_job(a, model)
+        out = _without_job(a, model)
+        if out.job is not None and not obs.compile_slot.free:
+            return _waiting_for_compile_slot(a, out)
+        return out
     state = _job_state(job)
     if state == READY:
         return _compiled(a, job)
@@ -678,6 +700,35 @@ def _without_job(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome:
     )
     out.job = a.job()
     return out
+
+
+def waiting_since(model: dict[str, Any], plan: ModelPlan, now: str) -> str:
+    """Since when the model waits for a compile slot for this (claim, key): what its status
+    recorded (so a restarted operator keeps the order), else now."""
+    old = (model.get("status") or {}).get("artifact") or {}
+    if old.get("key") == plan.key and old.get("claim") == plan.claim and old.get(
+        "waitingSince"
+    ):
+        return str(old["waitingSince"])
+    return now
+
+
+def _waiting_for_compile_slot(a: _ArtifactFacts, out: ArtifactOutcome) -> ArtifactOutcome:
+    """The Job ``out`` would create waits for the compile budget: no Job; status says why and
+    since when (the order among waiting models, oldest first)."""
+    slot = a.obs.compile_slot
+    message = (
+        f"{slot.message('precompile', 'max-concurrent-compiles')}; the precompile Job "
+        f"{a.plan.job_name} starts when a slot frees"
+    )
+    since = a.old.get("waitingSince") or _fmt_time(a.now)  # as waiting_since() finds it
+    st = {**out.status, "phase": PENDING, "message": message, "waitingSince": since}
+    waiting = ArtifactOutcome(
+        st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, message)
+    )
+    waiting.waiting = True
+    waiting.requeue_after = WAITING_RECHECK_SECONDS
+    return waiting
 
 
 def _known_on_claim(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome | None:
@@ -937,7 +988,9 @@ def decide_cache_status(
         in_use.add((serving.key, serving.plan.claim))
     live_key, live_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
     if live_key and live_spec is not None:  # its pods serve it until the rollout replaces them
-        live = plan_model(plan.name, plan.namespace, plan.uid, live_spec)
+        live = plan_model(
+            plan.name, plan.namespace, plan.uid, live_spec, plan.site.for_served_spec()
+        )
         in_use.add((live_key, live.claim))
     entries = {  # removed by a GC Job since compiled: no longer on the claim (unless in use)
         k: a
@@ -981,6 +1034,9 @@ class ServingOutcome:
 
     plan: ModelPlan | None = None
     key: str | None = None
+    #: The spec's artifact is ready, but the Deployment keeps the previous one: every slot
+    #: of the rollout budget is in use (the budget's message).
+    waiting: str | None = None
 
     def current(self, plan: ModelPlan) -> bool:
         return (
@@ -1000,17 +1056,41 @@ def decide_serving(
     its shape, compile-time env and cache claim match the artifact it runs. A Deployment
     that is gone (deleted by hand or by a cleanup script) is rebuilt from what status
     remembers (servingArtifactKey, servedSpec): the old artifact serves again while the new
-    one compiles.
+    one compiles. A ready artifact waits too while the rollout budget has no free slot
+    (``obs.rollout_slot``), if the live Deployment serves another artifact to users.
     """
     if artifact.phase == READY:
-        return ServingOutcome(plan, plan.key)
+        new = ServingOutcome(plan, plan.key)
+        available = ((obs.deployment or {}).get("status") or {}).get("availableReplicas") or 0
+        if obs.rollout_slot.free or obs.deployment is None or available == 0:
+            # A first Deployment (or one deleted by hand), or one serving nothing (scaled to
+            # zero, crashing): switching it takes nothing away from users.
+            return new
+        previous = _previous_serving(plan, obs, None)
+        if previous.plan is None or previous.current(plan):
+            return new  # nothing else serves: not a switch to a new artifact
+        previous.waiting = (
+            f"{obs.rollout_slot.message('rollout', 'max-concurrent-rollouts')}; the "
+            f"Deployment switches to artifact {plan.short_key} when a slot frees"
+        )
+        return previous
+    return _previous_serving(plan, obs, old_status)
+
+
+def _previous_serving(
+    plan: ModelPlan, obs: Observed, old_status: dict[str, Any] | None
+) -> ServingOutcome:
+    """What the live Deployment serves (else what status remembers), at the spec's replicas."""
     live_key, old_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
     if not live_key or old_spec is None:
         live_key, old_spec = _remembered_serving(old_status or {})
     if not live_key or old_spec is None:
         return ServingOutcome()
     old_spec = old_spec.model_copy(update={"replicas": plan.spec.replicas})
-    return ServingOutcome(plan_model(plan.name, plan.namespace, plan.uid, old_spec), live_key)
+    return ServingOutcome(
+        plan_model(plan.name, plan.namespace, plan.uid, old_spec, plan.site.for_served_spec()),
+        live_key,
+    )
 
 
 @dataclass(frozen=True)
@@ -1517,6 +1597,8 @@ def _ready(
             return C.Cond(C.READY, C.FALSE, artifact.cond.reason, artifact.cond.message)
         if cache.missing:
             return C.Cond(C.READY, C.FALSE, C.CLAIM_NOT_FOUND, cache.cond.message)
+        if artifact.waiting:
+            return C.Cond(C.READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, artifact.cond.message)
         return C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
     if replicas == 0 and f.zero_problem is not None:
         return C.Cond(
@@ -1548,6 +1630,10 @@ def _ready(
                 if artifact.phase == FAILED
                 else f"cannot compile yet ({artifact.stuck.reason})"
                 if artifact.stuck is not None
+                else f"waits for a rollout slot ({C.WAITING_FOR_ROLLOUT_SLOT})"
+                if serving.waiting
+                else f"waits for a precompile slot ({C.WAITING_FOR_COMPILE_SLOT})"
+                if artifact.waiting
                 else "compiles"
             ),
         )
@@ -1584,7 +1670,11 @@ def _progressing(
     roll = f.roll
     if artifact.phase in (PENDING, COMPILING) and not cache.missing:
         reason = artifact.stuck.reason if artifact.stuck is not None else C.COMPILING
+        if artifact.waiting:
+            reason = C.WAITING_FOR_COMPILE_SLOT
         return C.Cond(C.PROGRESSING, C.TRUE, reason, artifact.cond.message)
+    if serving.waiting:
+        return C.Cond(C.PROGRESSING, C.TRUE, C.WAITING_FOR_ROLLOUT_SLOT, serving.waiting)
     if serving.key is None or (f.current and roll.done) or roll.stall:
         return C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
     available = f"{roll.available}/{plan.spec.replicas} replicas available"
@@ -1689,21 +1779,36 @@ def _invalid_status(
     return Decision(status=status, events=_events(old_status.get("conditions"), conds))
 
 
-def _refused_status(model: dict[str, Any], message: str, generation: int, now: str) -> Decision:
+def _refused_status(
+    model: dict[str, Any],
+    message: str,
+    generation: int,
+    now: str,
+    reason: str = C.UNSUPPORTED_CONFIGURATION,
+    effective: dict[str, Any] | None = None,
+) -> Decision:
     """A shape the plugin does not support (or none given for a model it cannot choose one
-    for): nothing is created or changed (a Deployment serving an earlier artifact keeps it)."""
+    for), or an engine image the allow-list refuses: nothing is created or changed (a
+    Deployment serving an earlier artifact keeps it)."""
     old_status = model.get("status") or {}
-    reason, msg = C.UNSUPPORTED_CONFIGURATION, message[:1024]
+    msg = message[:1024]
+    todo = (
+        "use an allowed engine image"
+        if reason == C.ENGINE_IMAGE_NOT_ALLOWED
+        else "choose a supported compile shape"
+    )
     refused = [
         C.Cond(C.READY, C.FALSE, reason, msg),
         C.Cond(C.ARTIFACT_READY, C.FALSE, reason, msg),
         C.Cond(C.DEGRADED, C.TRUE, reason, msg),
-        C.Cond(C.PROGRESSING, C.FALSE, reason, "choose a supported compile shape"),
+        C.Cond(C.PROGRESSING, C.FALSE, reason, todo),
     ]
     conds = C.merge_conditions(
         old_status.get("conditions"), C.with_kstatus(refused), generation, now
     )
     status = {**old_status, "observedGeneration": generation, "conditions": conds}
+    if effective is not None:
+        status["effective"] = effective
     status.pop("compile", None)
     return Decision(status=status, events=_events(old_status.get("conditions"), conds))
 
@@ -1720,9 +1825,14 @@ def decide(
         spec = SpyreModelSpec.model_validate(model.get("spec") or {})
     except ValidationError as e:
         return _invalid_status(model, e, generation, now)
-    plan = plan_model(name, ns, meta.get("uid", ""), spec)
+    plan = plan_model(name, ns, meta.get("uid", ""), spec, policy.site)
+    effective = effective_status(plan.spec, plan.from_defaults, plan.storage_class(obs.cache_pvc))
+    if plan.image_refusal:
+        return _refused_status(
+            model, plan.image_refusal, generation, now, C.ENGINE_IMAGE_NOT_ALLOWED, effective
+        )
     if plan.shape is not None and plan.shape.refusal:
-        return _refused_status(model, plan.shape.refusal, generation, now)
+        return _refused_status(model, plan.shape.refusal, generation, now, effective=effective)
 
     cache = decide_cache(plan, obs)
     artifact = decide_artifact(plan, obs, model, cache, now, policy)
@@ -1732,6 +1842,8 @@ def decide(
     zero = decide_scale_to_zero(plan, obs, old_status.get("conditions"))
 
     d = Decision(job=artifact.job, requeue_after=artifact.requeue_after)
+    if serving.waiting:
+        d.requeue_after = min(d.requeue_after or WAITING_RECHECK_SECONDS, WAITING_RECHECK_SECONDS)
     if cache.pvc is not None:
         d.apply.append(cache.pvc)
     if artifact.delete_job:
@@ -1772,6 +1884,7 @@ def decide(
         "observedGeneration": generation,
         "artifact": artifact.status,
         **({"compile": plan.shape.status()} if plan.shape is not None else {}),
+        "effective": effective,
         "replicas": dep_status.get("replicas") or 0,
         "readyReplicas": dep_status.get("readyReplicas") or 0,
         "selector": ",".join(f"{k}={v}" for k, v in names.server_selector(name).items()),
@@ -1824,7 +1937,7 @@ def _events(
     for c in C.transitions(old, new):
         if c["type"] not in (
             C.READY, C.ARTIFACT_READY, C.DEGRADED, C.CACHE_VOLUME_READY, C.ROUTING_READY
-        ):
+        ) and not (c["type"] == C.PROGRESSING and c["reason"] in C.WAITING_REASONS):
             continue
         if c["type"] == C.DEGRADED and c["status"] == C.FALSE and not old:
             continue  # "not degraded" on creation is not news
@@ -1859,6 +1972,7 @@ __all__ = [
     "decide_cache_status",
     "decide_status",
     "served_key",
+    "waiting_since",
     "shape_text",
     "write_error_message",
 ]

@@ -24,7 +24,7 @@ from spyre_operator.desired.scaletozero import (
 )
 from spyre_operator.desired.service import build_pdb, build_service
 
-from ..unit.samples import ALL
+from ..unit.samples import ALL, SITE, UNDER_SITE
 
 DATA = Path(__file__).parent / "data"
 
@@ -42,6 +42,15 @@ COLDSTART = ("spyre-model-operator-coldstart", 8082)
 
 def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
     spec = SpyreModelSpec.model_validate(spec_doc)
+    if sample in UNDER_SITE:
+        # The admin's defaults for the unset fields; the PVC's StorageClass default applies
+        # only when it is created (decide_cache, in tests/unit/test_site_defaults.py).
+        plan = plan_model(sample, "team-a", f"uid-{sample}", spec, SITE)
+        return {k: build(plan).to_dict() for k, build in (
+            ("job", lambda p: build_precompile_job(p, [p.owner])),
+            ("deployment", lambda p: build_deployment(p, p.key)),
+            ("service", build_service),
+        )}
     plan = plan_model(sample, "team-a", f"uid-{sample}", spec)
     objs: dict[str, Any] = {
         "job": build_precompile_job(plan, [plan.owner]),
@@ -78,12 +87,12 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
 
 KINDS = ("job", "deployment", "service", "pdb", "pvc", "inferencepool", "engineservice",
          "httpscaledobject", "scaledobject")
-CASES = [(sample, kind) for sample in ALL for kind in KINDS]
+CASES = [(sample, kind) for sample in {**ALL, **UNDER_SITE} for kind in KINDS]
 
 
 @pytest.mark.parametrize("sample,kind", CASES)
 def test_golden(sample: str, kind: str, update_golden: bool) -> None:
-    rendered = render(sample, ALL[sample])
+    rendered = render(sample, {**ALL, **UNDER_SITE}[sample])
     if kind not in rendered:
         pytest.skip(f"{sample} has no {kind}")
     text = yaml.safe_dump(rendered[kind], sort_keys=True, width=100)

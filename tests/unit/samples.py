@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from spyre_operator.api.v1alpha1 import Toleration
+from spyre_operator.desired.site import SiteDefaults
+
 GENERATE: dict[str, Any] = {"model": {"uri": "hf://ibm-granite/granite-3.3-8b-instruct@a1b2c3"}}
 GENERATE_TP4: dict[str, Any] = {
     "model": {"uri": "pvc://models/granite/8b", "servedName": "granite"},
@@ -30,6 +33,19 @@ EMBED: dict[str, Any] = {
                          "accessModes": ["ReadWriteOnce"], "storageClassName": "local"}},
 }
 ALL = {"generate": GENERATE, "generate-tp4": GENERATE_TP4, "embed": EMBED}
+#: An admin's cluster-wide defaults (the chart's ``defaults`` values) for unset fields.
+SITE = SiteDefaults(
+    engine_image="registry.example.com/spyre/spyre-engine:1.0",
+    image_pull_secrets=("registry-pull",),
+    resource_name="ibm.com/spyre_pf",
+    scheduler_name="site-scheduler",
+    serving_node_selector={"pool": "spyre"},
+    serving_tolerations=(Toleration(key="spyre", operator="Exists", effect="NoSchedule"),),
+    precompile_node_selector={"pool": "cpu"},
+    storage_class_name="nfs-rwx",
+)
+#: Samples planned under SITE (golden files <name>.<kind>.yaml).
+UNDER_SITE = {"generate-site": GENERATE}
 
 
 def model(name: str, spec: dict[str, Any], *, ns: str = "ns", uid: str | None = None,

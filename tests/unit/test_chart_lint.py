@@ -30,6 +30,21 @@ VALUE_SETS: dict[str, list[str]] = {
     "monitoring": ["--set", "monitoring.enabled=true", "--api-versions", MONITORING],
     "network-policy": ["--set", "networkPolicy.enabled=true",
                        "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}"],
+    "site-defaults": [
+        "--set", "defaults.engineImage=registry.example.com/spyre/spyre-engine:1.0",
+        "--set", "defaults.imagePullSecrets={registry-pull,mirror-pull}",
+        "--set", "defaults.cardResource=ibm.com/spyre_pf",
+        "--set", "defaults.schedulerName=",
+        "--set", "defaults.serving.nodeSelector.pool=spyre",
+        "--set", "defaults.serving.tolerations[0].key=ibm.com/spyre",
+        "--set", "defaults.serving.tolerations[0].operator=Exists",
+        "--set", "defaults.serving.tolerations[0].effect=NoSchedule",
+        "--set", "defaults.precompile.nodeSelector.pool=cpu",
+        "--set", "defaults.precompile.tolerations[0].key=cpu-only",
+        "--set", "defaults.precompile.tolerations[0].operator=Exists",
+        "--set", "defaults.storageClassName=nfs-rwx",
+        "--set", "allowedEngineImages={registry.example.com/spyre/*}",
+    ],
 }
 
 needs_helm = pytest.mark.skipif(
@@ -263,6 +278,96 @@ def test_network_policy() -> None:
     ["--set", "operator.logLevel=verbose"],
     ["--set", "unknownKey=1"],
     ["--set", "monitoring.models.kind=Probe"],
+    ["--set", "defaults.cardResource=spyre_vf"],
+    ["--set", "defaults.serving.tolerations[0].operator=Maybe"],
+    ["--set", "defaults.engine=x"],
 ])
 def test_schema_rejects(values: list[str]) -> None:
     assert helm("template", "spyre", str(CHART), *values, check=False).returncode != 0
+
+
+def _site(docs: list[dict[str, Any]]) -> Any:
+    """The SiteDefaults the operator builds from the rendered container's arguments."""
+    from spyre_operator.cli import build_parser, site_defaults
+
+    return site_defaults(build_parser().parse_args(operator_container(docs)["args"]))
+
+
+@needs_helm
+def test_site_defaults_reach_the_operator() -> None:
+    """Every defaults.* value becomes the operator's default, read back by its own parser."""
+    from spyre_operator.api.v1alpha1 import Toleration
+    from spyre_operator.desired.site import SiteDefaults
+
+    assert _site(render(*VALUE_SETS["site-defaults"])) == SiteDefaults(
+        engine_image="registry.example.com/spyre/spyre-engine:1.0",
+        image_pull_secrets=("registry-pull", "mirror-pull"),
+        resource_name="ibm.com/spyre_pf",
+        scheduler_name="",
+        serving_node_selector={"pool": "spyre"},
+        serving_tolerations=(
+            Toleration(key="ibm.com/spyre", operator="Exists", effect="NoSchedule"),
+        ),
+        precompile_node_selector={"pool": "cpu"},
+        precompile_tolerations=(Toleration(key="cpu-only", operator="Exists"),),
+        storage_class_name="nfs-rwx",
+        allowed_engine_images=("registry.example.com/spyre/*",),
+    )
+
+
+@needs_helm
+def test_without_site_values_the_operator_keeps_its_builtin_defaults() -> None:
+    from spyre_operator.desired.site import SiteDefaults
+
+    docs = render()
+    assert not [a for a in operator_container(docs)["args"]
+                if a.startswith(("--default-", "--allowed-"))]
+    assert _site(docs) == SiteDefaults()
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--default-serving-node-selector", "pool=spyre"], "--default-serving-node-selector"),
+    (["--default-precompile-tolerations", '{"key": "cpu-only"}'],
+     "--default-precompile-tolerations"),
+    (["--default-card-resource", "spyre_vf"], "not an extended resource name"),
+    (["--default-engine-image", "docker.io/x/e:1", "--allowed-engine-image", "quay.io/y/*"],
+     "every model leaving engine.image unset would be refused"),
+])
+def test_site_flags_that_cannot_work_stop_the_operator(args: list[str], error: str) -> None:
+    """Refused at start-up, naming the flag, rather than on every model."""
+    from spyre_operator.cli import build_parser, site_defaults
+
+    with pytest.raises(ValueError, match=error):
+        site_defaults(build_parser().parse_args(["run", "-A", *args]))
+
+
+@needs_helm
+def test_the_readmes_site_values_render_and_reach_the_operator(tmp_path: Path) -> None:
+    """README, "Install the operator with Helm": the values file for a Spyre site is valid
+    (schema, lint) and its defaults become the operator's."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(# spyre-values\.yaml\n.*?)```", readme, re.S)
+    assert block is not None, "the README's spyre-values.yaml block is gone"
+    values = tmp_path / "spyre-values.yaml"
+    values.write_text(block.group(1))
+    res = helm("lint", "--strict", str(CHART), "-f", str(values))
+    assert "0 chart(s) failed" in res.stdout, res.stdout
+    site = _site(render("-f", str(values), "--api-versions", MONITORING))
+    assert site.engine_image == "registry.example.com/spyre/spyre-engine:0.1.0"
+    assert site.allows(site.engine_image) and not site.allows("docker.io/library/busybox")
+    assert site.storage_class_name and site.precompile_node_selector
+
+
+@needs_helm
+def test_budget_values_reach_the_operator() -> None:
+    args = operator_container(render())["args"]
+    assert "--max-concurrent-compiles=4" in args and "--max-concurrent-rollouts=4" in args
+    args = operator_container(render("--set", "budget.maxConcurrentCompiles=2",
+                                     "--set", "budget.maxConcurrentRollouts=0"))["args"]
+    assert "--max-concurrent-compiles=2" in args and "--max-concurrent-rollouts=0" in args
+    # the schema refuses what the operator would refuse
+    res = helm("template", "spyre", str(CHART), "--set", "budget.maxConcurrentCompiles=-1",
+               check=False)
+    assert res.returncode != 0 and "maxConcurrentCompiles" in res.stderr

@@ -422,3 +422,24 @@ def test_a_key_the_gc_pod_kept_because_a_pod_uses_it_is_an_event_on_every_user()
                    and "in use by deployment/a" in e[3] for e in kept), kept
         await c.stop()
     asyncio.run(run())
+
+
+def test_a_gc_job_never_runs_an_engine_image_the_allow_list_refuses() -> None:
+    """The GC Job runs the oldest user's image; a refused model's image is not lent to it."""
+    from dataclasses import replace
+
+    from spyre_operator.desired.site import SiteDefaults
+
+    async def run(allowed: tuple[str, ...]) -> list[Any]:
+        c, fake, plan_a, _old = _setup([_precompile(_key("a", 2048), True)])
+        c.policy = replace(c.policy, site=SiteDefaults(allowed_engine_images=allowed))
+        a = c.caches.one("models", (NS, "a"))
+        a["spec"]["engine"]["image"] = "docker.io/evil/miner:1"  # the oldest user's
+        await c.collect_garbage((NS, "a"), plan_a)
+        await c.stop()
+        return [j.spec.template.spec.containers[0].image for j in fake.jobs]
+
+    default = SiteDefaults().engine_image
+    assert asyncio.run(run(())) == ["docker.io/evil/miner:1"], "no allow-list: as before"
+    assert asyncio.run(run(("ghcr.io/*",))) == [default], "the oldest allowed user's image"
+    assert asyncio.run(run(("quay.io/*",))) == [], "no user's image allowed: no GC Job"

@@ -4,6 +4,11 @@ These models are the single source of truth for the API: the CRD in ``crds/`` is
 from them (``spyre-operator crd``), defaults live here and so in the CRD schema, and the
 ``x-kubernetes-validations`` (CEL) rules attached below are what the API server enforces at
 admission. Every field carries a description because ``kubectl explain`` shows it.
+
+Per-site fields (the engine image and its pull secrets, the card resource, the scheduler, node
+placement, the cache's StorageClass) have no default here: the API server would write it into
+every object at creation and an operator upgrade or an admin's change would never reach it.
+Left unset, they follow the operator's defaults at every reconcile (``desired/site.py``).
 """
 
 from __future__ import annotations
@@ -556,22 +561,30 @@ class PrecompileSpec(ApiModel):
         json_schema_extra=_keys_are_qualified_names("precompile.nodeSelector"),
         description=(
             "Node labels the precompile pod must match when it compiles off the cards "
-            "(e.g. a CPU pool with enough memory for the compiler)."
+            "(e.g. a CPU pool with enough memory for the compiler). Unset: the operator's "
+            "default (chart defaults.precompile.nodeSelector); {} for none."
         ),
     )
     tolerations: list[Toleration] | None = Field(
         default=None,
-        description="Tolerations of the precompile pod when it compiles off the cards.",
+        description=(
+            "Tolerations of the precompile pod when it compiles off the cards. Unset: the "
+            "operator's default (chart defaults.precompile.tolerations); [] for none."
+        ),
     )
 
 
 class EngineSpec(ApiModel):
     """The engine image (vLLM + Spyre plugin + spyre-engine). Part of the artifact key."""
 
-    image: str = Field(
-        default="ghcr.io/spyre-model-operator/spyre-engine:0.1.0",
+    image: str | None = Field(
+        default=None,
         min_length=1,
-        description="Engine container image; pin a digest for reproducible artifacts.",
+        description=(
+            "Engine container image; pin a digest for reproducible artifacts. Unset: the "
+            "operator's default engine image (its --default-engine-image, the chart's "
+            "defaults.engineImage), followed at every reconcile (status.effective shows it)."
+        ),
     )
     image_pull_policy: str = Field(
         default="IfNotPresent",
@@ -579,7 +592,11 @@ class EngineSpec(ApiModel):
         json_schema_extra={"enum": ["Always", "IfNotPresent", "Never"]},
     )
     image_pull_secrets: list[str] | None = Field(
-        default=None, description="Names of Secrets used to pull the image."
+        default=None,
+        description=(
+            "Names of Secrets used to pull the image. Unset: the operator's default (chart "
+            "defaults.imagePullSecrets); [] for none."
+        ),
     )
 
 
@@ -608,12 +625,14 @@ class Toleration(ApiModel):
 class AcceleratorSpec(ApiModel):
     """Which Spyre cards the pods request and where they may run."""
 
-    resource_name: str = Field(
-        default="ibm.com/spyre_vf",
+    resource_name: str | None = Field(
+        default=None,
         description=(
             "Extended resource for Spyre cards, as the device plugin advertises it: "
-            "ibm.com/spyre_vf (default), ibm.com/spyre_pf, ibm.com/spyre_pf_tier0/1/2, or "
-            "ibm.com/aiu_pf on older installs. Any valid extended-resource name is accepted."
+            "ibm.com/spyre_vf, ibm.com/spyre_pf, ibm.com/spyre_pf_tier0/1/2, or "
+            "ibm.com/aiu_pf on older installs. Any valid extended-resource name is accepted. "
+            "Unset: the operator's default (chart defaults.cardResource, built in "
+            "ibm.com/spyre_vf)."
         ),
         max_length=253,
         pattern=EXTENDED_RESOURCE_PATTERN,
@@ -628,19 +647,30 @@ class AcceleratorSpec(ApiModel):
             ]
         },
     )
-    scheduler_name: str = Field(
-        default="spyre-scheduler",
-        description="Pod scheduler; empty means the cluster's default scheduler.",
+    scheduler_name: str | None = Field(
+        default=None,
+        description=(
+            "Pod scheduler of pods on the cards; \"\" means the cluster's default scheduler. "
+            "Unset: the operator's default (chart defaults.schedulerName, built in "
+            "spyre-scheduler)."
+        ),
         max_length=253,
     )
     node_selector: NodeSelector | None = Field(
         default=None,
-        description="Node labels the pods must match.",
+        description=(
+            "Node labels the pods must match. Unset: the operator's default (chart "
+            "defaults.serving.nodeSelector); {} for none."
+        ),
         max_length=64,
         json_schema_extra=_keys_are_qualified_names("accelerator.nodeSelector"),
     )
     tolerations: list[Toleration] | None = Field(
-        default=None, description="Tolerations for tainted accelerator nodes."
+        default=None,
+        description=(
+            "Tolerations for tainted accelerator nodes. Unset: the operator's default (chart "
+            "defaults.serving.tolerations); [] for none."
+        ),
     )
 
 
@@ -700,7 +730,12 @@ class CacheVolumeSpec(ApiModel):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
     )
     storage_class_name: str | None = Field(
-        default=None, description="StorageClass; unset means the cluster default."
+        default=None,
+        description=(
+            "StorageClass of the PVC when the operator creates it. Unset: the operator's "
+            "default (chart defaults.storageClassName), or else the cluster's default "
+            "StorageClass. A PVC keeps the class it was created with."
+        ),
     )
     size: Quantity = Field(default="50Gi", description="Requested capacity.")
     access_modes: list[AccessMode] = Field(
@@ -1102,6 +1137,13 @@ class ArtifactStatus(ApiModel):
             "own, e.g. ModelNotFound); kept with the message once the failed Job is removed."
         ),
     )
+    waiting_since: str | None = Field(
+        default=None,
+        description=(
+            "While the model waits for a slot of the cluster-wide precompile budget "
+            "(WaitingForCompileSlot): since when; the oldest waiting model goes first."
+        ),
+    )
 
 
 class CachedArtifact(ApiModel):
@@ -1187,6 +1229,36 @@ class CompileStatus(ApiModel):
     )
 
 
+class EffectiveStatus(ApiModel):
+    """The per-site settings in use: the spec's, or the operator's defaults for those unset."""
+
+    engine_image: str | None = Field(default=None, description="The engine image.")
+    image_pull_secrets: list[str] | None = Field(
+        default=None, description="Secrets the engine image is pulled with."
+    )
+    resource_name: str | None = Field(
+        default=None, description="The extended resource the pods request cards as."
+    )
+    scheduler_name: str | None = Field(
+        default=None,
+        description="The scheduler of pods on the cards (empty: the cluster's default).",
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        description=(
+            "The cache PVC's StorageClass: the live PVC's, else the one it is created with "
+            "(unset: the cluster's default)."
+        ),
+    )
+    from_defaults: list[str] | None = Field(
+        default=None,
+        description=(
+            "The spec fields left unset that follow the operator's defaults, e.g. "
+            "engine.image: changing the default changes them at the next reconcile."
+        ),
+    )
+
+
 class OperatorStamp(ApiModel):
     """Which operator install wrote a status, and when (see peers.py)."""
 
@@ -1222,6 +1294,13 @@ class SpyreModelStatus(ApiModel):
     )
     compile: CompileStatus | None = Field(
         default=None, description="The compile shape in use, and where it comes from."
+    )
+    effective: EffectiveStatus | None = Field(
+        default=None,
+        description=(
+            "The per-site settings in use (engine image, pull secrets, card resource, "
+            "scheduler, StorageClass): the spec's, or the operator's defaults."
+        ),
     )
     cache: CacheStatus | None = Field(
         default=None, description="Artifacts this model knows to be on its cache claims."

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..api.v1alpha1 import POOLING_TASKS, CacheVolumeSpec, SpyreModelSpec, Task
 from . import names
 from .key import artifact_key
 from .shapes import ShapeResolution, resolve_compile
+from .site import SiteDefaults, resolve_site
 
 #: Where the cache claim is mounted, in the precompile Job (read-write) and the serving pods
 #: (read-only). Same path in both, so anything a compiler records by absolute path still holds.
@@ -55,6 +57,26 @@ class ModelPlan:
     model_claim: str | None
     #: The compile shape (``spec.compile`` holds it resolved), its source, or why it is refused.
     shape: ShapeResolution | None = None
+    #: The operator's defaults ``spec`` was resolved with (a re-plan of a served spec uses
+    #: them too), and the spec fields that were unset and follow them.
+    site: SiteDefaults = field(default_factory=SiteDefaults)
+    from_defaults: tuple[str, ...] = ()
+
+    @property
+    def image_refusal(self) -> str | None:
+        """Why the engine image may not run here (the allow-list), or None."""
+        return self.site.refusal(
+            self.spec.engine.image or "", "engine.image" in self.from_defaults
+        )
+
+    def storage_class(self, live_pvc: dict[str, Any] | None) -> str | None:
+        """The cache PVC's StorageClass: the live PVC's, else the spec's, else the default."""
+        live = ((live_pvc or {}).get("spec") or {}).get("storageClassName")
+        if live is not None:
+            return str(live)
+        if self.volume is not None and self.volume.storage_class_name is not None:
+            return self.volume.storage_class_name
+        return (self.site.storage_class_name or None) if self.claim_managed else None
 
     @property
     def owner(self) -> OwnerRef:
@@ -106,8 +128,13 @@ def resolve_model(uri: str) -> tuple[str, str | None]:
     return uri, None
 
 
-def plan_model(name: str, namespace: str, uid: str, spec: SpyreModelSpec) -> ModelPlan:
-    """Resolve one SpyreModel (``plan.spec.compile`` has every shape field set)."""
+def plan_model(
+    name: str, namespace: str, uid: str, spec: SpyreModelSpec, site: SiteDefaults | None = None
+) -> ModelPlan:
+    """Resolve one SpyreModel (``plan.spec.compile`` has every shape field set, and the
+    per-site fields it leaves unset are the operator's defaults ``site``)."""
+    site = site or SiteDefaults()
+    spec, from_defaults = resolve_site(spec, site)
     shape = resolve_compile(spec)
     spec = spec.model_copy(update={"compile": shape.compile})
     if spec.cache.claim_name:
@@ -129,4 +156,6 @@ def plan_model(name: str, namespace: str, uid: str, spec: SpyreModelSpec) -> Mod
         model_arg=model_arg,
         model_claim=model_claim,
         shape=shape,
+        site=site,
+        from_defaults=tuple(from_defaults),
     )

@@ -31,6 +31,7 @@ from ..api.v1alpha1 import ResourceRequirements as ApiResources
 from ..api.v1alpha1 import SpyreModelSpec
 from . import names
 from .plan import CACHE_MOUNT, HF_CACHE_DIR, MODEL_MOUNT, ModelPlan
+from .site import BUILTIN_RESOURCE_NAME
 
 #: The engine image runs as this non-root user (engine/Containerfile).
 ENGINE_UID = 1001
@@ -90,8 +91,10 @@ def card_requests(spec: SpyreModelSpec, on_cards: bool) -> dict[str, int]:
     """The Spyre card request of a pod (none for a pod that does not use cards)."""
     if not on_cards:
         return {}
-    # plan_model resolved the shape: tensorParallelSize is set (1 only for a bare spec).
-    return {spec.accelerator.resource_name: spec.compile.tensor_parallel_size or 1}
+    # plan_model resolved the shape: tensorParallelSize is set (1 only for a bare spec), and
+    # the card resource (the operator's default if unset; the built-in one for a bare spec).
+    resource = spec.accelerator.resource_name or BUILTIN_RESOURCE_NAME
+    return {resource: spec.compile.tensor_parallel_size or 1}
 
 
 def shape_args(plan: ModelPlan, backend: str) -> list[str]:
@@ -132,7 +135,7 @@ def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
     """The Spyre plugin's cache settings for the artifact ``key``, and for a pod on the cards
     (``backend`` sendnn) the FLEX_DEVICE of its card resource."""
     on_cards = backend == CARD_BACKEND
-    flex = plan.spec.accelerator.resource_name
+    flex = plan.spec.accelerator.resource_name or BUILTIN_RESOURCE_NAME
     return [
         *model_config_env(plan.spec),
         *([EnvVar(name="FLEX_DEVICE", value=flex_device(flex))] if on_cards else []),

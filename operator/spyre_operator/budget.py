@@ -1,0 +1,132 @@
+"""Cluster-wide budgets: how many precompile Jobs run, and how many models roll, at once.
+
+An engine-image change (or any compile-affecting edit of many models) would otherwise start a
+precompile Job per model at the same moment, and switch every serving Deployment as soon as
+its artifact is ready. With a budget, a model that would start a Job (or switch its
+Deployment to a new artifact) while every slot is taken waits instead: nothing is created,
+the Deployment keeps serving the old artifact, and status says so
+(``WaitingForCompileSlot`` / ``WaitingForRolloutSlot``).
+
+``decide()`` stays pure: the controller (the one active replica, through leader election)
+counts the slots in use from its watch caches, across every namespace it watches, and hands
+each model a :class:`Slot` in ``Observed``. The order among waiting models is kept here:
+oldest waiting first (when it started waiting, as its status records it, then namespace and
+name), so a restarted operator or a new leader rebuilds the same order from the models'
+status.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+ModelKey = tuple[str, str]  # (namespace, name)
+
+#: A slot taken by a write the watch has not shown yet is held at most this long.
+RESERVATION_SECONDS = 60.0
+#: A waiting model is reconciled again at least this often (a slot freed while no event came).
+WAITING_RECHECK_SECONDS = 60.0
+DEFAULT_MAX_CONCURRENT_COMPILES = 4
+DEFAULT_MAX_CONCURRENT_ROLLOUTS = 4
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One budget's answer for one model: may it start (a Job, a rollout) now?
+
+    ``limit`` 0 means no budget (always free).
+    """
+
+    free: bool = True
+    in_use: int = 0
+    limit: int = 0
+    #: 1-based place among the models waiting for this budget (0: not asked).
+    position: int = 0
+
+    def message(self, what: str, flag: str) -> str:
+        """E.g. "3 of 3 precompile slots in use (max-concurrent-compiles); queued 5th"."""
+        return (
+            f"{self.in_use} of {self.limit} {what} slots in use ({flag}); "
+            f"queued {ordinal(self.position)}"
+        )
+
+
+FREE = Slot()
+
+
+class Waiting:
+    """Models waiting for one budget, by when they started waiting (then namespace, name)."""
+
+    def __init__(self) -> None:
+        self._since: dict[ModelKey, str] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._since
+
+    def __len__(self) -> int:
+        return len(self._since)
+
+    def add(self, key: ModelKey, since: str) -> None:
+        self._since[key] = since
+
+    def discard(self, key: ModelKey) -> bool:
+        """Forget ``key``; whether it was waiting."""
+        return self._since.pop(key, None) is not None
+
+    def clear(self) -> None:
+        self._since.clear()
+
+    def ahead(self, key: ModelKey, since: str) -> int:
+        """How many other waiting models go before ``key`` if it waits since ``since``."""
+        mine = (since, key)
+        return sum(1 for k, s in self._since.items() if k != key and (s, k) < mine)
+
+    def first(self, n: int) -> list[ModelKey]:
+        """The ``n`` models that waited longest."""
+        ordered = sorted(self._since.items(), key=lambda kv: (kv[1], kv[0]))
+        return [k for k, _ in ordered[: max(0, n)]]
+
+
+def slot(limit: int, in_use: int, waiting: Waiting, key: ModelKey, since: str) -> Slot:
+    """Free when the slots in use plus the models that waited longer leave one for ``key``."""
+    if limit <= 0:
+        return FREE
+    ahead = waiting.ahead(key, since)
+    return Slot(in_use + ahead < limit, in_use, limit, ahead + 1)
+
+
+class Reservations:
+    """Slots taken by this replica's writes that the watch cache does not show yet (a Job just
+    created, a Deployment just switched): without them, concurrent reconciles would each see
+    the same free slot. Each is dropped once the cache shows the write, or after
+    RESERVATION_SECONDS."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def hold(self, ns: str, name: str, what: str = "") -> None:
+        self._held[(ns, name)] = (what, time.monotonic())
+
+    def get(self, ns: str, name: str) -> str | None:
+        held = self._held.get((ns, name))
+        return None if held is None else held[0]
+
+    def drop(self, ns: str, name: str) -> None:
+        self._held.pop((ns, name), None)
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def live(self) -> dict[tuple[str, str], str]:
+        """The reservations not expired (expired ones are forgotten)."""
+        cutoff = time.monotonic() - RESERVATION_SECONDS
+        for k, (_, t) in list(self._held.items()):
+            if t < cutoff:
+                del self._held[k]
+        return {k: what for k, (what, _) in self._held.items()}

@@ -1,0 +1,158 @@
+"""Cluster-wide defaults of the per-site settings, and the engine-image allow-list (pure).
+
+A SpyreModel that leaves a per-site field unset (the engine image and its pull secrets, the
+card resource, the scheduler, node placement, the cache's StorageClass) follows the operator's
+default for it at every reconcile: the CRD has no default for these fields, because the API
+server would write one into each object at creation and an operator upgrade or an admin's
+change would then never reach existing models. ``plan_model`` fills them in from
+:class:`SiteDefaults` (the operator's flags, from the chart's ``defaults`` values), so the
+builders and the artifact key see the effective values and stay pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+from ..api.v1alpha1 import SpyreModelSpec, Toleration
+
+#: The built-in defaults: what the CRD used to write into every SpyreModel, so an operator run
+#: without the chart's ``defaults`` (tests, a laptop) behaves as before.
+BUILTIN_ENGINE_IMAGE = "ghcr.io/spyre-model-operator/spyre-engine:0.1.0"
+BUILTIN_RESOURCE_NAME = "ibm.com/spyre_vf"
+BUILTIN_SCHEDULER_NAME = "spyre-scheduler"
+
+
+@dataclass(frozen=True)
+class SiteDefaults:
+    """The operator's defaults for per-site SpyreModel fields, and the engine images allowed.
+
+    Lists and maps that are empty set nothing: a model that leaves the field unset then runs
+    without it, as before.
+    """
+
+    engine_image: str = BUILTIN_ENGINE_IMAGE
+    image_pull_secrets: tuple[str, ...] = ()
+    resource_name: str = BUILTIN_RESOURCE_NAME
+    #: "" is the cluster's default scheduler.
+    scheduler_name: str = BUILTIN_SCHEDULER_NAME
+    serving_node_selector: Mapping[str, str] = field(default_factory=dict)
+    serving_tolerations: tuple[Toleration, ...] = ()
+    precompile_node_selector: Mapping[str, str] = field(default_factory=dict)
+    precompile_tolerations: tuple[Toleration, ...] = ()
+    #: StorageClass of cache PVCs the operator creates; "" is the cluster's default class.
+    storage_class_name: str = ""
+    #: Engine images a model may run (shell-style patterns, e.g. registry.example.com/spyre/*);
+    #: empty: any.
+    allowed_engine_images: tuple[str, ...] = ()
+
+    def for_served_spec(self) -> SiteDefaults:
+        """The defaults to re-plan a spec a Deployment was built from (its served-spec
+        annotation, ``status.servedSpec``) with: that spec was resolved when it was built, so
+        a list or map it lacks was empty then, and a default added since must not change the
+        pods that keep serving the previous artifact (a roll of its own before the switch)."""
+        return SiteDefaults(
+            engine_image=self.engine_image,
+            resource_name=self.resource_name,
+            scheduler_name=self.scheduler_name,
+        )
+
+    def allows(self, image: str) -> bool:
+        """Whether ``image`` is on the allow-list (or there is none)."""
+        return not self.allowed_engine_images or any(
+            fnmatchcase(image, p) for p in self.allowed_engine_images
+        )
+
+    def refusal(self, image: str, defaulted: bool) -> str | None:
+        """Why a model may not run ``image`` (None: it may), for its conditions."""
+        if self.allows(image):
+            return None
+        where = (
+            "the operator's default engine image (spec.engine.image is unset)"
+            if defaulted
+            else "spec.engine.image"
+        )
+        return (
+            f"engine image {image} ({where}) is not in the operator's allowed engine images "
+            f"({', '.join(self.allowed_engine_images)}): use an allowed image, or ask the "
+            "cluster admin to allow it (chart value allowedEngineImages); nothing is compiled"
+        )
+
+
+#: Spec fields that follow the operator's defaults when unset (as status.effective names them).
+ENGINE_IMAGE = "engine.image"
+IMAGE_PULL_SECRETS = "engine.imagePullSecrets"
+RESOURCE_NAME = "accelerator.resourceName"
+SCHEDULER_NAME = "accelerator.schedulerName"
+SERVING_NODE_SELECTOR = "accelerator.nodeSelector"
+SERVING_TOLERATIONS = "accelerator.tolerations"
+PRECOMPILE_NODE_SELECTOR = "precompile.nodeSelector"
+PRECOMPILE_TOLERATIONS = "precompile.tolerations"
+STORAGE_CLASS_NAME = "cache.volume.storageClassName"
+
+
+def _unset(update: dict[str, Any], used: list[str], path: str, attr: str, value: Any) -> None:
+    used.append(path)
+    if value or isinstance(value, str):  # an empty list or map sets nothing
+        update[attr] = value
+
+
+def resolve_site(spec: SpyreModelSpec, site: SiteDefaults) -> tuple[SpyreModelSpec, list[str]]:
+    """``spec`` with its unset per-site fields filled in from ``site``, and which those were.
+
+    The cache's StorageClass is not filled in here: it matters only when the PVC is created
+    (an existing PVC keeps its class), which decide_cache knows.
+    """
+    used: list[str] = []
+    engine: dict[str, Any] = {}
+    acc: dict[str, Any] = {}
+    pre: dict[str, Any] = {}
+    if spec.engine.image is None:
+        _unset(engine, used, ENGINE_IMAGE, "image", site.engine_image)
+    if spec.engine.image_pull_secrets is None:
+        _unset(engine, used, IMAGE_PULL_SECRETS, "image_pull_secrets",
+               list(site.image_pull_secrets))
+    if spec.accelerator.resource_name is None:
+        _unset(acc, used, RESOURCE_NAME, "resource_name", site.resource_name)
+    if spec.accelerator.scheduler_name is None:
+        _unset(acc, used, SCHEDULER_NAME, "scheduler_name", site.scheduler_name)
+    if spec.accelerator.node_selector is None:
+        _unset(acc, used, SERVING_NODE_SELECTOR, "node_selector",
+               dict(site.serving_node_selector))
+    if spec.accelerator.tolerations is None:
+        _unset(acc, used, SERVING_TOLERATIONS, "tolerations", list(site.serving_tolerations))
+    if spec.precompile.node_selector is None:
+        _unset(pre, used, PRECOMPILE_NODE_SELECTOR, "node_selector",
+               dict(site.precompile_node_selector))
+    if spec.precompile.tolerations is None:
+        _unset(pre, used, PRECOMPILE_TOLERATIONS, "tolerations",
+               list(site.precompile_tolerations))
+    if spec.cache.claim_name is None and (
+        spec.cache.volume is None or spec.cache.volume.storage_class_name is None
+    ):
+        used.append(STORAGE_CLASS_NAME)
+    update: dict[str, Any] = {}
+    if engine:
+        update["engine"] = spec.engine.model_copy(update=engine)
+    if acc:
+        update["accelerator"] = spec.accelerator.model_copy(update=acc)
+    if pre:
+        update["precompile"] = spec.precompile.model_copy(update=pre)
+    return (spec.model_copy(update=update) if update else spec), used
+
+
+def effective_status(
+    spec: SpyreModelSpec, from_defaults: Sequence[str], storage_class: str | None
+) -> dict[str, Any]:
+    """status.effective: the per-site settings of a resolved spec (see resolve_site)."""
+    out: dict[str, Any] = {
+        "engineImage": spec.engine.image,
+        "imagePullSecrets": list(spec.engine.image_pull_secrets or []),
+        "resourceName": spec.accelerator.resource_name,
+        "schedulerName": spec.accelerator.scheduler_name,
+        "storageClassName": storage_class,
+        "fromDefaults": list(from_defaults),
+    }
+    return {k: v for k, v in out.items() if v is not None}
