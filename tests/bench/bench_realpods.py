@@ -740,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             if part == "wakeup":
                 res = part_wakeup(env, args)
-                texts["Wake-up from zero against a bare start: latest run"] = wakeup_table(res)
+                texts[f"Wake-up from zero against a bare start ({args.backend}): latest run"] = (
+                    wakeup_table(res))
             elif part == "scaleup":
                 res = part_scaleup(env, args)
                 texts["Scale-up against a bare model load: latest run"] = scaleup_table(res)
