@@ -92,10 +92,11 @@ demo-kwok: install binaries ## kwok only (no images, no real pods): operator + a
 	operator/scripts/demo-kwok.sh
 
 # Parts of `make bench`: operator (vs the API server's limit, kwok nodes), scaleup (a new replica
-# vs a bare vLLM load) and rollout (requests under rollouts), the last two on the real node.
-BENCH_PARTS ?= operator,scaleup,rollout
+# vs a bare vLLM load), rollout (requests under rollouts) and wakeup (a held request at zero vs a
+# bare vLLM load, with KEDA and its HTTP add-on), the last three on the real node.
+BENCH_PARTS ?= operator,scaleup,rollout,wakeup
 
-bench: install binaries ## Benchmarks: operator vs API server, scale-up vs bare load, rollouts under traffic
+bench: install binaries ## Benchmarks: operator vs API server, scale-up and wake-up from zero vs bare load, rollouts under traffic
 	$(CLUSTER) up
 	@if [[ ",$(BENCH_PARTS)," == *",operator,"* ]]; then \
 		echo "$(PY) tests/bench/bench_operator.py $(BENCH_ARGS)"; \

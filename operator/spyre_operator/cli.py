@@ -149,6 +149,12 @@ def _run(args: argparse.Namespace) -> int:
         os.environ.get("POD_NAMESPACE") or (args.namespace[0] if args.namespace else "default")
     )
     OperatorConfig.leader_election_lease = args.leader_election_lease
+    try:
+        OperatorConfig.scale_to_zero = scale_to_zero_config(args)
+    except ValueError as e:
+        print(f"spyre-operator run: {e}", file=sys.stderr)
+        return 2
+    OperatorConfig.coldstart_port = args.coldstart_port
     OperatorConfig.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     configure_logging(args.log_level, args.log_format)
     # kopf's per-object log lines are noisy at 500 models; ours are enough.
@@ -168,6 +174,42 @@ def _run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _service_ref(value: str, flag: str, with_port: bool) -> tuple[str, str, int]:
+    """``namespace/name`` or ``namespace/name:port`` -> (namespace, name, port or 0)."""
+    ref, port = value, 0
+    if with_port:
+        ref, sep, port_text = value.rpartition(":")
+        if not sep or not port_text.isdigit():
+            raise ValueError(f"{flag} {value!r}: expected namespace/name:port")
+        port = int(port_text)
+    ns, sep, name = ref.partition("/")
+    if not sep or not ns or not name:
+        raise ValueError(f"{flag} {value!r}: expected namespace/name")
+    return ns, name, port
+
+
+def scale_to_zero_config(args: argparse.Namespace) -> Any:
+    """The scale-to-zero settings (reconcile.ScaleToZeroConfig) from the flags."""
+    from .reconcile import ScaleToZeroConfig
+
+    ins_ns, ins_name, _ = _service_ref(
+        args.keda_interceptor_service, "--keda-interceptor-service", False
+    )
+    cold = ("", "", 0)
+    if args.coldstart_service:
+        cold = _service_ref(args.coldstart_service, "--coldstart-service", True)
+    return ScaleToZeroConfig(
+        scaler_address=args.keda_scaler_address,
+        interceptor_namespace=ins_ns,
+        interceptor_service=ins_name,
+        interceptor_port_name=args.keda_interceptor_port_name,
+        prometheus_address=args.prometheus_address,
+        coldstart_namespace=cold[0],
+        coldstart_service=cold[1],
+        coldstart_port=cold[2],
+    )
 
 
 def _add_site_flags(run: argparse.ArgumentParser) -> None:
@@ -304,6 +346,42 @@ def build_parser() -> argparse.ArgumentParser:
             "identifies this install in status.operator, where another install that writes the "
             "same SpyreModels is noticed"
         ),
+    )
+    s2z = run.add_argument_group("scale to zero (autoscaling.minReplicas 0: KEDA + HTTP add-on)")
+    s2z.add_argument(
+        "--keda-scaler-address",
+        default="keda-add-ons-http-external-scaler.keda:9090",
+        help="the HTTP add-on's external scaler (host:port), for the ScaledObjects' "
+        "external-push trigger",
+    )
+    s2z.add_argument(
+        "--keda-interceptor-service",
+        default="keda/keda-add-ons-http-interceptor-proxy",
+        help="namespace/name of the interceptor proxy Service: its EndpointSlices are mirrored "
+        "into each scale-to-zero model's Service",
+    )
+    s2z.add_argument(
+        "--keda-interceptor-port-name",
+        default="",
+        help="the interceptor EndpointSlice port to mirror (default: its only/first port)",
+    )
+    s2z.add_argument(
+        "--prometheus-address",
+        default="",
+        help="Prometheus scraping the engine pods (http://host:port), for the ScaledObjects' "
+        "prometheus triggers; empty: only models without autoscaling targets may scale to zero",
+    )
+    s2z.add_argument(
+        "--coldstart-service",
+        default="",
+        help="namespace/name:port of the Service in front of the cold-start responder "
+        "(--coldstart-port); empty: no failover (past the wait bound the interceptor answers 502)",
+    )
+    s2z.add_argument(
+        "--coldstart-port",
+        type=int,
+        default=None,
+        help="serve the cold-start responder (503 + Retry-After for requests held too long) here",
     )
     run.add_argument("--log-level", default="info")
     run.add_argument(

@@ -114,6 +114,19 @@ INSUFFICIENT_CAPACITY = "InsufficientCapacity"
 # Autoscaling
 AUTOSCALER_PENDING = "AutoscalerPending"
 AUTOSCALER_ACTIVE = "ScalingActive"
+#: Autoscaling (minReplicas 0): KEDA's ScaledObject reports Ready; it scales the model
+#: 0 <-> N through /scale.
+SCALE_TO_ZERO_ACTIVE = "ScaleToZeroActive"
+#: Autoscaling (minReplicas 0), and Ready at zero replicas: the cluster does not serve KEDA's
+#: ScaledObject or the HTTP add-on's HTTPScaledObject (or the operator may not use them), the
+#: interceptor has no endpoints, or the ScaledObject's triggers cannot be built (no Prometheus
+#: address): nothing would wake the model. The message carries the API server's.
+SCALE_TO_ZERO_UNAVAILABLE = "ScaleToZeroUnavailable"
+#: Autoscaling: the ScaledObject exists and KEDA reports it not Ready (its message).
+SCALED_OBJECT_NOT_READY = "ScaledObjectNotReady"
+#: Autoscaling: minReplicas went back to >= 1 while spec.replicas is 0; the HPA does not
+#: scale from zero, so the model stays at zero until spec.replicas is set.
+REPLICAS_AT_ZERO = "ReplicasAtZero"
 #: A write the API server rejected (the message carries the server's).
 RECONCILE_ERROR = "ReconcileError"
 #: A Deployment, Service or PDB with the model's name exists and is not the operator's.
@@ -139,6 +152,8 @@ ROUTING_REASONS = frozenset(
         INFERENCE_POOL_ACCEPTED,
         INFERENCE_POOL_PENDING,
         INFERENCE_POOL_NOT_ACCEPTED,
+        SCALE_TO_ZERO_UNAVAILABLE,
+        REPLICAS_AT_ZERO,
         INFERENCE_POOL_REFS_NOT_RESOLVED,
         INFERENCE_POOL_CRD_MISSING,
         INFERENCE_POOL_FORBIDDEN,

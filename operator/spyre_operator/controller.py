@@ -34,6 +34,7 @@ from .apply import Applier
 from .desired import names
 from .desired.plan import plan_model
 from .desired.routing import inference_pool_name
+from .desired.scaletozero import SLICE_SERVICE_NAME
 from .gc import GarbageCollector
 from .reconcile import (
     API_UNKNOWN,
@@ -41,6 +42,7 @@ from .reconcile import (
     Decision,
     Observed,
     Policy,
+    ScaleToZeroConfig,
     WriteError,
     decide,
     served_key,
@@ -283,6 +285,12 @@ class Controller:
         self._conflicts_reported: dict[ModelKey, tuple[str, float]] = {}
         #: The InferencePool watch (optional.OptionalApiWatch), set by the kopf layer.
         self.inference_pools: Any | None = None
+        #: Scale to zero: the operator's settings and the optional watches of KEDA's
+        #: ScaledObjects, the add-on's HTTPScaledObjects and the interceptor's EndpointSlices.
+        self.scale_to_zero = ScaleToZeroConfig()
+        self.scaled_objects: Any | None = None
+        self.http_scaled_objects: Any | None = None
+        self.interceptor_slices: Any | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -457,6 +465,25 @@ class Controller:
                 out.append(key)
         return out
 
+    def models_wanting_scale_to_zero(self) -> list[ModelKey]:
+        """Models that allow zero replicas (autoscaling.minReplicas 0)."""
+        models = self.caches.indices.get("models") or {}
+        out = []
+        for key in list(models.keys()):
+            m = self.caches.one("models", key) or {}
+            auto = (m.get("spec") or {}).get("autoscaling") or {}
+            if auto.get("minReplicas") == 0:
+                out.append(key)
+        return out
+
+    def models_for_interceptor_slice(self, body: Mapping[str, Any]) -> list[ModelKey]:
+        """An EndpointSlice of the interceptor's namespace changed: if it is the proxy
+        Service's, every scale-to-zero model mirrors it."""
+        labels = (body.get("metadata") or {}).get("labels") or {}
+        if labels.get(SLICE_SERVICE_NAME) != self.scale_to_zero.interceptor_service:
+            return []
+        return self.models_wanting_scale_to_zero()
+
     def claim_peers_if_changed(self, key: ModelKey, plan: Any | None) -> list[ModelKey]:
         """Models sharing a cache claim with ``key``, if ``key``'s use of the claim changed.
 
@@ -544,6 +571,7 @@ class Controller:
             claim_artifact_bytes=self.gc.claim_artifact_bytes(ns, plan_claim, users),
         )
         self._observe_inference_pool(obs, ns, name)
+        self._observe_scale_to_zero(obs, ns, name)
         self._observe_jobs(obs, ns, name, plan_claim, job_name)
         for kind, attr in (
             ("Deployment", "deployment"),
@@ -571,6 +599,53 @@ class Controller:
             obs.foreign_inference_pool = why
         else:
             obs.inference_pool = live
+
+    def _observe_scale_to_zero(self, obs: Observed, ns: str, name: str) -> None:
+        """KEDA's objects, the engine/cold-start Services and the mirror, from the caches.
+
+        A same-named object that is not the operator's is never read as ours nor written over:
+        the model reports it (ScaleToZeroUnavailable) and writes none of them.
+        """
+        cfg = obs.keda = self.scale_to_zero
+        server = names.server_name(name)
+        foreign: list[str] = []
+
+        def ours(kind: str, live: dict[str, Any] | None) -> dict[str, Any] | None:
+            why = foreign_owner(kind, live, name) if live is not None else None
+            if why:
+                foreign.append(why)
+                return None
+            return live
+
+        for watch, state, message, attr, kind in (
+            (self.scaled_objects, "scaled_object_api", "scaled_object_api_message",
+             "scaled_object", "ScaledObject"),
+            (self.http_scaled_objects, "http_scaled_object_api",
+             "http_scaled_object_api_message", "http_scaled_object", "HTTPScaledObject"),
+        ):  # fmt: skip
+            if watch is None:
+                continue
+            setattr(obs, state, watch.state)
+            setattr(obs, message, watch.message)
+            setattr(obs, attr, ours(kind, watch.get(ns, server)))
+        obs.engine_service = ours(
+            "Service", self.caches.one("services", (ns, names.engine_service_name(name)))
+        )
+        obs.coldstart_service = ours(
+            "Service", self.caches.one("services", (ns, names.coldstart_service_name(name)))
+        )
+        obs.mirror_slice = ours(
+            "EndpointSlice", self.caches.one("endpointslices", (ns, names.mirror_slice_name(name)))
+        )
+        obs.foreign_scale_to_zero = "; ".join(foreign) or None
+        if self.interceptor_slices is not None:
+            obs.interceptor_slices = [
+                body
+                for (slice_ns, _), body in self.interceptor_slices.cache.items()
+                if slice_ns == cfg.interceptor_namespace
+                and ((body.get("metadata") or {}).get("labels") or {}).get(SLICE_SERVICE_NAME)
+                == cfg.interceptor_service
+            ]
 
     async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         pods = []
@@ -1000,6 +1075,14 @@ class Controller:
             "PodDisruptionBudget": obs.pdb,
             "HorizontalPodAutoscaler": obs.hpa,
             "InferencePool": obs.inference_pool,
+            "HTTPScaledObject": obs.http_scaled_object,
+            "ScaledObject": obs.scaled_object,
+            "EndpointSlice": obs.mirror_slice,
+        }
+        # Services other than the model's own (scale to zero), by name.
+        other_services = {
+            names.engine_service_name(name): obs.engine_service,
+            names.coldstart_service_name(name): obs.coldstart_service,
         }
         if not self.may_write():
             raise NotLeader("leader lease not held; not writing")
@@ -1029,7 +1112,10 @@ class Controller:
             writes.append(self._ensure_job(ns, name, d.job, obs.job))
         for obj in d.apply:
             targets.append((obj.kind, obj.metadata.name))
-            writes.append(self.applier.apply(obj, live_by_kind.get(obj.kind)))
+            live = live_by_kind.get(obj.kind)
+            if obj.kind == "Service" and obj.metadata.name in other_services:
+                live = other_services[obj.metadata.name]
+            writes.append(self.applier.apply(obj, live))
         results = await asyncio.gather(*writes, return_exceptions=True)
         for (kind, obj_name), r in zip(targets, results, strict=True):
             if isinstance(r, ApiError) and _rejected(r):

@@ -22,19 +22,22 @@ from typing import Any
 
 import kopf
 from lightkube import AsyncClient
+from lightkube.resources.discovery_v1 import EndpointSlice
 from pydantic import ValidationError
 
 from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .budget import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
+from .coldstart import start_coldstart_server
 from .controller import Caches, Controller, deployment_rolling
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
 from .desired.routing import InferencePool
+from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
 from .metrics import count_requests, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
-from .reconcile import DEFAULT_POLICY, Policy
+from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ INDEX_NAMES = (
     "pdbs",
     "hpas",
     "pvcs",
+    "endpointslices",
 )
 
 
@@ -77,6 +81,11 @@ class OperatorConfig:
     identity: str = "spyre-model-operator"
     #: Watched namespaces; empty: all namespaces.
     namespaces: list[str] = []  # noqa: RUF012 - process-wide settings
+    #: Scale to zero: where KEDA's scaler, the interceptor, Prometheus and the cold-start
+    #: responder's Service are (cli.py flags).
+    scale_to_zero: ScaleToZeroConfig = ScaleToZeroConfig()
+    #: The port the cold-start responder listens on (None: not served).
+    coldstart_port: int | None = None
     #: Cluster-wide defaults of per-site SpyreModel fields and the engine-image allow-list.
     site: SiteDefaults = SiteDefaults()
     #: Cluster-wide budgets (budget.py): precompile Jobs and serving rollouts at once (0: any).
@@ -236,6 +245,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     controller.inference_pools = pools
     memo["inference_pools"] = pools
     pools.start()
+    start_scale_to_zero_watches(controller, watch_client, memo)
     lease_namespace = OperatorConfig.leader_election_namespace or "default"
     # Every status write names this install; a model another install writes is left alone.
     controller.install = peers.install_id(lease_namespace, OperatorConfig.leader_election_lease)
@@ -257,7 +267,44 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         elector.start()
     if OperatorConfig.metrics_port:
         memo["metrics"] = await start_metrics_server(controller, OperatorConfig.metrics_port)
+    if OperatorConfig.coldstart_port:
+        memo["coldstart"] = await start_coldstart_server(
+            lambda ns, name: controller.caches.one("models", (ns, name)),
+            OperatorConfig.coldstart_port,
+        )
     log.info("spyre-model-operator started with %d workers", OperatorConfig.workers)
+
+
+def start_scale_to_zero_watches(controller: Controller, client: AsyncClient, memo: Any) -> None:
+    """KEDA's ScaledObjects and the add-on's HTTPScaledObjects (their CRDs may be absent: the
+    models allowing zero then say so), and the interceptor proxy's EndpointSlices (mirrored
+    into each such model's Service)."""
+    cfg = controller.scale_to_zero = OperatorConfig.scale_to_zero
+    recheck = float(os.environ.get("SPYRE_OPTIONAL_API_RECHECK_SECONDS", DEFAULT_RECHECK_SECONDS))
+    watched = (("scaled_objects", ScaledObject), ("http_scaled_objects", HTTPScaledObject))
+    for key, resource in watched:
+        watch = OptionalApiWatch(
+            client,
+            resource,
+            OperatorConfig.namespaces or None,
+            on_object=lambda ns, obj: controller.enqueue(controller.models_for_owner_refs(ns, obj)),
+            on_state=lambda: controller.enqueue(controller.models_wanting_scale_to_zero()),
+            recheck_seconds=recheck,
+        )
+        setattr(controller, key, watch)
+        memo[key] = watch
+        watch.start()
+    slices = OptionalApiWatch(
+        client,
+        EndpointSlice,
+        [cfg.interceptor_namespace],
+        on_object=lambda ns, obj: controller.enqueue(controller.models_for_interceptor_slice(obj)),
+        on_state=lambda: controller.enqueue(controller.models_wanting_scale_to_zero()),
+        recheck_seconds=recheck,
+    )
+    controller.interceptor_slices = slices
+    memo["interceptor"] = slices
+    slices.start()
 
 
 @kopf.on.cleanup()
@@ -265,12 +312,14 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     """Stop workers, the leader elector and the metrics server."""
     if "elector" in memo:
         await memo["elector"].stop()
-    if "inference_pools" in memo:
-        await memo["inference_pools"].stop()
+    for watch in ("inference_pools", "scaled_objects", "http_scaled_objects", "interceptor"):
+        if watch in memo:
+            await memo[watch].stop()
     if "controller" in memo:
         await memo["controller"].stop()
-    if "metrics" in memo:
-        await memo["metrics"].cleanup()
+    for server in ("metrics", "coldstart"):
+        if server in memo:
+            await memo[server].cleanup()
 
 
 # ------------------------------------------------------------------------------ indices
@@ -327,6 +376,7 @@ def index_owned_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")
+@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED, id="endpointslices")
 @kopf.index("", "v1", "persistentvolumeclaims", id="pvcs")
 def index_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """Children (and every PVC, for existing cache claims) by (namespace, name)."""
@@ -379,6 +429,7 @@ async def on_model(
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
+@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
 async def on_child(
     type: str | None, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import PersistentVolumeClaim
+from lightkube.resources.core_v1 import PersistentVolumeClaim, Service
+from lightkube.resources.discovery_v1 import EndpointSlice
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from pydantic import ValidationError
 
@@ -28,7 +29,7 @@ from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import parse_quantity
 from .budget import FREE, WAITING_RECHECK_SECONDS, Slot
 from .desired import names
-from .desired.autoscaling import build_hpa, wants_hpa
+from .desired.autoscaling import build_hpa, targets, wants_hpa
 from .desired.deployment import build_deployment, served_spec_json
 from .desired.job import build_precompile_job
 from .desired.plan import ModelPlan, OwnerRef, plan_model
@@ -38,6 +39,18 @@ from .desired.routing import (
     build_inference_pool,
     inference_pool_name,
     wants_inference_pool,
+)
+from .desired.scaletozero import (
+    HTTPScaledObject,
+    ScaledObject,
+    build_coldstart_service,
+    build_engine_service,
+    build_http_scaled_object,
+    build_interceptor_service,
+    build_mirror_slice,
+    build_scaled_object,
+    interceptor_endpoints,
+    wants_scale_to_zero,
 )
 from .desired.service import build_pdb, build_service, wants_pdb
 from .desired.site import SiteDefaults, effective_status
@@ -89,6 +102,25 @@ class WriteError:
     message: str
 
 
+@dataclass(frozen=True)
+class ScaleToZeroConfig:
+    """Where KEDA, its HTTP add-on, Prometheus and the cold-start responder are (the
+    operator's flags; see cli.py). Empty ``prometheus_address``: only models without
+    autoscaling targets (0 <-> 1 on requests alone) can scale to zero."""
+
+    scaler_address: str = "keda-add-ons-http-external-scaler.keda:9090"
+    interceptor_namespace: str = "keda"
+    interceptor_service: str = "keda-add-ons-http-interceptor-proxy"
+    #: The interceptor EndpointSlice port to mirror (by name); empty: the slice's first port.
+    interceptor_port_name: str = ""
+    prometheus_address: str = ""
+    #: The responder's Service (namespace, name, port); empty name: no failover (502 past
+    #: the wait bound, v0.12.0's own answer).
+    coldstart_namespace: str = ""
+    coldstart_service: str = ""
+    coldstart_port: int = 0
+
+
 @dataclass
 class Observed:
     """Cluster state relevant to one SpyreModel, read from the watch caches."""
@@ -136,6 +168,22 @@ class Observed:
     #: Bytes of the artifacts on the cache claim, as the SpyreModels using it list them
     #: (status.cache.artifacts of every user, each key once); None when unknown.
     claim_artifact_bytes: int | None = None
+    #: Scale to zero: the operator's settings, whether KEDA's two APIs are served (API_*,
+    #: with the API server's message) and the operator's objects (None: absent or foreign).
+    keda: ScaleToZeroConfig = field(default_factory=ScaleToZeroConfig)
+    scaled_object_api: str = API_UNKNOWN
+    scaled_object_api_message: str = ""
+    http_scaled_object_api: str = API_UNKNOWN
+    http_scaled_object_api_message: str = ""
+    scaled_object: dict[str, Any] | None = None
+    http_scaled_object: dict[str, Any] | None = None
+    engine_service: dict[str, Any] | None = None
+    coldstart_service: dict[str, Any] | None = None
+    mirror_slice: dict[str, Any] | None = None
+    #: Same-named scale-to-zero objects that are not the operator's (why): none is written.
+    foreign_scale_to_zero: str | None = None
+    #: The interceptor proxy Service's EndpointSlices (what the mirror copies).
+    interceptor_slices: list[dict[str, Any]] = field(default_factory=list)
     #: The cluster-wide precompile budget's answer (budget.py; the controller counts): when
     #: not free, a model that would create a precompile Job waits instead.
     compile_slot: Slot = FREE
@@ -1243,6 +1291,173 @@ def decide_routing(plan: ModelPlan, obs: Observed, old_conditions: Any) -> Routi
     )
 
 
+# ------------------------------------------------------------------------------ scale to zero
+
+
+@dataclass
+class ScaleToZeroOutcome:
+    """What a model with (or without) ``minReplicas: 0`` needs from KEDA and its add-on."""
+
+    apply: list[Any] = field(default_factory=list)
+    delete: list[tuple[type, str]] = field(default_factory=list)
+    #: The Autoscaling condition of a scale-to-zero model (None: not one).
+    cond: C.Cond | None = None
+    #: The model's Service points at the interceptor (selector-less + mirrored EndpointSlice).
+    via_interceptor: bool = False
+    #: The ScaledObject's status.lastActiveTime.
+    last_active: str | None = None
+
+
+def _scale_to_zero_objects(plan: ModelPlan, obs: Observed) -> list[tuple[type, str]]:
+    """The scale-to-zero children that exist (to delete when zero is switched off)."""
+    name = plan.name
+    return [
+        (resource, obj_name)
+        for resource, obj_name, live in (
+            (HTTPScaledObject, names.server_name(name), obs.http_scaled_object),
+            (ScaledObject, names.server_name(name), obs.scaled_object),
+            (EndpointSlice, names.mirror_slice_name(name), obs.mirror_slice),
+            (Service, names.engine_service_name(name), obs.engine_service),
+            (Service, names.coldstart_service_name(name), obs.coldstart_service),
+        )
+        if live is not None
+    ]
+
+
+def _scale_to_zero_problems(plan: ModelPlan, obs: Observed) -> list[str] | None:
+    """Why the model cannot scale to zero now ([]: it can; None: not known yet)."""
+    problems, unknown = [], False
+    for api, crd, state, message in (
+        ("ScaledObjects", "scaledobjects.keda.sh", obs.scaled_object_api,
+         obs.scaled_object_api_message),
+        ("HTTPScaledObjects", "httpscaledobjects.http.keda.sh", obs.http_scaled_object_api,
+         obs.http_scaled_object_api_message),
+    ):  # fmt: skip
+        if state == API_NOT_SERVED:
+            problems.append(
+                f"the cluster does not serve {api} ({crd}/v1alpha1): install KEDA and its HTTP "
+                f"add-on; the operator creates them once they exist ({message or 'not found'})"
+            )
+        elif state == API_FORBIDDEN:
+            problems.append(
+                f"the operator may not watch or write {api} (grant list, watch, create, patch, "
+                f"delete on {crd}): {message}"
+            )
+        elif state == API_UNKNOWN:
+            unknown = True
+    auto = plan.spec.autoscaling
+    if auto is not None and targets(auto) and not obs.keda.prometheus_address:
+        problems.append(
+            "autoscaling targets need the operator's --prometheus-address (the ScaledObject's "
+            "prometheus triggers); without targets the model scales 0 <-> 1 on requests alone"
+        )
+    if obs.foreign_scale_to_zero:
+        problems.append(obs.foreign_scale_to_zero)
+    if problems:
+        return problems
+    if unknown:
+        return None
+    endpoints, port, _ = interceptor_endpoints(
+        obs.interceptor_slices, obs.keda.interceptor_port_name
+    )
+    if obs.mirror_slice is None and (not endpoints or port is None):
+        problems.append(
+            f"the interceptor Service {obs.keda.interceptor_namespace}/"
+            f"{obs.keda.interceptor_service} has no endpoints: the model's Service keeps "
+            "selecting its pods until it has"
+        )
+    return problems
+
+
+def _scaled_object_condition(name: str, so: dict[str, Any] | None) -> C.Cond:
+    """Autoscaling from KEDA's ScaledObject (its Ready condition)."""
+    t = C.AUTOSCALING
+    if so is None:
+        return C.Cond(t, C.UNKNOWN, C.AUTOSCALER_PENDING, f"creating ScaledObject {name}")
+    st = so.get("status") or {}
+    ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") == C.UNKNOWN:
+        return C.Cond(t, C.UNKNOWN, C.AUTOSCALER_PENDING, f"KEDA has not taken up {name} yet")
+    if ready.get("status") != C.TRUE:
+        return C.Cond(
+            t,
+            C.FALSE,
+            C.SCALED_OBJECT_NOT_READY,
+            f"ScaledObject {name}: {ready.get('reason') or ''}: {ready.get('message') or ''}"[
+                :1024
+            ],
+        )
+    spec = so.get("spec") or {}
+    msg = f"KEDA scales between 0 and {spec.get('maxReplicaCount')} replicas"
+    if st.get("lastActiveTime"):
+        msg += f"; last active {st['lastActiveTime']}"
+    return C.Cond(t, C.TRUE, C.SCALE_TO_ZERO_ACTIVE, msg)
+
+
+def decide_scale_to_zero(plan: ModelPlan, obs: Observed, old_conditions: Any) -> ScaleToZeroOutcome:
+    """The objects of a ``minReplicas: 0`` model, written only when KEDA serves both APIs.
+
+    As with InferencePools: an API that is not served (or forbidden) is a condition, nothing
+    is written or retried, and the optional-API watches reconcile the model when it appears.
+    Meanwhile the model's Service keeps selecting its pods (it serves while replicas > 0).
+    """
+    out = ScaleToZeroOutcome()
+    if not wants_scale_to_zero(plan):
+        out.delete = _scale_to_zero_objects(plan, obs)
+        return out
+    so = obs.scaled_object
+    out.last_active = ((so or {}).get("status") or {}).get("lastActiveTime")
+    problems = _scale_to_zero_problems(plan, obs)
+    if problems is None:  # the watches have not listed yet: keep what was there
+        old = C.find(old_conditions, C.AUTOSCALING)
+        out.cond = (
+            C.Cond(C.AUTOSCALING, old["status"], old["reason"], old.get("message", ""))
+            if old is not None
+            else C.Cond(
+                C.AUTOSCALING, C.UNKNOWN, C.AUTOSCALER_PENDING,
+                "checking whether KEDA's APIs are served",
+            )
+        )  # fmt: skip
+        out.via_interceptor = obs.mirror_slice is not None
+        return out
+    if problems:
+        out.cond = C.Cond(
+            C.AUTOSCALING, C.FALSE, C.SCALE_TO_ZERO_UNAVAILABLE, "; ".join(problems)[:1024]
+        )
+        out.delete = _scale_to_zero_objects(plan, obs)
+        return out
+    cfg = obs.keda
+    endpoints, port, address_type = interceptor_endpoints(
+        obs.interceptor_slices, cfg.interceptor_port_name
+    )
+    if port is None:  # the mirror exists and the interceptor has gone: keep its port
+        port = int(((obs.mirror_slice or {}).get("ports") or [{}])[0].get("port") or 0)
+    failover_service, failover_port = None, None
+    if cfg.coldstart_service and cfg.coldstart_port:
+        failover_service = names.coldstart_service_name(plan.name)
+        failover_port = cfg.coldstart_port
+        target = f"{cfg.coldstart_service}.{cfg.coldstart_namespace}.svc.cluster.local"
+        out.apply.append(build_coldstart_service(plan, target, cfg.coldstart_port))
+    elif obs.coldstart_service is not None:
+        out.delete.append((Service, names.coldstart_service_name(plan.name)))
+    out.apply += [
+        build_engine_service(plan),
+        build_http_scaled_object(
+            plan,
+            failover_service=failover_service,
+            failover_port=failover_port,
+            no_capacity=_unschedulable(obs.server_pods) is not None,
+        ),
+        build_scaled_object(
+            plan, scaler_address=cfg.scaler_address, prometheus_address=cfg.prometheus_address
+        ),
+        build_mirror_slice(plan, endpoints, port, address_type),
+    ]
+    out.via_interceptor = True
+    out.cond = _scaled_object_condition(names.server_name(plan.name), so)
+    return out
+
+
 # ------------------------------------------------------------------------------ status
 
 
@@ -1259,6 +1474,8 @@ class _StatusFacts:
     write_error: str | None
     #: Same-named objects the model wants that are not the operator's (why).
     conflict: str | None
+    #: A scale-to-zero model: why it would not answer at zero (None: it would, or not one).
+    zero_problem: str | None = None
 
 
 def _conflict(plan: ModelPlan, obs: Observed) -> str | None:
@@ -1271,7 +1488,7 @@ def _conflict(plan: ModelPlan, obs: Observed) -> str | None:
     unwanted = set()
     if not wants_pdb(plan):
         unwanted.add("PodDisruptionBudget")
-    if not wants_hpa(plan):
+    if not wants_hpa(plan) or wants_scale_to_zero(plan):
         unwanted.add("HorizontalPodAutoscaler")
     return "; ".join(v for k, v in obs.foreign.items() if k not in unwanted) or None
 
@@ -1282,6 +1499,7 @@ def decide_status(
     cache: CacheOutcome,
     artifact: ArtifactOutcome,
     serving: ServingOutcome,
+    zero: ScaleToZeroOutcome | None = None,
 ) -> list[C.Cond]:
     """Ready, Progressing and Degraded (CacheVolumeReady and ArtifactReady come as they are).
 
@@ -1297,6 +1515,7 @@ def decide_status(
         ),
         write_error=write_error_message(obs.write_errors),
         conflict=_conflict(plan, obs),
+        zero_problem=_zero_problem(zero),
     )
     conds = [
         _ready(plan, cache, artifact, serving, facts),
@@ -1305,9 +1524,35 @@ def decide_status(
         _progressing(plan, obs, cache, artifact, serving, facts),
         _degraded(plan, obs, cache, artifact, facts),
     ]
-    if plan.spec.autoscaling is not None:
+    if zero is not None and zero.cond is not None:
+        conds.append(zero.cond)
+    elif plan.spec.autoscaling is not None and plan.spec.replicas == 0:
+        conds.append(
+            C.Cond(
+                C.AUTOSCALING,
+                C.FALSE,
+                C.REPLICAS_AT_ZERO,
+                "spec.replicas is 0 and the HorizontalPodAutoscaler does not scale from zero "
+                f"(minReplicas {plan.spec.autoscaling.min_replicas}): set spec.replicas to "
+                "start the model, or allow zero again (minReplicas: 0)",
+            )
+        )
+    elif plan.spec.autoscaling is not None:
         conds.append(_autoscaling_condition(obs.hpa))
     return conds
+
+
+def _zero_problem(zero: ScaleToZeroOutcome | None) -> str | None:
+    """Why a scale-to-zero model would not answer at zero (its requests would find nothing).
+
+    It answers when its Service points at the interceptor and KEDA reports the ScaledObject
+    Ready: then a request wakes it. Until then, at zero, it is not Ready.
+    """
+    if zero is None or zero.cond is None:
+        return None
+    if zero.via_interceptor and zero.cond.status == C.TRUE:
+        return None
+    return zero.cond.message or "KEDA's ScaledObject is not Ready yet"
 
 
 def _degraded(
@@ -1355,6 +1600,18 @@ def _ready(
         if artifact.waiting:
             return C.Cond(C.READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, artifact.cond.message)
         return C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
+    if replicas == 0 and f.zero_problem is not None:
+        return C.Cond(
+            C.READY, C.FALSE, C.SCALE_TO_ZERO_UNAVAILABLE,
+            f"scaled to zero and nothing wakes the model: {f.zero_problem}"[:1024],
+        )  # fmt: skip
+    auto = plan.spec.autoscaling
+    if replicas == 0 and auto is not None and auto.min_replicas == 0:
+        return C.Cond(
+            C.READY, C.TRUE, C.SCALED_TO_ZERO,
+            "scaled to zero replicas; a request wakes the model (it is held until a replica "
+            "is Ready)",
+        )  # fmt: skip
     if replicas == 0:
         return C.Cond(C.READY, C.TRUE, C.SCALED_TO_ZERO, "scaled to zero replicas")
     if roll.available > 0 and not f.current:
@@ -1582,6 +1839,7 @@ def decide(
     serving = decide_serving(plan, obs, artifact, old_status)
 
     routing = decide_routing(plan, obs, old_status.get("conditions"))
+    zero = decide_scale_to_zero(plan, obs, old_status.get("conditions"))
 
     d = Decision(job=artifact.job, requeue_after=artifact.requeue_after)
     if serving.waiting:
@@ -1596,12 +1854,16 @@ def decide(
         d.delete.append((Job, job_name))  # an earlier spec's compile: stop it, free its cards
     if serving.plan is not None and serving.key is not None:
         d.apply.append(build_deployment(serving.plan, serving.key))
-    d.apply.append(build_service(plan))
+    # Deletes run before applies (controller.execute): the operator's HPA is gone before the
+    # ScaledObject is written (KEDA refuses a target another HPA scales).
+    d.delete += zero.delete
+    d.apply.append(build_interceptor_service(plan) if zero.via_interceptor else build_service(plan))
+    d.apply += zero.apply
     if wants_pdb(plan):
         d.apply.append(build_pdb(plan))
     elif obs.pdb is not None:
         d.delete.append((PodDisruptionBudget, names.server_name(name)))
-    if wants_hpa(plan):
+    if wants_hpa(plan) and not wants_scale_to_zero(plan):
         d.apply.append(build_hpa(plan))
     elif obs.hpa is not None:
         d.delete.append((HorizontalPodAutoscaler, names.server_name(name)))
@@ -1613,7 +1875,7 @@ def decide(
     if obs.foreign:
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
-    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving))
+    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving, zero))
     if routing.cond is not None:
         computed.append(routing.cond)
     conds = C.merge_conditions(old_status.get("conditions"), computed, generation, now)
@@ -1632,12 +1894,31 @@ def decide(
     cache_status = decide_cache_status(model, plan, obs, artifact, serving, now)
     if cache_status is not None:
         status["cache"] = cache_status
+    s2z = _scale_to_zero_status(plan, zero, old_status, now)
+    if s2z:
+        status["scaleToZero"] = s2z
     if serving.key and serving.plan is not None:
         status["servingArtifactKey"] = serving.key
         status["servedSpec"] = served_spec_json(serving.plan.spec)
     d.status = status
     d.events = _events(old_status.get("conditions"), conds)
     return d
+
+
+def _scale_to_zero_status(
+    plan: ModelPlan, zero: ScaleToZeroOutcome, old_status: dict[str, Any], now: str
+) -> dict[str, Any]:
+    """status.scaleToZero: when KEDA last saw the model in use, and since when it is at zero."""
+    if not wants_scale_to_zero(plan):
+        return {}
+    old = old_status.get("scaleToZero") or {}
+    out: dict[str, Any] = {}
+    last = zero.last_active or old.get("lastActiveTime")
+    if last:
+        out["lastActiveTime"] = last
+    if plan.spec.replicas == 0:
+        out["scaledToZeroSince"] = old.get("scaledToZeroSince") or now
+    return out
 
 
 def _events(

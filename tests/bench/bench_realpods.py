@@ -40,6 +40,7 @@ import math
 import os
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,12 @@ sys.path.insert(0, str(ROOT))
 from spyre_operator.desired import names  # noqa: E402
 
 from tests.bench.bench_operator import MARKDOWN, machine  # noqa: E402
+from tests.cluster.keda import (  # noqa: E402
+    COLDSTART_SERVICE,
+    COLDSTART_SERVICE_PORT,
+    KedaStack,
+    host_coldstart_service,
+)
 from tests.contract.realpods import RealEnv, model_spec  # noqa: E402
 from tests.realpods import support  # noqa: E402
 
@@ -575,6 +582,100 @@ def rollout_table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- part 4: wake-up
+
+
+WAKE_MODEL_IDLE = 30  # autoscaling.scaleToZero.idleSeconds: the API's minimum
+
+
+def _replicas(env: RealEnv) -> int:
+    return int(env.kube.model(MODEL)["spec"].get("replicas", 1))
+
+
+def part_wakeup(env: RealEnv, args: argparse.Namespace) -> dict[str, Any]:
+    """A model with minReplicas 0 (KEDA + HTTP add-on), idle until at zero; then ``--held``
+    requests at once through its Service (one streamed chat, the others completions): the time
+    to the stream's first token and each request's wait, against the bare ``vllm serve``
+    Deployment's 0 -> 1 (first answer on its pod IP) in the same round, ABBA."""
+    port = 8000
+    spec = model_spec(env.image, replicas=1, compile={"backend": args.backend},
+                      serving={"port": port}, autoscaling={
+                          "minReplicas": 0, "maxReplicas": 1,
+                          "scaleToZero": {"idleSeconds": WAKE_MODEL_IDLE,
+                                          "maxWaitSeconds": 600}})  # fmt: skip
+    t0 = time.monotonic()
+    env.kube.apply_model(MODEL, spec)
+    support.wait_model_ready(env.cp, env.ns, MODEL, timeout=1800)
+    first_ready = time.monotonic() - t0
+    log(f"{MODEL} ({args.backend}, zero allowed) Ready in {first_ready:.0f}s")
+    url = support.service_url(env.cp, env.ns, MODEL)
+    # the bare Deployment copies a serving pod's command: wake the model if it is at zero
+    woke = env.client.run("once", f"{url}/v1/completions", BODY, "--timeout", "900",
+                          timeout=960)  # fmt: skip
+    assert woke["status"] == 200, woke
+    sel = ",".join(f"{k}={v}" for k, v in names.server_selector(MODEL).items())
+    env.kube.wait(lambda: any(support.pod_ready(p) for p in _pods(env, sel)), 300,
+                  "a serving pod")  # fmt: skip
+    bare = bare_deployment(env, port)
+    chat = json.dumps({"model": support.SERVED_NAME, "stream": True, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "hello"}]})  # fmt: skip
+    rounds: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        order = ["wake", "bare"] if rnd % 2 == 0 else ["bare", "wake"]
+        row: dict[str, Any] = {"round": rnd + 1}
+        for mode in order:
+            wait_node_healthy(env)
+            if mode == "bare":
+                s = scale_bare(env, 1, port)
+                assert s is not None
+                scale_bare(env, 0, port)
+                row["bare_first_answer"] = round(s["first_answer"] - s["t0"], 2)
+                continue
+            z0 = time.monotonic()
+            env.kube.wait(lambda: _replicas(env) == 0 and not _pods(env, sel), 600,
+                          f"{MODEL} at zero")  # fmt: skip
+            row["idle_to_zero_wait"] = round(time.monotonic() - z0, 1)
+            row["load"] = round(os.getloadavg()[0], 2)
+            stream = env.client.start("stream", f"{url}/v1/chat/completions", chat,
+                                      "--timeout", "900")  # fmt: skip
+            many = env.client.run("many", f"{url}/v1/completions", BODY,
+                                  "--count", str(max(0, args.held - 1)), "--timeout", "900",
+                                  timeout=960) if args.held > 1 else {"results": []}  # fmt: skip
+            out, _ = stream.communicate(timeout=960)
+            st = json.loads(out.strip().splitlines()[-1])
+            if st.get("status") != 200 or not st.get("first_event_at"):
+                raise AssertionError(f"the held stream failed: {st}")
+            waits = [round(r["t1"] - r["t0"], 2) for r in many["results"]]
+            failed = [r for r in many["results"] if r.get("status") != 200]
+            row.update(wake_first_token=round(st["first_event_at"] - st["t0"], 2),
+                       held=1 + len(many["results"]), held_failed=len(failed),
+                       held_waits=sorted(waits), pods=len(_pods(env, sel)))
+        log(f"round {rnd + 1}: {json.dumps(row)}")
+        rounds.append(row)
+    return {"backend": args.backend, "first_ready": round(first_ready, 1),
+            "bare_command": bare["command"], "rounds": rounds}
+
+
+def wakeup_table(res: dict[str, Any]) -> str:
+    rows = res["rounds"]
+    lines = ["| round | at zero → first token (held stream) | held requests, waits (s) | "
+             "bare vLLM 0→1 → first answer | ratio | load |", "|---|---|---|---|---|---|"]
+    ratios = []
+    for r in rows:
+        ratio = r["wake_first_token"] / r["bare_first_answer"]
+        ratios.append(ratio)
+        lines.append(f"| {r['round']} | {r['wake_first_token']:.1f} s | {r['held']} "
+                     f"({r['held_failed']} failed): {r['held_waits']} | "
+                     f"{r['bare_first_answer']:.1f} s | {ratio:.2f}× | {r['load']:.1f} |")
+    if ratios:
+        lines += ["", f"Wake-up from zero / bare `vllm serve` start ({res['backend']} artifact): "
+                      f"**{statistics.median(ratios):.2f}×** median of {len(ratios)} rounds "
+                      "(goal ≤ 1.3×). The held requests are counted from when each was sent; "
+                      f"the model's first start (compile + first replica) took "
+                      f"{res['first_ready']:.0f} s."]  # fmt: skip
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -592,7 +693,8 @@ def write_section(title: str, text: str, stamp: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default="scaleup,rollout",
-                   help="comma-separated: scaleup, rollout (others, e.g. operator, are ignored)")
+                   help="comma-separated: scaleup, rollout, wakeup (others, e.g. operator, are "
+                        "ignored)")
     p.add_argument("--backend", default="eager", help="scaleup: the model's compile backend")
     p.add_argument("--rounds", type=int, default=2, help="scaleup: operator+bare pairs (ABBA)")
     p.add_argument("--pause", type=float, default=5, help="scaleup: seconds between starts")
@@ -601,13 +703,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--surges", default="0,1", help="rollout: maxSurge values")
     p.add_argument("--drain", type=int, default=30,
                    help="rollout: serving.shutdownGracePeriodSeconds (the API's default: 30)")
+    p.add_argument("--held", type=int, default=4,
+                   help="wakeup: requests sent at once to the model at zero")
     p.add_argument("--out", default=str(ROOT / "bench-results"))
     p.add_argument("--markdown", action="store_true", help=f"write {MARKDOWN.name} sections")
     p.add_argument("--keep", action="store_true", help="keep the namespace")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally: stop the operator
     args.surges = [int(x) for x in args.surges.split(",") if x.strip()]
-    parts = {x.strip() for x in args.parts.split(",")} & {"scaleup", "rollout"}
+    parts = {x.strip() for x in args.parts.split(",")} & {"scaleup", "rollout", "wakeup"}
     if not parts:
         return 0
     cp = support.ensure_cluster()
@@ -616,13 +720,29 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine()}
     texts: dict[str, str] = {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for part in ("scaleup", "rollout"):
+    for part in ("scaleup", "rollout", "wakeup"):
         if part not in parts:
             continue
-        env = RealEnv(cp, cp.node, f"bench-{part}")
+        keda = None
+        if part == "wakeup":  # KEDA + the HTTP add-on; the responder on a free host port
+            keda = KedaStack(cp)
+            keda.up()
+            with socket.socket() as sock:
+                sock.bind(("0.0.0.0", 0))
+                port = int(sock.getsockname()[1])
+            env = RealEnv(cp, cp.node, f"bench-{part}", operator_args=lambda ns, port=port: [
+                "--coldstart-port", str(port),
+                "--coldstart-service", f"{ns}/{COLDSTART_SERVICE}:{COLDSTART_SERVICE_PORT}"])
+            host_coldstart_service(cp, env.ns, cp.node.host_ip, port)
+        else:
+            env = RealEnv(cp, cp.node, f"bench-{part}")
         try:
             t0 = time.monotonic()
-            if part == "scaleup":
+            if part == "wakeup":
+                res = part_wakeup(env, args)
+                texts[f"Wake-up from zero against a bare start ({args.backend}): latest run"] = (
+                    wakeup_table(res))
+            elif part == "scaleup":
                 res = part_scaleup(env, args)
                 texts["Scale-up against a bare model load: latest run"] = scaleup_table(res)
             else:
@@ -634,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep:
                 os.environ["SPYRE_KEEP_REALPODS"] = "1"
             env.close()
+            if keda is not None:
+                keda.down()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"realpods-{stamp}.json"

@@ -275,6 +275,29 @@ class KedaStack:
         self.procs.stop(PROCESSES)
 
 
+#: The Service in front of an operator process's cold-start responder (``--coldstart-port``).
+COLDSTART_SERVICE, COLDSTART_SERVICE_PORT = "spyre-coldstart", 8082
+
+
+def host_coldstart_service(cp: ControlPlane, namespace: str, host_ip: str, port: int) -> str:
+    """A Service in ``namespace`` for the cold-start responder of an operator running on the
+    host (listening on ``port``): an EndpointSlice naming ``host_ip``, the host's address on
+    the real node's link (what the chart's ``<release>-coldstart`` Service is to the operator's
+    pods). Returns the operator's ``--coldstart-service`` value."""
+    name, svc_port = COLDSTART_SERVICE, COLDSTART_SERVICE_PORT
+    cp.apply({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"ports": [{"name": "http", "port": svc_port, "targetPort": port}]}})  # fmt: skip
+    cp.apply({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"{name}-host", "namespace": namespace,
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host_ip], "conditions": {"ready": True}}],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}]})  # fmt: skip
+    return f"{namespace}/{name}:{svc_port}"
+
+
 def stop_leftovers(state_dir: Path) -> None:
     """Stop KEDA's processes of a cluster being torn down (no API calls)."""
     procs.stop_leftovers(state_dir / "keda")

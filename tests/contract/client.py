@@ -9,11 +9,13 @@ through kube-proxy.
 Modes (every result is one JSON line on stdout, or in ``--out``):
 
 ``once URL BODY``
-    One POST; prints ``{"status", "body"}``.
+    One POST; prints ``{"status", "body"}``, and ``headers`` unless the status is 200.
 ``steady URL BODY``
     POSTs one after another until stdin is closed (``kubectl exec -i``); one line per request
     with its start and end (``time.time()``), status, and error (a reset, a refused
     connection, a timeout).
+``many URL BODY --count N``
+    N POSTs at once (threads); prints ``{"results": [...]}``, each as ``once`` prints it.
 ``stream URL BODY``
     One streaming POST; prints ``started`` at its first event, then
     ``{"status", "events", "done", "error_event", "error", ...}``: how the stream ended,
@@ -45,9 +47,26 @@ def once(url: str, body: str, timeout: float) -> dict[str, Any]:
         conn, resp = _post(url, body, timeout)
         text = resp.read().decode(errors="replace")
         conn.close()
-        return {"t0": t0, "t1": time.time(), "status": resp.status, "body": text}
+        out = {"t0": t0, "t1": time.time(), "status": resp.status, "body": text}
+        if resp.status != 200:  # a 503's Retry-After
+            out["headers"] = {k.lower(): v for k, v in resp.getheaders()}
+        return out
     except (OSError, http.client.HTTPException) as exc:
         return {"t0": t0, "t1": time.time(), "status": 0, "error": repr(exc)}
+
+
+def many(url: str, body: str, timeout: float, count: int) -> dict[str, Any]:
+    results: list[dict[str, Any]] = [{} for _ in range(count)]
+
+    def one(i: int) -> None:
+        results[i] = once(url, body, timeout)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"results": results}
 
 
 def steady(url: str, body: str, timeout: float, pause: float) -> None:
@@ -110,12 +129,16 @@ def stream(url: str, body: str, timeout: float) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["once", "steady", "stream"])
+    p.add_argument("mode", choices=["once", "many", "steady", "stream"])
     p.add_argument("url")
     p.add_argument("body")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--pause", type=float, default=0.2)
+    p.add_argument("--count", type=int, default=1)
     a = p.parse_args()
+    if a.mode == "many":
+        sys.stdout.write(json.dumps(many(a.url, a.body, a.timeout, a.count)) + "\n")
+        return 0
     if a.mode == "steady":
         steady(a.url, a.body, a.timeout, a.pause)
         return 0

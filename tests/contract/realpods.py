@@ -23,6 +23,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,10 @@ HF_MODEL = "hf://ibm-granite/granite-3.3-8b-instruct"
 MISSING_IMAGE = "localhost/spyre-engine:does-not-exist"
 
 
-def start_operator(cp: ControlPlane, namespace: str,
-                   env: dict[str, str] | None = None) -> OperatorProcess:
+def start_operator(cp: ControlPlane, namespace: str, env: dict[str, str] | None = None,
+                   args: list[str] | None = None) -> OperatorProcess:
     """The operator (and its CRD) as a local process, watching only ``namespace``; ``env``
-    adds to its environment."""
+    adds to its environment, ``args`` to its command line."""
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                "crd/spyremodels.serving.spyre.dev")  # fmt: skip
@@ -58,7 +59,7 @@ def start_operator(cp: ControlPlane, namespace: str,
         cp.kubeconfig, cp.root / ".cluster" / "logs",
         # Its own namespace only, so no leader election: the Lease is one per cluster, and
         # operators of other namespaces (other modules, a demo) would block this one.
-        args=["--namespace", namespace, "--no-leader-elect"],
+        args=["--namespace", namespace, "--no-leader-elect", *(args or [])],
         # No automatic retry of a failed compile during a test (it would reset the failure).
         env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900", **(env or {})},
     )
@@ -236,7 +237,8 @@ class RealEnv:
     """One namespace with its operator, the model claim and a client pod."""
 
     def __init__(self, cp: ControlPlane, node: RealNode, prefix: str,
-                 operator_env: dict[str, str] | None = None) -> None:
+                 operator_env: dict[str, str] | None = None,
+                 operator_args: Callable[[str], list[str]] | None = None) -> None:
         self.cp, self.node = cp, node
         t0 = time.monotonic()
         self.image = support.ensure_images(node, ("engine",))["engine"]
@@ -246,7 +248,8 @@ class RealEnv:
         self.kube = Kube(cp, self.ns)
         support.create_model_pvc(cp, self.ns)
         support.create_model_pvc(cp, self.ns, path=NO_WEIGHTS_PATH, model_dir=_no_weights_dir())
-        self.op = start_operator(cp, self.ns, operator_env)
+        self.op = start_operator(cp, self.ns, operator_env,
+                                 operator_args(self.ns) if operator_args else None)
         support.ensure_client_pod(cp, self.ns, self.image)
         self.client = Client(cp, self.ns)
         print(f"[{prefix}] namespace {self.ns} ready in {time.monotonic() - t0:.1f}s")

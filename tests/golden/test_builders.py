@@ -17,11 +17,27 @@ from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.pvc import build_cache_pvc, cache_owners
 from spyre_operator.desired.routing import build_inference_pool
+from spyre_operator.desired.scaletozero import (
+    build_engine_service,
+    build_http_scaled_object,
+    build_scaled_object,
+)
 from spyre_operator.desired.service import build_pdb, build_service
 
 from ..unit.samples import ALL, SITE, UNDER_SITE
 
 DATA = Path(__file__).parent / "data"
+
+#: The samples rendered once more with scale to zero, and the addresses the operator's
+#: configuration would pass (KEDA's HTTP add-on scaler, Prometheus, our cold-start responder).
+SCALE_TO_ZERO_SAMPLES = ("generate",)
+SCALE_TO_ZERO: dict[str, Any] = {
+    "minReplicas": 0, "maxReplicas": 4, "targetQueueLength": 2, "targetKvCacheUsage": 0.8,
+    "scaleToZero": {"idleSeconds": 600, "maxWaitSeconds": 240},
+}
+SCALER = "keda-add-ons-http-external-scaler.keda:9090"
+PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+COLDSTART = ("spyre-model-operator-coldstart", 8082)
 
 
 def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
@@ -53,10 +69,24 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
     objs["inferencepool"] = build_inference_pool(
         plan_model(sample, "team-a", f"uid-{sample}", routed)
     )
+    # the same model allowed to scale to zero (KEDA + HTTP add-on objects)
+    if sample in SCALE_TO_ZERO_SAMPLES:
+        s2z = plan_model(
+            sample, "team-a", f"uid-{sample}",
+            SpyreModelSpec.model_validate({**spec_doc, "autoscaling": SCALE_TO_ZERO}),
+        )
+        objs["engineservice"] = build_engine_service(s2z)
+        objs["httpscaledobject"] = build_http_scaled_object(
+            s2z, failover_service=COLDSTART[0], failover_port=COLDSTART[1]
+        )
+        objs["scaledobject"] = build_scaled_object(
+            s2z, scaler_address=SCALER, prometheus_address=PROMETHEUS
+        )
     return {k: v.to_dict() for k, v in objs.items()}
 
 
-KINDS = ("job", "deployment", "service", "pdb", "pvc", "inferencepool")
+KINDS = ("job", "deployment", "service", "pdb", "pvc", "inferencepool", "engineservice",
+         "httpscaledobject", "scaledobject")
 CASES = [(sample, kind) for sample in {**ALL, **UNDER_SITE} for kind in KINDS]
 
 

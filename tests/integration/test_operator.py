@@ -261,6 +261,7 @@ def test_a_replica_without_a_card_keeps_the_model_ready_and_says_why(
         ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetQueueLength": 1}},
          "minReplicas must not exceed"),
         ({"autoscaling": {"maxReplicas": 2}}, "at least one target"),
+        ({"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}, "at least one target"),
         ({"autoscaling": {"maxReplicas": 2, "targetKvCacheUsage": 0}},
          "targetKvCacheUsage"),
     ],

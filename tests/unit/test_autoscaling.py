@@ -57,14 +57,26 @@ def test_quantity_is_exact_to_the_milli(value: float, expected: str) -> None:
 @pytest.mark.parametrize("bad", [
     {"minReplicas": 4, "maxReplicas": 3, "targetQueueLength": 1},
     {"maxReplicas": 3},  # no target
+    {"minReplicas": 0, "maxReplicas": 2},  # no target: nothing would scale 1..2
+    {"minReplicas": 1, "maxReplicas": 1},  # no target and not to zero
     {"maxReplicas": 3, "targetKvCacheUsage": 1.5},
-    {"minReplicas": 0, "maxReplicas": 3, "targetQueueLength": 1},
+    {"minReplicas": 1, "maxReplicas": 3, "targetQueueLength": 1, "scaleToZero": {}},
+    {"minReplicas": 0, "maxReplicas": 3, "targetQueueLength": 1,
+     "scaleToZero": {"idleSeconds": 10}},
+    {"minReplicas": 0, "maxReplicas": 3, "targetQueueLength": 1,
+     "scaleToZero": {"maxWaitSeconds": 0}},
 ])
 def test_invalid_autoscaling_is_rejected(bad: dict[str, Any]) -> None:
     spec = copy.deepcopy(model("m", GENERATE)["spec"])
     spec["autoscaling"] = bad
     with pytest.raises(ValidationError):
         SpyreModelSpec.model_validate(spec)
+
+
+def test_zero_to_one_on_requests_alone_needs_no_target() -> None:
+    spec = copy.deepcopy(model("m", GENERATE)["spec"])
+    spec["autoscaling"] = {"minReplicas": 0, "maxReplicas": 1}
+    assert SpyreModelSpec.model_validate(spec).autoscaling.max_replicas == 1  # type: ignore
 
 
 def test_autoscaling_adds_an_hpa_and_a_pdb_and_turning_it_off_deletes_the_hpa() -> None:

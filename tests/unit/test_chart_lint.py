@@ -131,14 +131,27 @@ def test_cluster_scope() -> None:
     args = operator_container(docs)["args"]
     assert "--all-namespaces" in args and "--leader-elect" in args
     assert not any(a.startswith("--namespace") for a in args)
+    assert "--coldstart-service=spyre-system/spyre-spyre-model-operator-coldstart:8082" in args
+    assert "--keda-interceptor-service=keda/keda-add-ons-http-interceptor-proxy" in args
+    assert not any(a.startswith("--prometheus-address") for a in args)  # no default
+    (cold,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("coldstart")]
+    assert cold["spec"]["ports"][0]["targetPort"] == "coldstart"
 
 
 @needs_helm
 def test_namespaced_scope() -> None:
     docs = render(*VALUE_SETS["namespaced"])
     assert not by_kind(docs, "ClusterRoleBinding")
-    roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("election")]
+    roles = [r for r in by_kind(docs, "Role")
+             if not r["metadata"]["name"].endswith(("election", "interceptor-endpoints"))]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    # scale to zero: the interceptor proxy's EndpointSlices, read-only, in its namespace
+    (interceptor,) = [r for r in by_kind(docs, "Role")
+                      if r["metadata"]["name"].endswith("interceptor-endpoints")]
+    assert interceptor["metadata"]["namespace"] == "keda"
+    assert interceptor["rules"] == [{"apiGroups": ["discovery.k8s.io"],
+                                     "resources": ["endpointslices"],
+                                     "verbs": ["list", "watch"]}]
     for rb in by_kind(docs, "RoleBinding"):
         assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "spyre-spyre-model-operator",
                                    "namespace": "spyre-system"}]

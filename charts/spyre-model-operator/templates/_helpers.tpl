@@ -119,6 +119,27 @@ object does not exist yet.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+{{- if .Values.scaleToZero.enabled }}
+# Scale to zero (autoscaling.minReplicas 0; reconcile.decide_scale_to_zero): the
+# <model>-engine and <model>-coldstart Services are deleted when zero is switched off.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["delete"]
+# KEDA's ScaledObjects and the HTTP add-on's HTTPScaledObjects: listed and watched (the CRDs
+# may be absent: optional.py), server-side applied, deleted when zero is switched off.
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: ["http.keda.sh"]
+  resources: ["httpscaledobjects"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+{{- end }}
+# The EndpointSlice mirroring the interceptor's endpoints into a scale-to-zero model's
+# selector-less Service: indexed by kopf (always, so this rule is unconditional: a kopf index
+# it may not list would stop the operator), server-side applied, deleted with zero.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # controller.py: precompile pods' termination messages and why they do not start, serving
 # pods' crash loops (a plain list, no watch).
 - apiGroups: [""]

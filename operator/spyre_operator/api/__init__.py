@@ -3,6 +3,7 @@
 from .v1alpha1 import (
     AcceleratorSpec,
     ArtifactStatus,
+    AutoscalingSpec,
     Backend,
     CachedArtifact,
     CacheSpec,
@@ -12,6 +13,7 @@ from .v1alpha1 import (
     EngineSpec,
     ModelSource,
     PrecompileSpec,
+    ScaleToZeroSpec,
     ServingSpec,
     SpyreModel,
     SpyreModelSpec,
@@ -22,6 +24,7 @@ from .v1alpha1 import (
 
 __all__ = [
     "AcceleratorSpec",
+    "AutoscalingSpec",
     "ArtifactStatus",
     "Backend",
     "CachedArtifact",
@@ -35,6 +38,7 @@ __all__ = [
     "ServingSpec",
     "SpyreModel",
     "SpyreModelSpec",
+    "ScaleToZeroSpec",
     "SpyreModelStatus",
     "Task",
     "WarmupShape",

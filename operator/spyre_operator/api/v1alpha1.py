@@ -806,11 +806,54 @@ class CacheSpec(ApiModel):
     )
 
 
+class ScaleToZeroSpec(ApiModel):
+    """How a model with ``minReplicas: 0`` goes to zero and wakes (KEDA + its HTTP add-on).
+
+    Requests reach the model through the HTTP add-on's interceptor, which counts them, holds
+    one that arrives at zero until a replica is Ready and then forwards it
+    (``desired/scaletozero.py``; operator/SCALE-TO-ZERO.md).
+    """
+
+    idle_seconds: int = Field(
+        default=300,
+        ge=30,
+        le=86400,
+        description=(
+            "Seconds without a request after which the model goes to 0 replicas (its cards "
+            "are freed). Becomes the KEDA ScaledObject's cooldownPeriod and the "
+            "HTTPScaledObject's scaledownPeriod."
+        ),
+    )
+    max_wait_seconds: int = Field(
+        default=300,
+        ge=1,
+        le=3600,
+        description=(
+            "Seconds a request that arrives at zero is held while a replica starts; past it "
+            "the client gets 503 with Retry-After. Becomes the HTTPScaledObject's "
+            "timeouts.conditionWait and coldStartTimeoutFailoverRef.timeoutSeconds (the "
+            "503 comes from the operator's cold-start responder)."
+        ),
+    )
+    response_timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=86400,
+        description=(
+            "Seconds the proxy waits for a forwarded request's response headers (vLLM sends "
+            "them for a non-streamed completion only when it is done). Becomes the "
+            "HTTPScaledObject's timeouts.responseHeader (the interceptor's default is 500ms)."
+        ),
+    )
+
+
 class AutoscalingSpec(ApiModel):
     """A HorizontalPodAutoscaler on the engine's own load, scaling this SpyreModel's ``/scale``.
 
     The targets are per-pod averages of the engine's metrics, served to the HPA by
     prometheus-adapter under the names in ``desired/autoscaling.py`` (README: Autoscaling).
+    With ``minReplicas: 0`` the model scales to zero when idle: KEDA and its HTTP add-on
+    replace the HPA (same targets, as Prometheus queries; ``desired/scaletozero.py``).
     """
 
     model_config = ConfigDict(
@@ -822,15 +865,32 @@ class AutoscalingSpec(ApiModel):
                 ),
                 cel(
                     "has(self.targetQueueLength) || has(self.targetKvCacheUsage) || "
-                    "has(self.targetRunningRequests)",
+                    "has(self.targetRunningRequests) || "
+                    "(has(self.minReplicas) && self.minReplicas == 0 && self.maxReplicas == 1)",
                     "autoscaling needs at least one target: targetQueueLength, "
-                    "targetKvCacheUsage or targetRunningRequests",
+                    "targetKvCacheUsage or targetRunningRequests (only minReplicas: 0 with "
+                    "maxReplicas: 1, which scales 0 <-> 1 on requests alone, needs none)",
+                ),
+                cel(
+                    "!has(self.scaleToZero) || "
+                    "(has(self.minReplicas) && self.minReplicas == 0)",
+                    "autoscaling.scaleToZero is only allowed with autoscaling.minReplicas: 0 "
+                    "(minReplicas 0 is what lets the model scale to zero)",
                 ),
             ]
         }
     )
 
-    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest serving replicas.")
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Fewest serving replicas. 0: scale to zero after scaleToZero.idleSeconds without a "
+            "request and wake on the next one (needs KEDA and its HTTP add-on; the KEDA "
+            "ScaledObject's minReplicaCount)."
+        ),
+    )
     max_replicas: int = Field(ge=1, le=1000, description="Most serving replicas.")
     target_queue_length: float | None = Field(
         default=None,
@@ -859,17 +919,30 @@ class AutoscalingSpec(ApiModel):
             "its artifact in about a minute; scaling down too early wastes that)."
         ),
     )
+    scale_to_zero: ScaleToZeroSpec | None = Field(
+        default=None,
+        description=(
+            "Idle period and wake-up bounds of a model with minReplicas: 0 (only then; "
+            "defaults apply when it is left out)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> AutoscalingSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError("minReplicas must not exceed maxReplicas")
+        if self.scale_to_zero is not None and self.min_replicas != 0:
+            raise ValueError("scaleToZero is only allowed with minReplicas: 0")
         if (
             self.target_queue_length is None
             and self.target_kv_cache_usage is None
             and self.target_running_requests is None
+            and not (self.min_replicas == 0 and self.max_replicas == 1)
         ):
-            raise ValueError("autoscaling needs at least one target")
+            raise ValueError(
+                "autoscaling needs at least one target (only minReplicas: 0 with "
+                "maxReplicas: 1, which scales 0 <-> 1 on requests alone, needs none)"
+            )
         return self
 
 
@@ -964,13 +1037,17 @@ class SpyreModelSpec(ApiModel):
         ge=0,
         le=1000,
         description=(
-            "Number of serving replicas. With autoscaling, the HorizontalPodAutoscaler sets it "
-            "through the scale subresource: leave it out of GitOps manifests."
+            "Number of serving replicas. With autoscaling, the HorizontalPodAutoscaler (KEDA's, "
+            "with minReplicas: 0) sets it through the scale subresource: leave it out of GitOps "
+            "manifests."
         ),
     )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
-        description="Scale replicas on the engine's load with a HorizontalPodAutoscaler.",
+        description=(
+            "Scale replicas on the engine's load with a HorizontalPodAutoscaler; with "
+            "minReplicas: 0, to zero when idle (KEDA and its HTTP add-on)."
+        ),
     )
     engine: EngineSpec = Field(default_factory=EngineSpec, description="The engine image.")
     accelerator: AcceleratorSpec = Field(
@@ -1194,6 +1271,18 @@ class OperatorStamp(ApiModel):
     )
 
 
+class ScaleToZeroStatus(ApiModel):
+    """Scale to zero (autoscaling.minReplicas 0), as KEDA reports it."""
+
+    last_active_time: str | None = Field(
+        default=None,
+        description="When KEDA last saw a trigger active (the ScaledObject's lastActiveTime).",
+    )
+    scaled_to_zero_since: str | None = Field(
+        default=None, description="Since when spec.replicas is 0 (RFC 3339); absent above zero."
+    )
+
+
 class SpyreModelStatus(ApiModel):
     """Observed state of a SpyreModel."""
 
@@ -1235,6 +1324,9 @@ class SpyreModelStatus(ApiModel):
     )
     endpoint: str | None = Field(
         default=None, description="In-cluster OpenAI base URL, e.g. http://name.ns.svc:8000/v1."
+    )
+    scale_to_zero: ScaleToZeroStatus | None = Field(
+        default=None, description="Only with autoscaling.minReplicas 0: last use and time at zero."
     )
     conditions: list[Condition] | None = Field(
         default=None,

@@ -29,6 +29,7 @@ from lightkube.models.autoscaling_v2 import (
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 
 from .. import KIND
+from ..api.v1alpha1 import AutoscalingSpec
 from .owners import API_VERSION
 from .plan import ModelPlan
 from .service import server_meta
@@ -59,12 +60,10 @@ def _pods_metric(name: str, average: float) -> MetricSpec:
     )
 
 
-def build_hpa(plan: ModelPlan) -> HorizontalPodAutoscaler:
-    """autoscaling/v2 HPA on the model's ``/scale``, one Pods metric per target set."""
-    auto = plan.spec.autoscaling
-    assert auto is not None
-    metrics = [
-        _pods_metric(metric, target)
+def targets(auto: AutoscalingSpec) -> list[tuple[str, float]]:
+    """(custom metric name, per-pod average target) for every target the spec sets."""
+    return [
+        (metric, target)
         for metric, target in (
             (QUEUE_METRIC, auto.target_queue_length),
             (KV_CACHE_METRIC, auto.target_kv_cache_usage),
@@ -72,6 +71,29 @@ def build_hpa(plan: ModelPlan) -> HorizontalPodAutoscaler:
         )
         if target is not None
     ]
+
+
+def hpa_behavior(auto: AutoscalingSpec) -> HorizontalPodAutoscalerBehavior:
+    """Up: at most one new replica per minute (each needs a card and a model load); down:
+    after the stabilisation window, one at a time. (KEDA's HPA gets the same, scaletozero.py.)"""
+    return HorizontalPodAutoscalerBehavior(
+        scaleUp=HPAScalingRules(
+            stabilizationWindowSeconds=0,
+            selectPolicy="Max",
+            policies=[HPAScalingPolicy(type="Pods", value=1, periodSeconds=60)],
+        ),
+        scaleDown=HPAScalingRules(
+            stabilizationWindowSeconds=auto.scale_down_stabilization_seconds,
+            selectPolicy="Max",
+            policies=[HPAScalingPolicy(type="Pods", value=1, periodSeconds=60)],
+        ),
+    )
+
+
+def build_hpa(plan: ModelPlan) -> HorizontalPodAutoscaler:
+    """autoscaling/v2 HPA on the model's ``/scale``, one Pods metric per target set."""
+    auto = plan.spec.autoscaling
+    assert auto is not None
     return HorizontalPodAutoscaler(
         metadata=server_meta(plan),
         spec=HorizontalPodAutoscalerSpec(
@@ -80,20 +102,7 @@ def build_hpa(plan: ModelPlan) -> HorizontalPodAutoscaler:
             ),
             minReplicas=auto.min_replicas,
             maxReplicas=auto.max_replicas,
-            metrics=metrics,
-            behavior=HorizontalPodAutoscalerBehavior(
-                # Up: at most one new replica per minute (each needs a card and a model
-                # load); down: after the stabilisation window, one at a time.
-                scaleUp=HPAScalingRules(
-                    stabilizationWindowSeconds=0,
-                    selectPolicy="Max",
-                    policies=[HPAScalingPolicy(type="Pods", value=1, periodSeconds=60)],
-                ),
-                scaleDown=HPAScalingRules(
-                    stabilizationWindowSeconds=auto.scale_down_stabilization_seconds,
-                    selectPolicy="Max",
-                    policies=[HPAScalingPolicy(type="Pods", value=1, periodSeconds=60)],
-                ),
-            ),
+            metrics=[_pods_metric(metric, target) for metric, target in targets(auto)],
+            behavior=hpa_behavior(auto),
         ),
     )

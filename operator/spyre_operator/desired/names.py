@@ -56,18 +56,20 @@ _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _NAME_HASH_LEN = 6
 
 
-def _derived(model: str, valid: bool) -> str:
-    """``model`` if ``valid``, else a readable label-safe form plus a hash of the full name.
+def _derived(model: str, valid: bool, suffix: str = "") -> str:
+    """``model + suffix`` if ``valid``, else a readable label-safe form plus a hash of the full
+    name, then ``suffix``, within MAX_NAME characters.
 
     The hash keeps two models whose readable forms coincide ("a.b" and "a-b") apart.
     """
     if valid:
-        return model
+        return model + suffix
     readable = re.sub(r"[^-a-z0-9]", "-", model)
     if not readable[:1].isalpha():
         readable = "m-" + readable
     digest = hashlib.sha256(model.encode()).hexdigest()[:_NAME_HASH_LEN]
-    return f"{readable[: MAX_NAME - _NAME_HASH_LEN - 1].rstrip('-')}-{digest}"
+    room = MAX_NAME - _NAME_HASH_LEN - 1 - len(suffix)
+    return f"{readable[:room].rstrip('-')}-{digest}{suffix}"
 
 
 def server_name(model: str) -> str:
@@ -77,6 +79,37 @@ def server_name(model: str) -> str:
     keep a predictable Service; otherwise a derived name (status.endpoint gives it).
     """
     return _derived(model, len(model) <= MAX_NAME and bool(_DNS1035_LABEL.match(model)))
+
+
+#: Suffix of the Service that selects a scale-to-zero model's serving pods directly (the HTTP
+#: add-on's interceptor forwards to it; the model's own Service then points at the interceptor).
+ENGINE_SUFFIX = "-engine"
+
+
+def engine_service_name(model: str) -> str:
+    """``<model>-engine`` when that is an RFC 1035 label, else a derived name (as server_name)
+    that keeps the suffix: always a valid Service name of at most 63 characters."""
+    name = model + ENGINE_SUFFIX
+    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
+    return _derived(model, valid, ENGINE_SUFFIX)
+
+
+#: Suffix of the ExternalName Service in a scale-to-zero model's namespace that names the
+#: operator's cold-start responder (the add-on dials a failover Service in the HTTPScaledObject's
+#: own namespace only).
+COLDSTART_SUFFIX = "-coldstart"
+
+
+def coldstart_service_name(model: str) -> str:
+    """``<model>-coldstart``, a valid Service name of at most 63 characters (as engine)."""
+    name = model + COLDSTART_SUFFIX
+    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
+    return _derived(model, valid, COLDSTART_SUFFIX)
+
+
+def mirror_slice_name(model: str) -> str:
+    """The EndpointSlice that gives a scale-to-zero model's Service the interceptor's endpoints."""
+    return server_name(model) + "-interceptor"
 
 
 def model_label_value(model: str) -> str:

@@ -1,0 +1,86 @@
+"""The cold-start responder: what a client gets when a held request passes its wait bound.
+
+The HTTP add-on v0.12.0 answers a request held past ``conditionWait`` with a bare 502. Every
+scale-to-zero model's HTTPScaledObject names a failover Service (``<model>-coldstart``, an
+ExternalName to this responder), and the interceptor forwards the held request here instead
+(H/interceptor/proxy_handlers.go:111-112 adds ``X-KEDA-HTTP-Cold-Start-Ref-Name`` and
+``-Namespace``: the SpyreModel). The answer is ``503`` + ``Retry-After`` and an OpenAI-style
+JSON error saying the model is starting, or that no Spyre card is available when the model's
+status says a replica cannot be scheduled (Progressing=True InsufficientCapacity). It reads
+the model from the controller's watch cache: no API request per answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from . import conditions as C
+
+NAME_HEADER = "X-KEDA-HTTP-Cold-Start-Ref-Name"
+NAMESPACE_HEADER = "X-KEDA-HTTP-Cold-Start-Ref-Namespace"
+
+#: Seconds a client should wait before trying again: a model load takes minutes; a client
+#: retrying after this finds the request held again (or served).
+RETRY_AFTER_STARTING = 10
+#: No card: retrying soon is pointless, but capacity may free up.
+RETRY_AFTER_NO_CAPACITY = 60
+
+ModelLookup = Callable[[str, str], Mapping[str, Any] | None]
+
+
+def answer(
+    namespace: str | None, name: str | None, model: Mapping[str, Any] | None
+) -> web.Response:
+    """The 503 for one held request (pure: a model's body in, the response out)."""
+    who = f"{namespace}/{name}" if name and namespace else (name or "the model")
+    conds = ((model or {}).get("status") or {}).get("conditions")
+    progressing = C.find(conds, C.PROGRESSING)
+    if progressing is not None and progressing.get("reason") == C.INSUFFICIENT_CAPACITY:
+        kind, retry = "insufficient_capacity", RETRY_AFTER_NO_CAPACITY
+        message = (
+            f"model {who} is scaled to zero and cannot start: no Spyre card is available "
+            f"({progressing.get('message') or 'a replica cannot be scheduled'})"
+        )
+    elif model is None and name:
+        kind, retry = "model_not_found", RETRY_AFTER_STARTING
+        message = f"model {who} is not known to the operator"
+    else:
+        kind, retry = "model_starting", RETRY_AFTER_STARTING
+        message = f"model {who} is starting (scaled up from zero); retry in {retry}s"
+    body = {"error": {"message": message, "type": kind, "code": 503}}
+    return web.Response(
+        status=503,
+        text=json.dumps(body),
+        content_type="application/json",
+        headers={"Retry-After": str(retry)},
+    )
+
+
+def make_app(lookup: ModelLookup) -> web.Application:
+    """Every method and path answers (the held request is forwarded as it came)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        name = request.headers.get(NAME_HEADER)
+        namespace = request.headers.get(NAMESPACE_HEADER)
+        model = lookup(namespace, name) if name and namespace else None
+        return answer(namespace, name, model)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+async def start_coldstart_server(lookup: ModelLookup, port: int) -> web.AppRunner:
+    """Serve the responder on ``port`` (every operator replica answers; the cache is local)."""
+    runner = web.AppRunner(make_app(lookup), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    return runner

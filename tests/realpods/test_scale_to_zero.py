@@ -1,0 +1,287 @@
+"""Scale to zero on the real node (issue 20): KEDA and its HTTP add-on hold and wake.
+
+KEDA v2.21.0 and the HTTP add-on v0.12.0 run as on a production cluster
+(tests/cluster/keda.py); the operator runs as a local process with its scale-to-zero flags
+and serves its cold-start responder on the host, behind a Service in the test's namespace
+whose EndpointSlice names the host's address on the real node's link (what the chart's
+``<release>-coldstart`` Service is to the operator's pods).
+
+Every request goes to the model's ``status.endpoint`` by name from a client pod (cluster DNS,
+kube-proxy), the address a client keeps at every replica count:
+
+1. The model (minReplicas 0, maxReplicas 1: 0 <-> 1 on requests alone, no Prometheus)
+   serves, then, idle, goes to zero: no serving pod is left on the node (its resources are
+   free), the artifact stays, ``Ready`` says ``ScaledToZero`` and kstatus's rules say Current.
+2. One request at zero is held and answered; the model is back at one replica.
+3. At zero again: 8 concurrent completions and a streamed chat completion are all answered
+   by the one wake-up.
+4. A steady trickle of short requests (one every few seconds) keeps it up: no 1 -> 0.
+5. Past the hold bound (maxWaitSeconds 1) the client gets 503 with Retry-After and a body
+   that says the model is starting.
+
+Wake-up times are printed; ``make bench`` compares them with a bare start.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from spyre_operator.desired import names
+
+from tests.cluster.controlplane import ControlPlane, wait_until
+from tests.cluster.keda import (
+    COLDSTART_SERVICE,
+    COLDSTART_SERVICE_PORT,
+    KedaStack,
+    host_coldstart_service,
+)
+from tests.cluster.node import RealNode
+from tests.contract.realpods import RealEnv, completion_body, model_spec
+from tests.realpods import support
+
+pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout(2400)]
+
+MODEL = "sleepy"
+IDLE = 30  # the API's minimum
+WAKE_TIMEOUT = 600.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def keda(control_plane: ControlPlane, real_node: RealNode) -> Iterator[KedaStack]:
+    stack = KedaStack(control_plane)
+    t0 = time.monotonic()
+    stack.up()
+    print(f"KEDA + HTTP add-on up in {time.monotonic() - t0:.0f}s")
+    yield stack
+    stack.down()
+
+
+@pytest.fixture(scope="module")
+def env(control_plane: ControlPlane, real_node: RealNode, keda: KedaStack) -> Iterator[RealEnv]:
+    port = free_port()
+
+    def args(ns: str) -> list[str]:
+        return ["--coldstart-port", str(port),
+                "--coldstart-service", f"{ns}/{COLDSTART_SERVICE}:{COLDSTART_SERVICE_PORT}"]
+
+    e = RealEnv(control_plane, real_node, "s2z", operator_args=args)
+    host_coldstart_service(control_plane, e.ns, real_node.host_ip, port)
+    yield e
+    e.close()
+
+
+def _spec(env: RealEnv, max_wait: int = 300) -> dict[str, Any]:
+    return model_spec(env.image, replicas=1, autoscaling={
+        "minReplicas": 0, "maxReplicas": 1,
+        "scaleToZero": {"idleSeconds": IDLE, "maxWaitSeconds": max_wait,
+                        "responseTimeoutSeconds": 300}})  # fmt: skip
+
+
+def _model(env: RealEnv) -> dict[str, Any]:
+    return env.kube.model(MODEL)
+
+
+def _replicas(env: RealEnv) -> int:
+    return int(_model(env)["spec"].get("replicas", 1))
+
+
+def _cond(m: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (m.get("status") or {}).get("conditions") or []
+                 if c["type"] == type_), {})  # fmt: skip
+
+
+def _serving_pods(env: RealEnv) -> list[dict[str, Any]]:
+    return env.kube.items("pods", f"{names.MODEL_LABEL}={names.model_label_value(MODEL)},"
+                                  f"{names.COMPONENT}={names.COMPONENT_SERVER}")  # fmt: skip
+
+
+def _at_zero(env: RealEnv, timeout: float = IDLE + 240) -> dict[str, Any]:
+    """Wait for KEDA to take the idle model to zero and its pods to go; the model."""
+    t0 = time.monotonic()
+    wait_until(lambda: _replicas(env) == 0, timeout, "KEDA scaled the model to 0")
+    wait_until(lambda: not _serving_pods(env), 180, "the serving pods are gone")
+    m = env.kube.wait(lambda: (m := _model(env)) and _cond(m, "Ready").get("reason")
+                      == "ScaledToZero" and m, 60, "Ready ScaledToZero")  # fmt: skip
+    print(f"idle -> zero (pods gone, ScaledToZero) in {time.monotonic() - t0:.0f}s")
+    return m  # type: ignore[no-any-return]
+
+
+def _url(env: RealEnv) -> str:
+    return support.service_url(env.cp, env.ns, MODEL)
+
+
+def test_an_idle_model_goes_to_zero_and_keeps_its_address(env: RealEnv) -> None:
+    env.kube.apply_model(MODEL, _spec(env))
+    t0 = time.monotonic()
+    # Ready: serving, or already at zero (KEDA's initial cooldown is idleSeconds from the
+    # ScaledObject's creation, which the compile and the first start may outlast)
+    env.kube.wait(lambda: _cond(_model(env), "Ready").get("status") == "True", 900,
+                  "the model is Ready")  # fmt: skip
+    print(f"compile + Ready in {time.monotonic() - t0:.0f}s "
+          f"({_cond(_model(env), 'Ready')['reason']})")
+    m = _model(env)
+    endpoint = m["status"]["endpoint"]
+    key = m["status"]["artifact"]["key"]
+    assert endpoint == f"http://{MODEL}.{env.ns}.svc:8000/v1"
+    # requests pass the interceptor at every replica count (the idle signal counts them)
+    r = env.client.run("once", f"{_url(env)}/v1/completions", completion_body(8),
+                       "--timeout", str(WAKE_TIMEOUT), timeout=WAKE_TIMEOUT + 60)  # fmt: skip
+    assert r["status"] == 200, r
+    svc = env.kube.get("service", MODEL)
+    assert not svc["spec"].get("selector"), "the model's Service points at the interceptor"
+    m = _at_zero(env)
+    # the address and the artifact stay; nothing of the model runs on the node
+    assert m["status"]["endpoint"] == endpoint
+    assert m["status"]["artifact"]["key"] == key and m["status"]["artifact"]["phase"] == "Ready"
+    assert env.kube.get("service", MODEL) is not None
+    node_pods = env.cp.kubectl_json("get", "pods", "-A", "--field-selector",
+                                    f"spec.nodeName={env.node.name}")["items"]  # fmt: skip
+    assert not [p for p in node_pods if p["metadata"]["namespace"] == env.ns
+                and p["metadata"].get("labels", {}).get(names.MODEL_LABEL)], node_pods
+    assert m["status"].get("scaleToZero", {}).get("scaledToZeroSince"), m["status"]
+
+    # kstatus (sigs.k8s.io/cli-utils) reads a custom resource as Current when it observed
+    # its generation and neither Reconciling nor Stalled is True (what Argo CD / Flux wait
+    # for); at zero it settles there (the Deployment's status catches up with its scale).
+    def current() -> bool:
+        m = _model(env)
+        return (m["status"]["observedGeneration"] == m["metadata"]["generation"]
+                and _cond(m, "Reconciling").get("status") == "False"
+                and _cond(m, "Stalled").get("status") == "False")
+
+    env.kube.wait(current, 60, "kstatus Current at zero")
+    m = _model(env)
+    ready = _cond(m, "Ready")
+    assert ready["status"] == "True" and ready["reason"] == "ScaledToZero", ready
+    assert _replicas(env) == 0
+    # kubectl wait works at zero too
+    env.kube.kubectl("wait", "--for=condition=Ready", "--timeout=10s", f"spyremodel/{MODEL}")
+
+
+def test_one_request_at_zero_is_held_and_answered(env: RealEnv) -> None:
+    if _replicas(env) != 0:
+        _at_zero(env)
+    t0 = time.monotonic()
+    r = env.client.run("once", f"{_url(env)}/v1/completions", completion_body(8),
+                       "--timeout", str(WAKE_TIMEOUT), timeout=WAKE_TIMEOUT + 60)  # fmt: skip
+    waited = r["t1"] - r["t0"]
+    print(f"held request at zero answered after {waited:.1f}s (wall {time.monotonic() - t0:.1f}s)")
+    assert r["status"] == 200, r
+    assert json.loads(r["body"])["choices"][0]["text"] is not None
+    assert _replicas(env) == 1
+    env.kube.wait(lambda: _cond(_model(env), "Ready").get("reason") not in (None, "ScaledToZero"),
+                  60, "Ready says it serves again")  # fmt: skip
+
+
+def test_eight_concurrent_requests_and_a_stream_at_zero_are_all_answered(env: RealEnv) -> None:
+    _at_zero(env)
+    chat = json.dumps({"model": support.SERVED_NAME, "stream": True, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "hello"}]})  # fmt: skip
+    streamed = env.client.start("stream", f"{_url(env)}/v1/chat/completions", chat,
+                                "--timeout", str(WAKE_TIMEOUT))  # fmt: skip
+    r = env.client.run("many", f"{_url(env)}/v1/completions", completion_body(8),
+                       "--count", "8", "--timeout", str(WAKE_TIMEOUT),
+                       timeout=WAKE_TIMEOUT + 60)  # fmt: skip
+    out, err = streamed.communicate(timeout=WAKE_TIMEOUT)
+    results = r["results"]
+    waits = sorted(round(x["t1"] - x["t0"], 1) for x in results)
+    print(f"8 concurrent requests held at zero, answered after {waits} s")
+    assert [x["status"] for x in results] == [200] * 8, results
+    s = json.loads(out.strip().splitlines()[-1])
+    print(f"streamed chat at zero: first event after {s['first_event_at'] - s['t0']:.1f}s")
+    assert s["status"] == 200 and s["done"] and s["events"] > 0 and not s["error"], (s, err)
+    assert len(_serving_pods(env)) == 1, "one wake-up served them all"
+
+
+def test_a_steady_trickle_keeps_the_model_up(env: RealEnv) -> None:
+    """Short requests, one every 5 s, for longer than idle + the rate window: no 1 -> 0.
+
+    (Counting requests in flight, sampled every 500 ms, missed requests this short and took
+    the model to zero under use.)"""
+    if _replicas(env) == 0:
+        env.client.run("once", f"{_url(env)}/v1/completions", completion_body(1),
+                       "--timeout", str(WAKE_TIMEOUT), timeout=WAKE_TIMEOUT + 60)  # fmt: skip
+    assert _replicas(env) == 1
+    seen: set[int] = set()
+    steady = env.client.start("steady", f"{_url(env)}/v1/completions", completion_body(1),
+                              "--pause", "5")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 3 * IDLE + 30
+        while time.monotonic() < deadline:
+            seen.add(_replicas(env))
+            time.sleep(1)
+    finally:
+        out, _ = steady.communicate(timeout=120)  # closes its stdin: the client stops
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    durations = sorted(round(x["t1"] - x["t0"], 2) for x in results)
+    print(f"trickle: {len(results)} requests, durations {durations[:3]}..{durations[-3:]} s, "
+          f"replicas seen {sorted(seen)}")
+    assert seen == {1}, f"the model left 1 replica under a steady trickle: {sorted(seen)}"
+    assert len(results) >= 10 and all(x["status"] == 200 for x in results), results
+
+
+def test_past_the_hold_bound_the_client_gets_503_with_retry_after(env: RealEnv) -> None:
+    env.kube.apply_model(MODEL, _spec(env, max_wait=1))
+    _at_zero(env)
+    r = env.client.run("once", f"{_url(env)}/v1/completions", completion_body(8),
+                       "--timeout", "120", timeout=180)  # fmt: skip
+    print(f"past the hold bound: HTTP {r['status']} after {r['t1'] - r['t0']:.1f}s")
+    assert r["status"] == 503, r
+    assert int(r["headers"]["retry-after"]) > 0, r["headers"]
+    body = json.loads(r["body"])
+    assert "starting" in json.dumps(body), body
+    # the held request asked for a replica all the same: the model wakes
+    wait_until(lambda: _replicas(env) == 1, 120, "the model wakes after the 503")
+
+
+def test_a_model_at_zero_that_cannot_get_its_resources_says_so(env: RealEnv) -> None:
+    """Its replica cannot be scheduled (here: more memory than the node has, as a model with no
+    free Spyre card): status says InsufficientCapacity, and a held request's 503 says no card
+    is available. The first request waits out maxWaitSeconds (v0.12.0 reads the wait when the
+    request arrives); once the operator knows, the route's wait is 1 s."""
+    name = "nocard"
+    spec = model_spec(env.image, replicas=1, serving={"resources": {
+        "requests": {"cpu": "100m", "memory": "4000Gi"}}}, autoscaling={
+        "minReplicas": 0, "maxReplicas": 1,
+        "scaleToZero": {"idleSeconds": IDLE, "maxWaitSeconds": 20}})  # fmt: skip
+    env.kube.apply_model(name, spec)
+
+    def at_zero() -> bool:
+        m = env.kube.model(name)
+        return (m["spec"].get("replicas") == 0
+                and _cond(m, "Ready").get("reason") == "ScaledToZero")
+
+    env.kube.wait(at_zero, 600, f"{name} compiled and at zero")
+    url = support.service_url(env.cp, env.ns, name)
+    r = env.client.run("once", f"{url}/v1/completions", completion_body(8),
+                       "--timeout", "120", timeout=180)  # fmt: skip
+    print(f"no capacity: HTTP {r['status']} after {r['t1'] - r['t0']:.1f}s: {r.get('body')}")
+    m = env.kube.model(name)
+    progressing = _cond(m, "Progressing")
+    assert progressing.get("reason") == "InsufficientCapacity", m["status"]["conditions"]
+    assert r["status"] == 503, r
+    body = json.loads(r["body"])
+    assert body["error"]["type"] == "insufficient_capacity", body
+    assert "no Spyre card" in body["error"]["message"], body
+    assert int(r["headers"]["retry-after"]) > 0
+    # known now: the next held request is not kept waiting for a card that is not there
+    route = env.kube.wait(lambda: (h := env.kube.get("httpscaledobject", name)) and h["spec"][
+        "coldStartTimeoutFailoverRef"]["timeoutSeconds"] == 1 and h, 60,
+        "the route's wait cut to 1 s")  # fmt: skip
+    assert route["spec"]["timeouts"]["conditionWait"] == "1s"
+    again = env.client.run("once", f"{url}/v1/completions", completion_body(8),
+                           "--timeout", "120", timeout=180)  # fmt: skip
+    print(f"no capacity, known: HTTP {again['status']} after {again['t1'] - again['t0']:.1f}s")
+    assert again["status"] == 503 and "no Spyre card" in again["body"], again
+    env.kube.kubectl("delete", "spyremodel", name, "--wait=false")

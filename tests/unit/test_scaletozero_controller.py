@@ -1,0 +1,145 @@
+"""Scale to zero in the controller (fake caches and watches), the flags and the responder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from spyre_operator import conditions as C
+from spyre_operator.cli import main as cli_main
+from spyre_operator.coldstart import NAME_HEADER, NAMESPACE_HEADER, make_app
+from spyre_operator.controller import Caches, Controller
+from spyre_operator.reconcile import API_NOT_SERVED, API_SERVED
+
+from .test_scaletozero_reconcile import CONFIG, INTERCEPTOR_SLICE, s2z
+
+OURS = {"labels": {"app.kubernetes.io/managed-by": "spyre-model-operator"},
+        "ownerReferences": [{"kind": "SpyreModel", "name": "granite", "controller": True}]}
+
+
+class FakeWatch:
+    def __init__(self, state: str, objs: dict[tuple[str, str], dict[str, Any]] | None = None,
+                 message: str = "") -> None:
+        self.state, self.message, self.cache = state, message, objs or {}
+
+    def get(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self.cache.get((ns, name))
+
+
+def body(name: str, meta: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", **(meta or {})}, **kw}
+
+
+def controller(models: dict[Any, Any], **indices: Any) -> Controller:
+    c = Controller(client=None, caches=Caches({"models": models, **indices}))  # type: ignore[arg-type]
+    c.scale_to_zero = CONFIG
+    return c
+
+
+def observe(c: Controller) -> Any:
+    return c.observe(body("granite"), "cache", "key", "job", None)
+
+
+def test_observe_reads_keda_objects_services_and_the_mirror_from_the_caches() -> None:
+    other_slice = {**INTERCEPTOR_SLICE, "metadata": {
+        "name": "admin-x", "namespace": "keda",
+        "labels": {"kubernetes.io/service-name": "keda-add-ons-http-interceptor-admin"}}}
+    proxy_slice = {**INTERCEPTOR_SLICE, "metadata": {
+        **INTERCEPTOR_SLICE["metadata"],
+        "labels": {"kubernetes.io/service-name": "keda-add-ons-http-interceptor-proxy"}}}
+    c = controller(
+        {}, services={("ns", "granite-engine"): [body("granite-engine", OURS)],
+                      ("ns", "granite-coldstart"): [body("granite-coldstart", {})]},
+        endpointslices={("ns", "granite-interceptor"): [body("granite-interceptor", OURS)]},
+    )
+    c.scaled_objects = FakeWatch(API_SERVED, {("ns", "granite"): body("granite", OURS)})
+    c.http_scaled_objects = FakeWatch(API_NOT_SERVED, message="the server could not find it")
+    c.interceptor_slices = FakeWatch(API_SERVED, {("keda", "a"): proxy_slice,
+                                                  ("keda", "b"): other_slice})
+    obs = observe(c)
+    assert obs.keda is CONFIG
+    assert (obs.scaled_object_api, obs.http_scaled_object_api) == (API_SERVED, API_NOT_SERVED)
+    assert obs.http_scaled_object_api_message == "the server could not find it"
+    assert obs.scaled_object is not None and obs.http_scaled_object is None
+    assert obs.engine_service is not None and obs.mirror_slice is not None
+    assert obs.coldstart_service is None  # not ours: never deleted or written over
+    assert "granite-coldstart" in (obs.foreign_scale_to_zero or "")
+    assert obs.interceptor_slices == [proxy_slice]
+
+
+def test_a_foreign_engine_service_is_a_conflict_not_ours() -> None:
+    c = controller({}, services={("ns", "granite-engine"): [body("granite-engine", {})]})
+    obs = observe(c)
+    assert obs.engine_service is None and "granite-engine" in (obs.foreign_scale_to_zero or "")
+
+
+def test_api_appearing_and_interceptor_changes_wake_only_scale_to_zero_models() -> None:
+    models = {("ns", "zero"): [{"spec": s2z()}], ("ns", "one"): [{"spec": s2z(min_replicas=1)}]}
+    c = controller(models)
+    assert c.models_wanting_scale_to_zero() == [("ns", "zero")]
+    proxy = {"metadata": {"labels": {"kubernetes.io/service-name":
+                                     "keda-add-ons-http-interceptor-proxy"}}}
+    assert c.models_for_interceptor_slice(proxy) == [("ns", "zero")]
+    assert c.models_for_interceptor_slice({"metadata": {"labels": {}}}) == []
+
+
+def test_flags_make_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from spyre_operator.cli import scale_to_zero_config
+
+    args = argparse.Namespace(
+        keda_scaler_address="s.keda:9090", keda_interceptor_service="keda/proxy",
+        keda_interceptor_port_name="", prometheus_address="http://p:9090",
+        coldstart_service="spyre-system/op-coldstart:8082")
+    cfg = scale_to_zero_config(args)
+    assert (cfg.interceptor_namespace, cfg.interceptor_service) == ("keda", "proxy")
+    assert (cfg.coldstart_namespace, cfg.coldstart_service, cfg.coldstart_port) == (
+        "spyre-system", "op-coldstart", 8082)
+    args.coldstart_service = "op-coldstart"
+    with pytest.raises(ValueError, match="namespace/name:port"):
+        scale_to_zero_config(args)
+    assert cli_main(["run", "-n", "ns", "--coldstart-service", "nope"]) == 2
+
+
+def _ask(models: dict[tuple[str, str], dict[str, Any]], headers: dict[str, str],
+         method: str = "POST") -> tuple[int, dict[str, str], dict[str, Any]]:
+    async def run() -> tuple[int, dict[str, str], dict[str, Any]]:
+        app = make_app(lambda ns, name: models.get((ns, name)))
+        async with TestClient(TestServer(app)) as client:
+            r = await client.request(method, "/v1/chat/completions", headers=headers,
+                                     data=json.dumps({"model": "granite", "messages": []}))
+            return r.status, dict(r.headers), json.loads(await r.text())
+    return asyncio.run(run())
+
+
+HEADERS = {NAME_HEADER: "granite", NAMESPACE_HEADER: "ns"}
+
+
+def test_responder_says_starting_with_retry_after() -> None:
+    status, headers, payload = _ask({("ns", "granite"): {"status": {}}}, HEADERS)
+    assert status == 503 and headers["Retry-After"] == "10"
+    assert headers["Content-Type"].startswith("application/json")
+    assert payload["error"]["type"] == "model_starting"
+    assert "ns/granite is starting" in payload["error"]["message"]
+
+
+def test_responder_says_no_card_when_the_model_cannot_be_scheduled() -> None:
+    conds = [{"type": C.PROGRESSING, "status": "True", "reason": C.INSUFFICIENT_CAPACITY,
+              "message": "0/1 replicas available; 1 pod cannot be scheduled (Insufficient "
+                         "ibm.com/spyre_vf)"}]
+    status, headers, payload = _ask({("ns", "granite"): {"status": {"conditions": conds}}},
+                                    HEADERS, method="GET")
+    assert status == 503 and headers["Retry-After"] == "60"
+    assert payload["error"]["type"] == "insufficient_capacity"
+    assert "no Spyre card is available" in payload["error"]["message"]
+
+
+def test_responder_without_headers_or_model() -> None:
+    status, _, payload = _ask({}, {})
+    assert status == 503 and payload["error"]["type"] == "model_starting"
+    status, _, payload = _ask({}, HEADERS)
+    assert status == 503 and payload["error"]["type"] == "model_not_found"
