@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.desired.key import artifact_key
+from spyre_operator.desired.plan import plan_model
 
 from tests.cluster.controlplane import ControlPlane
 
@@ -194,7 +194,8 @@ def test_concurrent_conflicting_edits_converge_to_the_last_spec(
     def converged() -> dict[str, Any] | None:
         m = kube.model("edited")
         st = m.get("status") or {}
-        want = artifact_key(SpyreModelSpec.model_validate(m["spec"]))
+        # the operator's key: of the spec with the cluster defaults filled in (engine image)
+        want = plan_model("edited", kube.ns, "", SpyreModelSpec.model_validate(m["spec"])).key
         dep = kube.get("deployment", "edited")
         ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
         if (

@@ -131,9 +131,14 @@ def test_cluster_scope() -> None:
     args = operator_container(docs)["args"]
     assert "--all-namespaces" in args and "--leader-elect" in args
     assert not any(a.startswith("--namespace") for a in args)
+    # scale to zero is off until KEDA is installed (its RBAC names KEDA's namespace)
+    assert not any(a.startswith(("--coldstart", "--keda")) for a in args)
+    assert not [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("coldstart")]
+    args = operator_container(render("--set", "scaleToZero.enabled=true"))["args"]
     assert "--coldstart-service=spyre-system/spyre-spyre-model-operator-coldstart:8082" in args
     assert "--keda-interceptor-service=keda/keda-add-ons-http-interceptor-proxy" in args
     assert not any(a.startswith("--prometheus-address") for a in args)  # no default
+    docs = render("--set", "scaleToZero.enabled=true")
     (cold,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("coldstart")]
     assert cold["spec"]["ports"][0]["targetPort"] == "coldstart"
 
@@ -145,8 +150,12 @@ def test_namespaced_scope() -> None:
     roles = [r for r in by_kind(docs, "Role")
              if not r["metadata"]["name"].endswith(("election", "interceptor-endpoints"))]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    # scale to zero: the interceptor proxy's EndpointSlices, read-only, in its namespace
-    (interceptor,) = [r for r in by_kind(docs, "Role")
+    # scale to zero off (the default): nothing in KEDA's namespace, which may not exist (the
+    # install failed there on a cluster without KEDA)
+    assert not [r for r in by_kind(docs, "Role") if r["metadata"]["namespace"] == "keda"]
+    # on: the interceptor proxy's EndpointSlices, read-only, in its namespace
+    with_zero = render(*VALUE_SETS["namespaced"], "--set", "scaleToZero.enabled=true")
+    (interceptor,) = [r for r in by_kind(with_zero, "Role")
                       if r["metadata"]["name"].endswith("interceptor-endpoints")]
     assert interceptor["metadata"]["namespace"] == "keda"
     assert interceptor["rules"] == [{"apiGroups": ["discovery.k8s.io"],
