@@ -201,6 +201,7 @@ def scale_to_zero_config(args: argparse.Namespace) -> Any:
     if args.coldstart_service:
         cold = _service_ref(args.coldstart_service, "--coldstart-service", True)
     return ScaleToZeroConfig(
+        enabled=args.scale_to_zero,
         scaler_address=args.keda_scaler_address,
         interceptor_namespace=ins_ns,
         interceptor_service=ins_name,
@@ -348,6 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     s2z = run.add_argument_group("scale to zero (autoscaling.minReplicas 0: KEDA + HTTP add-on)")
+    s2z.add_argument(
+        "--no-scale-to-zero",
+        dest="scale_to_zero",
+        action="store_false",
+        help="no KEDA watches (the chart's scaleToZero.enabled=false): models asking for "
+        "minReplicas 0 report ScaleToZeroUnavailable",
+    )
     s2z.add_argument(
         "--keda-scaler-address",
         default="keda-add-ons-http-external-scaler.keda:9090",

@@ -245,7 +245,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     controller.inference_pools = pools
     memo["inference_pools"] = pools
     pools.start()
-    start_scale_to_zero_watches(controller, watch_client, memo)
+    if OperatorConfig.scale_to_zero.enabled:
+        start_scale_to_zero_watches(controller, watch_client, memo)
+    else:
+        controller.scale_to_zero = OperatorConfig.scale_to_zero
     lease_namespace = OperatorConfig.leader_election_namespace or "default"
     # Every status write names this install; a model another install writes is left alone.
     controller.install = peers.install_id(lease_namespace, OperatorConfig.leader_election_lease)

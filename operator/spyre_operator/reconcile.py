@@ -108,6 +108,9 @@ class ScaleToZeroConfig:
     operator's flags; see cli.py). Empty ``prometheus_address``: only models without
     autoscaling targets (0 <-> 1 on requests alone) can scale to zero."""
 
+    #: Off (``--no-scale-to-zero``, the chart's default): no KEDA watch or RBAC; a model
+    #: asking for zero is told so.
+    enabled: bool = True
     scaler_address: str = "keda-add-ons-http-external-scaler.keda:9090"
     interceptor_namespace: str = "keda"
     interceptor_service: str = "keda-add-ons-http-interceptor-proxy"
@@ -1326,6 +1329,11 @@ def _scale_to_zero_objects(plan: ModelPlan, obs: Observed) -> list[tuple[type, s
 
 def _scale_to_zero_problems(plan: ModelPlan, obs: Observed) -> list[str] | None:
     """Why the model cannot scale to zero now ([]: it can; None: not known yet)."""
+    if not obs.keda.enabled:
+        return [
+            "scale to zero is off in this operator (--no-scale-to-zero; the chart's "
+            "scaleToZero.enabled=false): install KEDA and its HTTP add-on, then turn it on"
+        ]
     problems, unknown = [], False
     for api, crd, state, message in (
         ("ScaledObjects", "scaledobjects.keda.sh", obs.scaled_object_api,

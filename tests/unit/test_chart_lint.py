@@ -133,8 +133,10 @@ def test_cluster_scope() -> None:
     assert not any(a.startswith("--namespace") for a in args)
     # scale to zero is off until KEDA is installed (its RBAC names KEDA's namespace)
     assert not any(a.startswith(("--coldstart", "--keda")) for a in args)
+    assert "--no-scale-to-zero" in args  # no KEDA watch without its RBAC
     assert not [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("coldstart")]
     args = operator_container(render("--set", "scaleToZero.enabled=true"))["args"]
+    assert "--no-scale-to-zero" not in args
     assert "--coldstart-service=spyre-system/spyre-spyre-model-operator-coldstart:8082" in args
     assert "--keda-interceptor-service=keda/keda-add-ons-http-interceptor-proxy" in args
     assert not any(a.startswith("--prometheus-address") for a in args)  # no default

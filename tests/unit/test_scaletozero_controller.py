@@ -94,8 +94,9 @@ def test_flags_make_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     args = argparse.Namespace(
         keda_scaler_address="s.keda:9090", keda_interceptor_service="keda/proxy",
         keda_interceptor_port_name="", prometheus_address="http://p:9090",
-        coldstart_service="spyre-system/op-coldstart:8082")
+        coldstart_service="spyre-system/op-coldstart:8082", scale_to_zero=True)
     cfg = scale_to_zero_config(args)
+    assert cfg.enabled
     assert (cfg.interceptor_namespace, cfg.interceptor_service) == ("keda", "proxy")
     assert (cfg.coldstart_namespace, cfg.coldstart_service, cfg.coldstart_port) == (
         "spyre-system", "op-coldstart", 8082)
@@ -103,6 +104,11 @@ def test_flags_make_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="namespace/name:port"):
         scale_to_zero_config(args)
     assert cli_main(["run", "-n", "ns", "--coldstart-service", "nope"]) == 2
+    from spyre_operator.cli import build_parser
+
+    off = build_parser().parse_args(["run", "-n", "ns", "--no-scale-to-zero"])
+    assert not scale_to_zero_config(off).enabled
+    assert scale_to_zero_config(build_parser().parse_args(["run", "-n", "ns"])).enabled
 
 
 def _ask(models: dict[tuple[str, str], dict[str, Any]], headers: dict[str, str],

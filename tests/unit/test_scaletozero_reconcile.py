@@ -234,3 +234,17 @@ def test_while_a_replica_cannot_be_scheduled_held_requests_get_their_503_at_once
     route = by_kind(d, "HTTPScaledObject", names.server_name("m"))["spec"]
     assert route["coldStartTimeoutFailoverRef"]["timeoutSeconds"] == 300
     assert route["timeouts"]["conditionWait"] == "300s"
+
+
+def test_with_scale_to_zero_off_in_the_operator_a_model_asking_for_it_is_told() -> None:
+    """The chart's default (scaleToZero.enabled=false: no KEDA RBAC) runs the operator with
+    --no-scale-to-zero: it watches none of KEDA's APIs and says why nothing scales to zero."""
+    import dataclasses
+
+    m = model("m", s2z())
+    off = dataclasses.replace(CONFIG, enabled=False)
+    d = served(m, keda=off, api=API_UNKNOWN)
+    auto = cond(d, C.AUTOSCALING)
+    assert (auto["status"], auto["reason"]) == ("False", C.SCALE_TO_ZERO_UNAVAILABLE), auto
+    assert "--no-scale-to-zero" in auto["message"] and "scaleToZero.enabled" in auto["message"]
+    assert not [o for o in d.apply if o.kind in ("ScaledObject", "HTTPScaledObject")]
