@@ -105,41 +105,32 @@ def resolve_site(spec: SpyreModelSpec, site: SiteDefaults) -> tuple[SpyreModelSp
     The cache's StorageClass is not filled in here: it matters only when the PVC is created
     (an existing PVC keeps its class), which decide_cache knows.
     """
+    # (section of the spec, field, its path in status.effective.fromDefaults, the default)
+    defaults: tuple[tuple[str, str, str, Any], ...] = (
+        ("engine", "image", ENGINE_IMAGE, site.engine_image),
+        ("engine", "image_pull_secrets", IMAGE_PULL_SECRETS, list(site.image_pull_secrets)),
+        ("accelerator", "resource_name", RESOURCE_NAME, site.resource_name),
+        ("accelerator", "scheduler_name", SCHEDULER_NAME, site.scheduler_name),
+        ("accelerator", "node_selector", SERVING_NODE_SELECTOR, dict(site.serving_node_selector)),
+        ("accelerator", "tolerations", SERVING_TOLERATIONS, list(site.serving_tolerations)),
+        ("precompile", "node_selector", PRECOMPILE_NODE_SELECTOR,
+         dict(site.precompile_node_selector)),
+        ("precompile", "tolerations", PRECOMPILE_TOLERATIONS, list(site.precompile_tolerations)),
+    )  # fmt: skip
     used: list[str] = []
-    engine: dict[str, Any] = {}
-    acc: dict[str, Any] = {}
-    pre: dict[str, Any] = {}
-    if spec.engine.image is None:
-        _unset(engine, used, ENGINE_IMAGE, "image", site.engine_image)
-    if spec.engine.image_pull_secrets is None:
-        _unset(engine, used, IMAGE_PULL_SECRETS, "image_pull_secrets",
-               list(site.image_pull_secrets))
-    if spec.accelerator.resource_name is None:
-        _unset(acc, used, RESOURCE_NAME, "resource_name", site.resource_name)
-    if spec.accelerator.scheduler_name is None:
-        _unset(acc, used, SCHEDULER_NAME, "scheduler_name", site.scheduler_name)
-    if spec.accelerator.node_selector is None:
-        _unset(acc, used, SERVING_NODE_SELECTOR, "node_selector",
-               dict(site.serving_node_selector))
-    if spec.accelerator.tolerations is None:
-        _unset(acc, used, SERVING_TOLERATIONS, "tolerations", list(site.serving_tolerations))
-    if spec.precompile.node_selector is None:
-        _unset(pre, used, PRECOMPILE_NODE_SELECTOR, "node_selector",
-               dict(site.precompile_node_selector))
-    if spec.precompile.tolerations is None:
-        _unset(pre, used, PRECOMPILE_TOLERATIONS, "tolerations",
-               list(site.precompile_tolerations))
+    changes: dict[str, dict[str, Any]] = {}
+    for section, attr, path, value in defaults:
+        if getattr(getattr(spec, section), attr) is None:
+            _unset(changes.setdefault(section, {}), used, path, attr, value)
     if spec.cache.claim_name is None and (
         spec.cache.volume is None or spec.cache.volume.storage_class_name is None
     ):
         used.append(STORAGE_CLASS_NAME)
-    update: dict[str, Any] = {}
-    if engine:
-        update["engine"] = spec.engine.model_copy(update=engine)
-    if acc:
-        update["accelerator"] = spec.accelerator.model_copy(update=acc)
-    if pre:
-        update["precompile"] = spec.precompile.model_copy(update=pre)
+    update = {
+        section: getattr(spec, section).model_copy(update=fields)
+        for section, fields in changes.items()
+        if fields
+    }
     return (spec.model_copy(update=update) if update else spec), used
 
 
