@@ -40,7 +40,6 @@ import math
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,12 +55,8 @@ sys.path.insert(0, str(ROOT))
 from spyre_operator.desired import names  # noqa: E402
 
 from tests.bench.bench_operator import MARKDOWN, machine  # noqa: E402
-from tests.cluster.keda import (  # noqa: E402
-    COLDSTART_SERVICE,
-    COLDSTART_SERVICE_PORT,
-    KedaStack,
-    host_coldstart_service,
-)
+from tests.cluster.controlplane import free_ports  # noqa: E402
+from tests.cluster.keda import KedaStack, coldstart_args, host_coldstart_service  # noqa: E402
 from tests.contract.realpods import RealEnv, model_spec  # noqa: E402
 from tests.realpods import support  # noqa: E402
 
@@ -727,12 +722,8 @@ def main(argv: list[str] | None = None) -> int:
         if part == "wakeup":  # KEDA + the HTTP add-on; the responder on a free host port
             keda = KedaStack(cp)
             keda.up()
-            with socket.socket() as sock:
-                sock.bind(("0.0.0.0", 0))
-                port = int(sock.getsockname()[1])
-            env = RealEnv(cp, cp.node, f"bench-{part}", operator_args=lambda ns, port=port: [
-                "--coldstart-port", str(port),
-                "--coldstart-service", f"{ns}/{COLDSTART_SERVICE}:{COLDSTART_SERVICE_PORT}"])
+            (port,) = free_ports(1)
+            env = RealEnv(cp, cp.node, f"bench-{part}", operator_args=coldstart_args(port))
             host_coldstart_service(cp, env.ns, cp.node.host_ip, port)
         else:
             env = RealEnv(cp, cp.node, f"bench-{part}")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +297,13 @@ def host_coldstart_service(cp: ControlPlane, namespace: str, host_ip: str, port:
         "endpoints": [{"addresses": [host_ip], "conditions": {"ready": True}}],
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}]})  # fmt: skip
     return f"{namespace}/{name}:{svc_port}"
+
+
+def coldstart_args(port: int) -> Callable[[str], list[str]]:
+    """The operator's flags, for a namespace, to serve its cold-start responder on host
+    ``port`` behind :func:`host_coldstart_service` (RealEnv's ``operator_args``)."""
+    return lambda ns: ["--coldstart-port", str(port), "--coldstart-service",
+                       f"{ns}/{COLDSTART_SERVICE}:{COLDSTART_SERVICE_PORT}"]  # fmt: skip
 
 
 def stop_leftovers(state_dir: Path) -> None:

@@ -25,7 +25,6 @@ Wake-up times are printed; ``make bench`` compares them with a bare start.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,13 +32,8 @@ from typing import Any
 import pytest
 from spyre_operator.desired import names
 
-from tests.cluster.controlplane import ControlPlane, wait_until
-from tests.cluster.keda import (
-    COLDSTART_SERVICE,
-    COLDSTART_SERVICE_PORT,
-    KedaStack,
-    host_coldstart_service,
-)
+from tests.cluster.controlplane import ControlPlane, free_ports, wait_until
+from tests.cluster.keda import KedaStack, coldstart_args, host_coldstart_service
 from tests.cluster.node import RealNode
 from tests.contract.realpods import RealEnv, completion_body, model_spec
 from tests.realpods import support
@@ -49,12 +43,6 @@ pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout
 MODEL = "sleepy"
 IDLE = 30  # the API's minimum
 WAKE_TIMEOUT = 600.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +57,8 @@ def keda(control_plane: ControlPlane, real_node: RealNode) -> Iterator[KedaStack
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, real_node: RealNode, keda: KedaStack) -> Iterator[RealEnv]:
-    port = free_port()
-
-    def args(ns: str) -> list[str]:
-        return ["--coldstart-port", str(port),
-                "--coldstart-service", f"{ns}/{COLDSTART_SERVICE}:{COLDSTART_SERVICE_PORT}"]
-
-    e = RealEnv(control_plane, real_node, "s2z", operator_args=args)
+    (port,) = free_ports(1)
+    e = RealEnv(control_plane, real_node, "s2z", operator_args=coldstart_args(port))
     host_coldstart_service(control_plane, e.ns, real_node.host_ip, port)
     yield e
     e.close()
