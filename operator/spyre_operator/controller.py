@@ -36,6 +36,7 @@ from .desired.plan import plan_model
 from .desired.routing import inference_pool_name
 from .desired.scaletozero import SLICE_SERVICE_NAME
 from .gc import GarbageCollector
+from .metrics import Instruments
 from .reconcile import (
     API_UNKNOWN,
     DEFAULT_POLICY,
@@ -87,9 +88,13 @@ class WorkQueue:
 
     URGENT, NORMAL = 0, 1
 
-    def __init__(self) -> None:
+    def __init__(self, on_wait: Callable[[float], None] | None = None) -> None:
         self._queue: asyncio.PriorityQueue[tuple[int, int, ModelKey]] = asyncio.PriorityQueue()
         self._queued: dict[ModelKey, int] = {}  # key -> priority of its live entry
+        #: key -> when it entered the queue (a more urgent re-add keeps the first time)
+        self._since: dict[ModelKey, float] = {}
+        #: Told how long each key waited, when a worker takes it (the metrics' histogram).
+        self.on_wait = on_wait
         self._seq = itertools.count()
         self._active: set[ModelKey] = set()
         self._dirty: dict[ModelKey, int] = {}
@@ -101,6 +106,7 @@ class WorkQueue:
         if key in self._active:
             self._dirty[key] = min(prio, self._dirty.get(key, prio))
         elif self._queued.get(key, self.NORMAL + 1) > prio:
+            self._since.setdefault(key, time.monotonic())
             self._queued[key] = prio  # an earlier, less urgent entry becomes stale
             self._queue.put_nowait((prio, next(self._seq), key))
 
@@ -125,6 +131,9 @@ class WorkQueue:
             if self._queued.get(key) == prio:
                 break  # else a stale entry: the key was re-queued more urgently, or taken
         del self._queued[key]
+        since = self._since.pop(key, None)
+        if since is not None and self.on_wait is not None:
+            self.on_wait(time.monotonic() - since)
         self._active.add(key)
         return key
 
@@ -241,12 +250,15 @@ class Controller:
         self.policy = policy
         self.caches = caches
         self.applier = Applier(client)
-        self.queue = WorkQueue()
+        #: This controller's /metrics registry: its histograms, and its counters and models
+        #: read at scrape time (metrics.py).
+        self.instruments = Instruments()
+        self.queue = WorkQueue(on_wait=self.instruments.queue_wait.observe)
         self.workers = workers
         self.reconcile_deadline = RECONCILE_DEADLINE_SECONDS
         self.clock = clock
         self.stats = Stats()
-        #: API requests by (verb, resource), counted on the client (see metrics.count_requests).
+        #: API requests by (verb, resource), counted by the client (metrics.counting_client).
         self.requests: Counter[tuple[str, str]] = Counter()
         self._failures: dict[ModelKey, int] = {}
         self._deleted_jobs: dict[str, float] = {}  # uid -> when we deleted it
@@ -269,6 +281,7 @@ class Controller:
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
+        self.instruments.attach(self)
         #: With leader election: whether the lease is still held (checked before each write,
         #: so a leader that was paused past its lease never writes before it notices).
         self.may_write: Callable[[], bool] = lambda: True
@@ -308,12 +321,17 @@ class Controller:
     async def _worker(self) -> None:
         while True:
             key = await self.queue.get()
+            outcome = "ok"
+            t0: float | None = None  # t0: when the reconcile itself started
             try:
                 await self.active.wait()
+                t0 = time.perf_counter()
                 await self._reconcile_within_deadline(key)
             except asyncio.CancelledError:
+                outcome = ""  # shut down: neither outcome
                 raise
             except Exception as e:  # noqa: BLE001 - a worker must survive any single failure
+                outcome = "timeout" if isinstance(e, ReconcileHung) else "error"
                 if namespace_going_away(e):
                     # The namespace is gone or terminating: its models' deletion events follow;
                     # retrying would only load the API server (it did, after test namespaces).
@@ -344,6 +362,9 @@ class Controller:
                 self._failures.pop(key, None)
             finally:
                 self.queue.done(key)
+                if outcome and t0 is not None:
+                    self.instruments.reconcile_duration.labels(outcome).observe(
+                        time.perf_counter() - t0)
 
     async def _reconcile_within_deadline(self, key: ModelKey) -> None:
         try:

@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ from .desired.plan import OwnerRef, plan_model
 from .desired.routing import InferencePool
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
-from .metrics import count_requests, start_metrics_server
+from .metrics import counting_client, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
 
@@ -213,7 +214,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # only route, so a short window keeps apply -> Job latency low (default 0.1 s).
     settings.batching.batch_window = 0.02
 
-    client = AsyncClient(field_manager=FIELD_MANAGER, timeout=30, http2=use_http2())
+    # Its requests are counted by (verb, resource) for the metrics (metrics.counting_client).
+    requests: Counter[tuple[str, str]] = Counter()
+    client = counting_client(requests, field_manager=FIELD_MANAGER, timeout=30, http2=use_http2())
     # The operator's own watches (optional APIs) stream for minutes: they get their own
     # HTTP/1.1 connections, not streams on the connection every reconcile's requests share
     # (a status PATCH on that connection once waited for its answer past every timeout).
@@ -229,8 +232,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         max_concurrent_compiles=OperatorConfig.max_concurrent_compiles,
         max_concurrent_rollouts=OperatorConfig.max_concurrent_rollouts,
     )
+    controller.requests = requests
     memo["controller"] = controller
-    count_requests(client, controller.requests)
     # InferencePools: the CRD may be absent (then models asking for one say so in RoutingReady).
     pools = OptionalApiWatch(
         watch_client,

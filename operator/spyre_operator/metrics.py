@@ -1,138 +1,169 @@
-"""The operator's own Prometheus metrics (reconciles, errors, writes by kind, queue depth) and
-the state of the SpyreModels it watches (conditions, replicas, compile attempts)."""
+"""The operator's own Prometheus metrics, through ``prometheus_client``.
+
+Each controller has its own registry (:class:`Instruments`; tests run several controllers in one
+process) with
+
+- histograms the controller observes as it works: ``reconcile_duration_seconds`` by outcome
+  (``ok``, ``error``: raised, ``timeout``: cut off at the reconcile deadline) and
+  ``queue_wait_seconds`` (from a model entering the work queue to a worker taking it);
+- a collector that reads, at scrape time, the counters the controller keeps for its own use
+  (``Controller.stats``, the applier's writes, the API requests :func:`counting_client`
+  counts), its queue and leader state, and the SpyreModels in its watch cache (per-model
+  condition and replica gauges the chart's alerts read). A model deleted from the cache has no
+  series at the next scrape.
+"""
 
 from __future__ import annotations
 
 import resource
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import httpx2
 from aiohttp import web
+from lightkube import AsyncClient, KubeConfig
+from lightkube.config.client_adapter import verify_cluster
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from .controller import Controller
 
+PREFIX = "spyre_operator_"
+#: The classic text format, which generate_latest writes for these names and every Prometheus
+#: reads (the prometheus_client installed here labels it version 1.0.0, newer than Prometheus 2 knows).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: A reconcile takes milliseconds (all from the watch cache) to the 120 s deadline.
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
+#: A model waits in the queue for nothing (idle workers) to minutes (a backlog of hundreds).
+QUEUE_WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+OUTCOMES = ("ok", "error", "timeout")
+
+
+class Instruments:
+    """The histograms a controller observes, in the registry its /metrics serves."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.reconcile_duration = Histogram(
+            PREFIX + "reconcile_duration_seconds",
+            "Time one reconcile took, by outcome (ok; error: it raised; timeout: cut off at"
+            " the reconcile deadline).",
+            labelnames=("outcome",), buckets=RECONCILE_BUCKETS, registry=self.registry,
+        )
+        for outcome in OUTCOMES:
+            self.reconcile_duration.labels(outcome)  # every series exists from the start
+        self.queue_wait = Histogram(
+            PREFIX + "queue_wait_seconds",
+            "Time from a model entering the work queue to a worker taking it.",
+            buckets=QUEUE_WAIT_BUCKETS, registry=self.registry,
+        )
+
+    def attach(self, controller: Controller) -> None:
+        """Serve ``controller``'s counters and models from this registry too."""
+        self.registry.register(ControllerCollector(controller))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
 
 def render(controller: Controller) -> str:
-    """Prometheus text exposition of the controller's counters."""
-    s = controller.stats
-    lines = [
-        "# HELP spyre_operator_reconciles_total Reconciles run.",
-        "# TYPE spyre_operator_reconciles_total counter",
-        f"spyre_operator_reconciles_total {s.reconciles}",
-        "# HELP spyre_operator_reconcile_errors_total Reconciles that raised.",
-        "# TYPE spyre_operator_reconcile_errors_total counter",
-        f"spyre_operator_reconcile_errors_total {s.errors}",
-        "# HELP spyre_operator_reconcile_seconds_total Time spent reconciling.",
-        "# TYPE spyre_operator_reconcile_seconds_total counter",
-        f"spyre_operator_reconcile_seconds_total {s.reconcile_seconds:.6f}",
-        "# HELP spyre_operator_namespace_reconciles_total Reconciles run, by model namespace.",
-        "# TYPE spyre_operator_namespace_reconciles_total counter",
-        *(f'spyre_operator_namespace_reconciles_total{{namespace="{ns}"}} {n}'
-          for ns, n in sorted(s.namespace_reconciles.items())),
-        "# HELP spyre_operator_writes_total API writes by verb and kind.",
-        "# TYPE spyre_operator_writes_total counter",
-    ]
-    for key, n in sorted(controller.applier.writes.items()):
-        verb, kind = key.split(" ", 1)
-        lines.append(f'spyre_operator_writes_total{{verb="{verb}",kind="{kind}"}} {n}')
-    lines += [
-        "# HELP spyre_operator_namespace_writes_total API writes by the namespace written to.",
-        "# TYPE spyre_operator_namespace_writes_total counter",
-    ]
-    for ns, n in sorted(controller.applier.namespace_writes.items()):
-        lines.append(f'spyre_operator_namespace_writes_total{{namespace="{ns}"}} {n}')
-    lines += [
-        "# HELP spyre_operator_api_requests_total API requests the reconcile made (not kopf's"
-        " watches), by verb and resource.",
-        "# TYPE spyre_operator_api_requests_total counter",
-    ]
-    for (verb, res), n in sorted(controller.requests.items()):
-        lines.append(f'spyre_operator_api_requests_total{{verb="{verb}",resource="{res}"}} {n}')
-    lines += [
-        "# HELP spyre_operator_skipped_writes_total Writes skipped because nothing changed.",
-        "# TYPE spyre_operator_skipped_writes_total counter",
-        f"spyre_operator_skipped_writes_total {controller.applier.skipped}",
-        "# HELP spyre_operator_queue_depth Models queued or being reconciled.",
-        "# TYPE spyre_operator_queue_depth gauge",
-        f"spyre_operator_queue_depth {len(controller.queue)}",
-        "# HELP spyre_operator_leader Whether this replica may write.",
-        "# TYPE spyre_operator_leader gauge",
-        f"spyre_operator_leader {1 if controller.active.is_set() else 0}",
-        "# HELP spyre_operator_conflicts_total Times another operator install was found writing"
-        " a SpyreModel this one watches (overlapping watch scopes; see the OperatorConflict"
-        " Events).",
-        "# TYPE spyre_operator_conflicts_total counter",
-        f"spyre_operator_conflicts_total {s.conflicts}",
-        "# HELP spyre_operator_conflicting_models SpyreModels this install leaves alone because"
-        " another install writes them.",
-        "# TYPE spyre_operator_conflicting_models gauge",
-        f"spyre_operator_conflicting_models {len(controller.yielded)}",
-        "# HELP spyre_operator_max_rss_bytes Peak resident set size.",
-        "# TYPE spyre_operator_max_rss_bytes gauge",
-        f"spyre_operator_max_rss_bytes {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}",
-    ]
-    lines += model_lines(controller.caches.indices.get("models") or {})
-    return "\n".join(lines) + "\n"
+    """The controller's metrics in the Prometheus text format."""
+    return controller.instruments.render().decode()
 
 
-def label_value(value: object) -> str:
-    """A label value escaped for the text exposition format (backslash, quote, newline)."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class ControllerCollector:
+    """Reads one controller's counters, queue, leader state and models at scrape time."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    def collect(self) -> Iterator[Metric]:
+        c, s = self.controller, self.controller.stats
+        yield _counter("reconciles", "Reconciles run.", s.reconciles)
+        yield _counter("reconcile_errors", "Reconciles that raised.", s.errors)
+        yield _counter("reconcile_seconds", "Time spent reconciling.", s.reconcile_seconds)
+        yield _counter("namespace_reconciles", "Reconciles run, by model namespace.",
+                       labels=("namespace",),
+                       values=[((ns,), n) for ns, n in sorted(s.namespace_reconciles.items())])
+        yield _counter("writes", "API writes by verb and kind.", labels=("verb", "kind"),
+                       values=[(tuple(k.split(" ", 1)), n)
+                               for k, n in sorted(c.applier.writes.items())])
+        yield _counter("namespace_writes", "API writes by the namespace written to.",
+                       labels=("namespace",),
+                       values=[((ns,), n) for ns, n in sorted(c.applier.namespace_writes.items())])
+        yield _counter("api_requests", "API requests the reconcile made (not kopf's watches), by"
+                       " verb and resource.", labels=("verb", "resource"),
+                       values=sorted(c.requests.items()))
+        yield _counter("skipped_writes", "Writes skipped because nothing changed.",
+                       c.applier.skipped)
+        yield _gauge("queue_depth", "Models queued or being reconciled.", len(c.queue))
+        yield _gauge("leader", "Whether this replica may write (1: leading).",
+                     1 if c.active.is_set() else 0)
+        yield _counter("conflicts", "Times another operator install was found writing a"
+                       " SpyreModel this one watches (overlapping watch scopes; see the"
+                       " OperatorConflict Events).", s.conflicts)
+        yield _gauge("conflicting_models", "SpyreModels this install leaves alone because"
+                     " another install writes them.", len(c.yielded))
+        yield _gauge("max_rss_bytes", "Peak resident set size.",
+                     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        yield from model_families(c.caches.indices.get("models") or {})
 
 
-def model_lines(models: Mapping[Any, Any]) -> list[str]:
+def model_families(models: Mapping[Any, Any]) -> Iterator[Metric]:
     """Gauges of every SpyreModel in the ``models`` index (kopf's slim copies, with status).
 
-    Read from the watch cache, so every replica reports them, the standby ones too (alerts
-    take the max per model); a model deleted from the cache has no series at the next scrape.
+    Read from the watch cache, so every replica reports them, the standby ones too (the alerts
+    take the max per model).
     """
-    conditions, desired, ready, attempts = [], [], [], []
-    for key in sorted(list(models.keys())):
+    ids = ("namespace", "model")
+    conditions = GaugeMetricFamily(
+        PREFIX + "model_condition", "A SpyreModel's condition: one series per model and type,"
+        " with its current status and reason.", labels=(*ids, "type", "status", "reason"))
+    desired = GaugeMetricFamily(PREFIX + "model_desired_replicas",
+                                "A SpyreModel's spec.replicas.", labels=ids)
+    ready = GaugeMetricFamily(PREFIX + "model_ready_replicas",
+                              "A SpyreModel's status.readyReplicas.", labels=ids)
+    attempts = GaugeMetricFamily(
+        PREFIX + "model_artifact_attempts", "Precompile Jobs run for the model's current"
+        " artifact key on its claim (status.artifact.attempts).", labels=ids)
+    for key in sorted(list(models.keys())):  # a copy: the watch updates the index
         body = next(iter(models[key]), None)
         if body is None:
             continue
         meta, spec = body.get("metadata") or {}, body.get("spec") or {}
         status = body.get("status") or {}
-        ids = (f'namespace="{label_value(meta.get("namespace", key[0]))}",'
-               f'model="{label_value(meta.get("name", key[1]))}"')
+        model = [str(meta.get("namespace", key[0])), str(meta.get("name", key[1]))]
         for cond in status.get("conditions") or []:
-            if not cond.get("type"):
-                continue
-            conditions.append(
-                f'spyre_operator_model_condition{{{ids},type="{label_value(cond["type"])}",'
-                f'status="{label_value(cond.get("status", ""))}",'
-                f'reason="{label_value(cond.get("reason", ""))}"}} 1'
-            )
-        desired.append(f"spyre_operator_model_desired_replicas{{{ids}}} "
-                       f"{_number(spec.get('replicas'), 1)}")
-        ready.append(f"spyre_operator_model_ready_replicas{{{ids}}} "
-                     f"{_number(status.get('readyReplicas'), 0)}")
+            if cond.get("type"):
+                conditions.add_metric([*model, str(cond["type"]), str(cond.get("status", "")),
+                                       str(cond.get("reason", ""))], 1)
+        desired.add_metric(model, _number(spec.get("replicas"), 1))
+        ready.add_metric(model, _number(status.get("readyReplicas"), 0))
         artifact = status.get("artifact") or {}
         if artifact.get("attempts") is not None:
-            attempts.append(f"spyre_operator_model_artifact_attempts{{{ids}}} "
-                            f"{_number(artifact['attempts'], 0)}")
-    return [
-        "# HELP spyre_operator_model_condition A SpyreModel's condition: one series per model"
-        " and type, with its current status and reason.",
-        "# TYPE spyre_operator_model_condition gauge",
-        *conditions,
-        "# HELP spyre_operator_model_desired_replicas A SpyreModel's spec.replicas.",
-        "# TYPE spyre_operator_model_desired_replicas gauge",
-        *desired,
-        "# HELP spyre_operator_model_ready_replicas A SpyreModel's status.readyReplicas.",
-        "# TYPE spyre_operator_model_ready_replicas gauge",
-        *ready,
-        "# HELP spyre_operator_model_artifact_attempts Precompile Jobs run for the model's"
-        " current artifact key on its claim (status.artifact.attempts).",
-        "# TYPE spyre_operator_model_artifact_attempts gauge",
-        *attempts,
-    ]
+            attempts.add_metric(model, _number(artifact["attempts"], 0))
+    yield from (conditions, desired, ready, attempts)
 
 
 def _number(value: object, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _counter(name: str, doc: str, value: float | None = None, labels: tuple[str, ...] = (),
+             values: Iterable[tuple[tuple[str, ...], float]] = ()) -> CounterMetricFamily:
+    family = CounterMetricFamily(PREFIX + name, doc, value=value, labels=labels or None)
+    for label_values, v in values:
+        family.add_metric(list(label_values), v)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, value=value)
+
+
+# ------------------------------------------------------------------ API requests
 
 
 def request_resource(path: str) -> str:
@@ -146,34 +177,55 @@ def request_resource(path: str) -> str:
     return parts[0] if parts else "namespaces"
 
 
-def count_requests(client: Any, counter: Counter[tuple[str, str]]) -> bool:
-    """Count every request a lightkube client sends, by (verb, resource).
+class CountingTransport(httpx2.AsyncBaseTransport):
+    """An httpx transport that counts each request by (verb, resource), then sends it with
+    ``inner``. It sits where a request leaves the client: after auth, once per retry."""
 
-    The API server's ``apiserver_request_total`` carries no user agent, so the operator counts
-    its own requests (the benchmark and the fault tests read them). Uses an httpx event hook on
-    the client's transport; returns False if lightkube's internals have moved.
+    def __init__(self, inner: httpx2.AsyncBaseTransport, counter: Counter[tuple[str, str]]):
+        self.inner = inner
+        self.counter = counter
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        self.counter[(request.method, request_resource(request.url.path))] += 1
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def counting_client(counter: Counter[tuple[str, str]], *, http2: bool = False,
+                    config: KubeConfig | None = None, **kwargs: Any) -> AsyncClient:
+    """A lightkube ``AsyncClient`` (``kwargs`` as its own) whose requests are counted in
+    ``counter`` by (verb, resource).
+
+    The API server's ``apiserver_request_total`` has no user-agent label, so the operator
+    counts its own requests (the benchmark and the fault tests read them). It uses lightkube's
+    public ``transport`` argument. A transport given to httpx replaces the one httpx would build
+    from the client's TLS settings, so the inner transport gets the TLS context lightkube would
+    use (the kubeconfig's, in a pod the service account's CA and client certificate) from
+    lightkube's own ``verify_cluster``.
     """
-    inner = getattr(getattr(client, "_client", None), "_client", None)
-    hooks = getattr(inner, "event_hooks", None)
-    if inner is None or hooks is None:
-        return False
+    single = (config or KubeConfig.from_env()).get()
+    assert single is not None and single.user is not None, "no kubeconfig context with a user"
+    inner = httpx2.AsyncHTTPTransport(
+        verify=verify_cluster(single.cluster, single.user, single.abs_file), http2=http2
+    )
+    return AsyncClient(config=single, http2=http2, transport=CountingTransport(inner, counter),
+                       **kwargs)
 
-    async def hook(request: Any) -> None:
-        counter[(request.method, request_resource(request.url.path))] += 1
 
-    hooks.setdefault("request", []).append(hook)
-    inner.event_hooks = hooks
-    return True
+# ------------------------------------------------------------------ the /metrics endpoint
 
 
 async def start_metrics_server(controller: Controller, port: int) -> web.AppRunner:
-    """Serve /metrics on ``port``."""
+    """Serve the controller's /metrics on ``port``."""
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=render(controller), content_type="text/plain")
+    async def handle(_: web.Request) -> web.Response:
+        return web.Response(body=controller.instruments.render(),
+                            headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", port).start()

@@ -50,7 +50,7 @@ from spyre_operator.apply import Applier, SpyreModelResource  # noqa: E402
 from spyre_operator.controller import compact_pod  # noqa: E402
 from spyre_operator.desired import names  # noqa: E402
 from spyre_operator.desired.plan import plan_model  # noqa: E402
-from spyre_operator.metrics import count_requests  # noqa: E402
+from spyre_operator.metrics import counting_client  # noqa: E402
 from spyre_operator.reconcile import Observed, decide  # noqa: E402
 
 log = logging.getLogger("baseline")
@@ -65,10 +65,10 @@ class Baseline:
         cfg = KubeConfig.from_file(kubeconfig)
         self.ns = namespace
         self.workers = workers
-        self.client = AsyncClient(cfg, field_manager=FIELD_MANAGER, timeout=30, http2=True)
-        self.watch_client = AsyncClient(cfg, timeout=None, http2=True)
         self.requests: Counter[tuple[str, str]] = Counter()
-        count_requests(self.client, self.requests)
+        self.client = counting_client(self.requests, config=cfg, field_manager=FIELD_MANAGER,
+                                      timeout=30, http2=True)
+        self.watch_client = AsyncClient(cfg, timeout=None, http2=True)
         self.writes: Counter[str] = Counter()
         self.reconciles = 0
         self.models: dict[str, dict[str, Any]] = {}

@@ -251,7 +251,8 @@ def test_install_serve_upgrade_uninstall(
         # ... and it wrote every child itself, with the chart's RBAC (no other operator ran)
         assert_no_host_operator()
         assert op.namespace_writes(models_namespace) > 0, op.metrics()
-        wrote = {k.split('kind="')[1].rstrip('"}') for k, v in op.metrics().items()
+        wrote = {re.search(r'kind="([^"]*)"', k)[1]  # type: ignore[index]
+                 for k, v in op.metrics().items()
                  if k.startswith("spyre_operator_writes_total") and v > 0}
         assert {"Deployment", "Service", "PodDisruptionBudget", "InferencePool",
                 "PersistentVolumeClaim", "Job", "SpyreModel/status", "Event"} <= wrote, wrote

@@ -97,20 +97,30 @@ def test_a_deleted_model_loses_its_series() -> None:
     assert "# TYPE spyre_operator_model_condition gauge" in text
 
 
-def test_existing_lines_unchanged() -> None:
-    """Tests, the benchmark and dashboards read these names as they were."""
+def test_existing_series_unchanged() -> None:
+    """Tests, the benchmark and dashboards read these names and labels as they were."""
     c = controller(SERVING)
     c.stats.reconciles, c.stats.errors = 3, 1
     c.stats.namespace_reconciles["ns"] = 3
     c.applier.writes["patch Deployment"] = 2
-    text = render(c).splitlines()
-    for line in ("spyre_operator_reconciles_total 3", "spyre_operator_reconcile_errors_total 1",
-                 'spyre_operator_namespace_reconciles_total{namespace="ns"} 3',
-                 'spyre_operator_writes_total{verb="patch",kind="Deployment"} 2',
-                 "spyre_operator_skipped_writes_total 0", "spyre_operator_queue_depth 0",
-                 "spyre_operator_leader 1", "spyre_operator_conflicts_total 0",
-                 "spyre_operator_conflicting_models 0"):
-        assert line in text
+    c.requests[("GET", "pods")] = 4
+    got = samples(render(c))
+    p = "spyre_operator_"
+    for k, v in ((key(p + "reconciles_total"), 3), (key(p + "reconcile_errors_total"), 1),
+                 (key(p + "namespace_reconciles_total", namespace="ns"), 3),
+                 (key(p + "writes_total", verb="patch", kind="Deployment"), 2),
+                 (key(p + "api_requests_total", verb="GET", resource="pods"), 4),
+                 (key(p + "skipped_writes_total"), 0), (key(p + "queue_depth"), 0),
+                 (key(p + "leader"), 1), (key(p + "conflicts_total"), 0),
+                 (key(p + "conflicting_models"), 0)):
+        assert got[k] == v, k
+    assert got[key(p + "max_rss_bytes")] > 1e6
+
+
+def test_standby_replica_reports_not_leader() -> None:
+    c = controller(SERVING)
+    c.active.clear()
+    assert samples(render(c))[key("spyre_operator_leader")] == 0
 
 
 @needs_promtool

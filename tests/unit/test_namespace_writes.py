@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
-from types import SimpleNamespace
 from typing import Any
 
 from lightkube.models.core_v1 import ServicePort, ServiceSpec
@@ -14,7 +12,7 @@ from lightkube.resources.core_v1 import Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from spyre_operator import metrics
 from spyre_operator.apply import Applier, with_applied_hash
-from spyre_operator.controller import Caches, Stats
+from spyre_operator.controller import Caches, Controller, Stats
 
 
 class RecordingClient:
@@ -55,12 +53,11 @@ def test_writes_are_counted_per_namespace_and_rendered() -> None:
     assert len(client.calls) == 4, client.calls
     assert applier.namespace_writes == Counter({"team-a": 3, "team-b": 1})
     assert sum(applier.writes.values()) == 4  # the by-kind counter is unchanged
-    controller = SimpleNamespace(
-        stats=Stats(reconciles=3, namespace_reconciles=Counter({"team-a": 2, "team-b": 1})),
-        applier=applier, requests=Counter(), queue=[], active=threading.Event(), yielded={},
-        caches=Caches())
-    text = metrics.render(controller)  # type: ignore[arg-type]
-    assert 'spyre_operator_namespace_writes_total{namespace="team-a"} 3\n' in text, text
-    assert 'spyre_operator_namespace_writes_total{namespace="team-b"} 1\n' in text, text
-    assert 'spyre_operator_namespace_reconciles_total{namespace="team-a"} 2\n' in text, text
-    assert "spyre_operator_reconciles_total 3\n" in text, text
+    controller = Controller(client=client, caches=Caches())  # type: ignore[arg-type]
+    controller.applier = applier
+    controller.stats = Stats(reconciles=3, namespace_reconciles=Counter({"team-a": 2, "team-b": 1}))
+    text = metrics.render(controller)
+    assert 'spyre_operator_namespace_writes_total{namespace="team-a"} 3.0\n' in text, text
+    assert 'spyre_operator_namespace_writes_total{namespace="team-b"} 1.0\n' in text, text
+    assert 'spyre_operator_namespace_reconciles_total{namespace="team-a"} 2.0\n' in text, text
+    assert "spyre_operator_reconciles_total 3.0\n" in text, text
