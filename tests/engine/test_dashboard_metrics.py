@@ -15,7 +15,7 @@ import httpx
 import pytest
 from spyre_engine.testing.process import EngineProcess
 
-from tests.dashboards import EXTERNAL, dashboard_metrics, exposed_names
+from tests.dashboards import EXTERNAL, dashboard_metrics, exposed_names, metric_names
 
 from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
 from .sse import TIMEOUT, stream_completion
@@ -64,3 +64,19 @@ def test_model_server_protocol_metrics(metrics_text: str) -> None:
     # optional in the protocol: block size and block count for the prefix-cache scorer
     info = [ln for ln in metrics_text.splitlines() if ln.startswith("vllm:cache_config_info{")]
     assert info and 'block_size="' in info[0] and 'num_gpu_blocks="' in info[0], info
+
+
+def test_every_engine_series_the_alerts_read_is_exposed(metrics_text: str) -> None:
+    """The chart's engine-fed alerts (queue, KV cache) read series a real engine exports (the
+    operator-fed ones: tests/integration/test_alerts_prometheus.py)."""
+    from tests.unit.test_alerts import ENABLED
+    from tests.unit.test_chart_lint import HELM, by_kind, render
+
+    if not HELM.exists():
+        pytest.skip(f"helm not built at {HELM}: run `make binaries`")
+    (rule,) = by_kind(render(*ENABLED), "PrometheusRule")
+    wanted = {name for g in rule["spec"]["groups"] for r in g["rules"]
+              for name in metric_names(r["expr"]) if not name.startswith("spyre_operator_")}
+    assert {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= wanted, wanted
+    missing = sorted(wanted - exposed_names(metrics_text))
+    assert not missing, f"the alerts read series the engine does not expose: {missing}"
