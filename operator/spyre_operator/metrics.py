@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 PREFIX = "spyre_operator_"
 #: The classic text format, which generate_latest writes for these names and every Prometheus
-#: reads (the prometheus_client installed here labels it version 1.0.0, newer than Prometheus 2 knows).
+#: reads (the installed prometheus_client labels it 1.0.0, newer than Prometheus 2 knows).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: A reconcile takes milliseconds (all from the watch cache) to the 120 s deadline.
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)

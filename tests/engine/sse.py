@@ -56,7 +56,8 @@ class StreamResult:
         return [json.loads(e) for e in self.events if e.startswith("{")]
 
 
-def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> StreamResult:
+def stream_completion(url: str, model: str, prompt: str, max_tokens: int,
+                      headers: dict[str, str] | None = None) -> StreamResult:
     """Start a streaming completion in a thread; returns immediately with a live result."""
     result = StreamResult()
 
@@ -71,7 +72,8 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int) -> Str
         }
         try:
             with httpx.Client(timeout=httpx.Timeout(120.0, connect=5.0)) as client:
-                with client.stream("POST", url + "/v1/completions", json=body) as resp:
+                with client.stream("POST", url + "/v1/completions", json=body,
+                                   headers=headers) as resp:
                     result.status = resp.status_code
                     for line in resp.iter_lines():
                         if line.startswith("data: "):

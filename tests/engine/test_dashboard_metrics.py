@@ -29,23 +29,50 @@ PROTOCOL_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running",
                    "vllm:kv_cache_usage_perc")
 
 
+#: The engine below requires an API key (serving.apiKey sets it the same way, as VLLM_API_KEY).
+API_KEY = "test-key-1"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
 @pytest.fixture(scope="module")
-def metrics_text(start_engine, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> str:  # type: ignore[no-untyped-def]
+def engine(start_engine, tiny_model: Path,  # type: ignore[no-untyped-def]
+           tmp_path_factory: pytest.TempPathFactory) -> EngineProcess:
     art = tmp_path_factory.mktemp("dash-art")
     precompile_eager(tiny_model, art, "--artifact-key", "key-dash")
     proc: EngineProcess = start_engine(
         "--model", str(tiny_model), "--artifact-dir", str(art), "--artifact-key", "key-dash",
         "--backend", "eager", "--served-name", MODEL,
         "--termination-log", str(art.parent / "serve.termlog"), *SHAPE,
+        env={"VLLM_API_KEY": API_KEY},
     )
     proc.wait_started(STARTUP_TIMEOUT)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def metrics_text(engine: EngineProcess) -> str:
     for prompt in ("hello world", "hello world again"):
-        r = httpx.post(proc.url + "/v1/completions", timeout=TIMEOUT,
+        r = httpx.post(engine.url + "/v1/completions", timeout=TIMEOUT, headers=AUTH,
                        json={"model": MODEL, "prompt": prompt, "max_tokens": 4})
         assert r.status_code == 200, r.text
-    result = stream_completion(proc.url, MODEL, "a streamed answer", max_tokens=8)
+    result = stream_completion(engine.url, MODEL, "a streamed answer", max_tokens=8,
+                               headers=AUTH)
     assert result.done.wait(120) and result.status == 200
-    return httpx.get(proc.url + "/metrics", timeout=TIMEOUT).text
+    return httpx.get(engine.url + "/metrics", timeout=TIMEOUT).text
+
+
+def test_the_api_key_guards_the_api_not_probes_or_metrics(engine: EngineProcess) -> None:
+    """VLLM_API_KEY (serving.apiKey) through the engine's front: /v1/* without the key, or
+    with another, is 401; the kubelet's probes and Prometheus' scrape need none."""
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        r = httpx.post(engine.url + "/v1/completions", json=body, headers=headers,
+                       timeout=TIMEOUT)
+        assert r.status_code == 401, (headers, r.status_code, r.text)
+    assert httpx.get(engine.url + "/v1/models", timeout=TIMEOUT).status_code == 401
+    assert httpx.get(engine.url + "/v1/models", headers=AUTH, timeout=TIMEOUT).status_code == 200
+    for path in ("/health/startup", "/health/ready", "/health/live", "/metrics"):
+        assert httpx.get(engine.url + path, timeout=TIMEOUT).status_code == 200, path
 
 
 def test_every_dashboard_metric_is_exposed(metrics_text: str) -> None:

@@ -53,6 +53,9 @@ REFUSED = {
                                     "serving.podAnnotations keys must be label keys"),
     "toleration key -x": ({"accelerator": {"tolerations": [{"key": "-x", "operator": "Exists"}]}},
                           "tolerations"),
+    "api key twice": ({"serving": {"apiKey": {"name": "k"},
+                                   "env": [{"name": "VLLM_API_KEY", "value": "plain"}]}},
+                      "serving.env must not set VLLM_API_KEY when serving.apiKey is set"),
 }  # fmt: skip
 EXTRA_ARGS_REFUSED = ["--max_model_len=4096", "--max-model-len=4096", "-tp", "-tp=2",
                       "--tensor_parallel_size=2", "--served_model_name=x",

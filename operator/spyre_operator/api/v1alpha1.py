@@ -458,8 +458,31 @@ OPERATOR_ENV = (
 )
 
 
+class ApiKeyRef(ApiModel):
+    """The Secret key holding the API key clients must send."""
+
+    name: str = Field(description="Secret name.", min_length=1, max_length=253)
+    key: str = Field(default="api-key", description="Key in the Secret.", min_length=1)
+
+
+#: vLLM's own API-key check reads it (vllm serve --api-key); set from serving.apiKey.
+API_KEY_ENV = "VLLM_API_KEY"
+
+
 class ServingSpec(ApiModel):
     """How the inference pods run. Nothing here changes the artifact key."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.apiKey) || !has(self.env) "
+                    f"|| self.env.all(e, e.name != '{API_KEY_ENV}')",
+                    f"serving.env must not set {API_KEY_ENV} when serving.apiKey is set",
+                )
+            ]
+        }
+    )
 
     prefix_caching: bool = Field(
         default=True,
@@ -503,6 +526,15 @@ class ServingSpec(ApiModel):
                 )
             ],
         },
+    )
+    api_key: ApiKeyRef | None = Field(
+        default=None,
+        description=(
+            "Require an API key: requests to /v1/* without the header 'Authorization: Bearer "
+            "<key>' are answered 401 (vLLM's own check, given the key as " + API_KEY_ENV + "). "
+            "The key is read from this Secret in the model's namespace when a pod starts; "
+            "/health and /metrics stay open (restrict them with a NetworkPolicy)."
+        ),
     )
     port: int = Field(default=8000, ge=1024, le=65535, description="HTTP port of the server.")
     resources: ResourceRequirements | None = Field(

@@ -9,18 +9,20 @@ from lightkube.models.core_v1 import (
     Container,
     ContainerPort,
     EnvVar,
+    EnvVarSource,
     HTTPGetAction,
     Lifecycle,
     LifecycleHandler,
     PodSpec,
     PodTemplateSpec,
     Probe,
+    SecretKeySelector,
     SleepAction,
 )
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 
-from ..api.v1alpha1 import SpyreModelSpec
+from ..api.v1alpha1 import API_KEY_ENV, SpyreModelSpec
 from . import names
 from .job import TERMINATION_LOG
 from .owners import controller_ref
@@ -112,6 +114,15 @@ def _probe(path: str, period: int, failures: int) -> Probe:
     )
 
 
+def api_key_env(spec: SpyreModelSpec) -> list[EnvVar]:
+    """The API key vLLM checks on /v1/*, from serving.apiKey's Secret (none: no check)."""
+    ref = spec.serving.api_key
+    if ref is None:
+        return []
+    return [EnvVar(name=API_KEY_ENV, valueFrom=EnvVarSource(
+        secretKeyRef=SecretKeySelector(name=ref.name, key=ref.key)))]
+
+
 def build_deployment(plan: ModelPlan, key: str) -> Deployment:
     """The Deployment serving artifact ``key`` (the spec's key, or the previous one while the
     new artifact compiles)."""
@@ -125,6 +136,7 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
             # Load from the artifact; never compile on the serving path.
             EnvVar(name="SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS", value="1"),
             EnvVar(name="HF_HUB_OFFLINE", value="1"),
+            *api_key_env(spec),
         ],
     )
     labels = server_labels(plan, key)
