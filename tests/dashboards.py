@@ -11,9 +11,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD_DIR = ROOT / "charts" / "spyre-model-operator" / "dashboards"
 
-#: Series the dashboards read that the engine does not export: kube-state-metrics' view of
-#: the model's Deployment (replicas desired vs available).
-EXTERNAL = frozenset({"kube_deployment_spec_replicas", "kube_deployment_status_replicas_available"})
+#: The operator's own series (its /metrics, not the engine's): the replicas panel, the model
+#: conditions and the operator row read them.
+OPERATOR_PREFIX = "spyre_operator_"
+
+
+def is_operator_metric(name: str) -> bool:
+    return name.startswith(OPERATOR_PREFIX)
 
 #: PromQL words that look like metric names but are not.
 _KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "inf", "nan", "atan2"})

@@ -13,7 +13,14 @@ from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.plan import plan_model
 
-from tests.dashboards import DASHBOARD_DIR, EXTERNAL, dashboards, metric_names, queries
+from tests.dashboards import (
+    DASHBOARD_DIR,
+    dashboards,
+    exposed_names,
+    is_operator_metric,
+    metric_names,
+    queries,
+)
 
 from .samples import GENERATE
 from .test_chart_lint import MONITORING, by_kind, needs_helm, render
@@ -24,9 +31,17 @@ PANELS = {
     "Queued and running requests": {"vllm:num_requests_waiting", "vllm:num_requests_running"},
     "Time to first token": {"vllm:time_to_first_token_seconds_bucket"},
     "Inter-token latency": {"vllm:inter_token_latency_seconds_bucket"},
-    "Request rate and errors": {"vllm:request_success_total"},
-    "Replicas: desired, available, serving": {"kube_deployment_spec_replicas"},
+    "Request rate and errors": {"vllm:request_success_total", "http_requests_total"},
+    "Replicas: desired, ready, serving": {"spyre_operator_model_desired_replicas",
+                                          "spyre_operator_model_ready_replicas"},
     "Artifact per pod": {"spyre_engine_artifact_info"},
+    "Tokens per second": {"vllm:prompt_tokens_total", "vllm:generation_tokens_total"},
+    "Operator: reconciles": {"spyre_operator_reconcile_duration_seconds_count",
+                             "spyre_operator_queue_depth"},
+    "Operator: reconcile time and queue wait (p95)": {
+        "spyre_operator_reconcile_duration_seconds_bucket",
+        "spyre_operator_queue_wait_seconds_bucket"},
+    "Model conditions": {"spyre_operator_model_condition"},
 }
 
 
@@ -43,16 +58,39 @@ def test_dashboard_has_the_panels_and_reads_their_metrics() -> None:
     by_title = {p["title"]: p for p in dash["panels"]}
     assert set(PANELS) <= set(by_title)
     for title, wanted in PANELS.items():
-        read = {n for t in by_title[title]["targets"] for n in metric_names(t["expr"])}
+        read = {n for t in by_title[title].get("targets", []) for n in metric_names(t["expr"])}
         assert wanted <= read, (title, read)
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
-    # every query is scoped to the chosen namespace and model (kube-state-metrics by Deployment)
+    # every query of a model's series is scoped to the chosen namespace and model; the
+    # operator row reads the operator's own series (its namespace is the operator's)
     for q in queries(dash):
-        if not q.startswith("label_values"):
-            assert 'namespace="$namespace"' in q, q
-            assert '=~"$model"' in q, q
-    assert {n for q in queries(dash) for n in metric_names(q)} & EXTERNAL == EXTERNAL
+        if q.startswith("label_values"):
+            continue
+        if all(is_operator_metric(n) and "_model_" not in n for n in metric_names(q)):
+            continue
+        assert 'namespace="$namespace"' in q, q
+        assert '=~"$model"' in q, q
+
+
+def test_every_operator_series_the_dashboard_reads_is_exposed() -> None:
+    """The operator's series in the dashboard exist on its /metrics, with the labels the
+    queries match (the engine's: tests/engine/test_dashboard_metrics.py)."""
+    from spyre_operator.controller import Caches, Controller
+    from spyre_operator.metrics import render
+
+    from .test_metrics import SERVING
+
+    models = {"models": {("ns", "granite"): [SERVING]}}
+    c = Controller(client=None, caches=Caches(models))  # type: ignore[arg-type]
+    text = render(c)
+    exposed = exposed_names(text)
+    wanted = {n for d in dashboards().values() for q in queries(d) for n in metric_names(q)
+              if is_operator_metric(n)}
+    assert len(wanted) >= 6, wanted
+    assert not sorted(wanted - exposed), sorted(wanted - exposed)
+    for label in ("model=", "namespace=", "type=", "status=", "reason=", "outcome="):
+        assert label in text, label
 
 
 @needs_helm
