@@ -10,13 +10,25 @@ of the Gateway API Inference Extension's model-server protocol
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from spyre_engine.testing.process import EngineProcess
 
-from tests.dashboards import dashboard_metrics, exposed_names, is_operator_metric, metric_names
+from tests.cluster.controlplane import wait_until
+from tests.dashboards import (
+    dashboard_metrics,
+    dashboards,
+    exposed_names,
+    is_operator_metric,
+    metric_names,
+    queries,
+)
+from tests.prometheus import MODEL_LABEL, Prometheus, Target, available
 
 from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
 from .sse import TIMEOUT, stream_completion
@@ -50,8 +62,37 @@ def engine(start_engine, tiny_model: Path,  # type: ignore[no-untyped-def]
     return proc
 
 
+#: The labels the chart's PodMonitor gives the engine's series.
+TARGET_LABELS = {"namespace": "demo", "pod": "tiny-0", MODEL_LABEL: MODEL}
+
+
 @pytest.fixture(scope="module")
-def metrics_text(engine: EngineProcess) -> str:
+def prometheus(engine: EngineProcess,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus | None]:
+    """A real Prometheus scraping the engine every second, from before the load on."""
+    if not available():
+        yield None
+        return
+    p = Prometheus(tmp_path_factory.mktemp("prometheus"),
+                   [Target(engine.url.removeprefix("http://"), TARGET_LABELS)])
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def metrics_text(engine: EngineProcess, prometheus: Prometheus | None) -> str:
+    def not_found() -> None:  # an error the HTTP panel shows: a model not served here (404)
+        r = httpx.post(engine.url + "/v1/completions", timeout=TIMEOUT, headers=AUTH,
+                       json={"model": "no-such-model", "prompt": "x", "max_tokens": 1})
+        assert r.status_code == 404, (r.status_code, r.text)
+
+    # A counter's first sample is no increase to rate(): one 404 before the scrapes start
+    # counting, one during the load.
+    not_found()
+    if prometheus is not None:  # a few scrapes before the load: the rates see it start
+        wait_until(lambda: prometheus.query("up == 1"), 30, "Prometheus scraping the engine")
+        time.sleep(3)
+    not_found()
     for prompt in ("hello world", "hello world again"):
         r = httpx.post(engine.url + "/v1/completions", timeout=TIMEOUT, headers=AUTH,
                        json={"model": MODEL, "prompt": prompt, "max_tokens": 4})
@@ -59,7 +100,40 @@ def metrics_text(engine: EngineProcess) -> str:
     result = stream_completion(engine.url, MODEL, "a streamed answer", max_tokens=8,
                                headers=AUTH)
     assert result.done.wait(120) and result.status == 200
+    if prometheus is not None:
+        time.sleep(3)  # scraped after the load
     return httpx.get(engine.url + "/metrics", timeout=TIMEOUT).text
+
+
+def test_every_engine_panel_returns_data_from_a_real_prometheus(
+    metrics_text: str, prometheus: Prometheus | None,
+) -> None:
+    """Each dashboard query over the engine's series, as Grafana would send it (variables
+    substituted), returns data from Prometheus after the load; the request, error and token
+    rates are above zero (the operator's panels: tests/integration/test_alerts_prometheus.py)."""
+    if prometheus is None:
+        pytest.skip("prometheus not installed: apt-get install prometheus")
+    variables = {"$namespace": TARGET_LABELS["namespace"], "$model": MODEL,
+                 "$__rate_interval": "60s"}
+    results: dict[str, list[dict[str, Any]]] = {}
+    for dash in dashboards().values():
+        for query in queries(dash):
+            if query.startswith("label_values") or any(map(is_operator_metric,
+                                                           metric_names(query))):
+                continue
+            expr = query
+            for k in sorted(variables, key=len, reverse=True):
+                expr = expr.replace(k, variables[k])
+            results[query] = prometheus.query(expr)
+            assert results[query], f"no data: {expr}"
+    assert len(results) >= 10, sorted(results)
+    positive = {name: False for name in ("vllm:request_success_total", "http_requests_total",
+                                         "vllm:generation_tokens_total")}
+    for query, result in results.items():
+        for name in positive:
+            if name in metric_names(query) and any(float(r["value"][1]) > 0 for r in result):
+                positive[name] = True
+    assert all(positive.values()), positive
 
 
 def test_the_api_key_guards_the_api_not_probes_or_metrics(engine: EngineProcess) -> None:

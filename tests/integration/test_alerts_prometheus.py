@@ -9,6 +9,7 @@ One model compiles and serves, one model's precompile fails. Prometheus' own rul
 then fire exactly the model alerts the models' status calls for, no operator alert, and every
 operator series a rule reads must exist in what it scraped (a renamed series or label makes a
 rule silently match nothing: the promtool tests cannot see that, their input is hand-written).
+Every dashboard query over the operator's series must return data from the same Prometheus.
 
 The engine-fed rules' series are checked against a real engine's ``/metrics`` by
 tests/engine/test_dashboard_metrics.py.
@@ -16,19 +17,16 @@ tests/engine/test_dashboard_metrics.py.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.cluster.controlplane import ControlPlane, free_ports, wait_until
+from tests.cluster.controlplane import ControlPlane, wait_until
+from tests.dashboards import dashboards, is_operator_metric, metric_names, queries
+from tests.prometheus import Prometheus, Target, available
 
 from ..unit.test_alerts import ENABLED, needs_promtool
 from ..unit.test_chart_lint import by_kind, needs_helm, render
@@ -37,7 +35,6 @@ from .test_precompile_lifecycle import SHAPE_B, spec
 
 pytestmark = [pytest.mark.integration, needs_helm, needs_promtool]
 
-PROMETHEUS = Path("/usr/bin/prometheus")
 OPERATOR_POD = "spyre-model-operator-0"
 #: The chart's release namespace: the operator alerts match its series on it.
 RELEASE_NAMESPACE = "spyre-system"
@@ -55,50 +52,16 @@ def rule_groups() -> list[dict[str, Any]]:
     return groups  # type: ignore[no-any-return]
 
 
-class Prometheus:
+class AlertingPrometheus(Prometheus):
     def __init__(self, directory: Path, operator_port: int) -> None:
-        self.dir = directory
-        self.port = free_ports(1)[0]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "rules.yaml").write_text(yaml.safe_dump({"groups": rule_groups()}))
-        (self.dir / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(self.dir / "rules.yaml")],
-            "scrape_configs": [{
-                "job_name": "spyre-model-operator",
-                "honor_labels": True,  # as the chart's monitors
-                "static_configs": [{
-                    "targets": [f"127.0.0.1:{operator_port}"],
-                    "labels": {"namespace": RELEASE_NAMESPACE, "pod": OPERATOR_POD},
-                }],
-            }],
-        }))
-        self.log = open(self.dir / "prometheus.log", "wb")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(
-            [str(PROMETHEUS), f"--config.file={self.dir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        wait_until(lambda: self.get("/-/ready") is not None, 60, "Prometheus ready")
-
-    def get(self, path: str, **params: str) -> Any:
-        url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
-        with urllib.request.urlopen(url, timeout=10) as r:
-            body = r.read().decode()
-        return json.loads(body) if path.startswith("/api/") else body
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        res = self.get("/api/v1/query", query=expr)
-        assert res["status"] == "success", res
-        return res["data"]["result"]  # type: ignore[no-any-return]
+        super().__init__(directory, [Target(f"127.0.0.1:{operator_port}", {
+            "namespace": RELEASE_NAMESPACE, "pod": OPERATOR_POD})], rule_groups=rule_groups())
 
     def firing(self, namespace: str) -> set[tuple[str, str]]:
         """(alert, model) of the alerts firing for ``namespace``'s models, and operator
         alerts as (alert, "")."""
         out = set()
-        for a in self.get("/api/v1/alerts")["data"]["alerts"]:
+        for a in self.alerts():
             labels = a["labels"]
             if a["state"] != "firing":
                 continue
@@ -108,21 +71,13 @@ class Prometheus:
                 out.add((labels["alertname"], ""))
         return out
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
 
 @pytest.fixture
 def prometheus(control_plane: ControlPlane, operator: OperatorProcess,
-               tmp_path: Path) -> Iterator[Prometheus]:
-    if not PROMETHEUS.exists():
+               tmp_path: Path) -> Iterator[AlertingPrometheus]:
+    if not available():
         pytest.skip("prometheus not installed: apt-get install prometheus")
-    p = Prometheus(tmp_path / "prometheus", operator.metrics_port)
+    p = AlertingPrometheus(tmp_path / "prometheus", operator.metrics_port)
     try:
         wait_until(lambda: p.query("up") and p.query("up")[0]["value"][1] == "1", 60,
                    "Prometheus scraping the operator")
@@ -158,8 +113,8 @@ def expected_model_alerts(model: dict[str, Any]) -> set[str]:
     return want
 
 
-def test_alerts_fire_on_the_series_a_real_prometheus_scraped(
-    kube: Kube, prometheus: Prometheus, namespace: str,
+def test_alerts_and_dashboard_on_the_series_a_real_prometheus_scraped(
+    kube: Kube, prometheus: AlertingPrometheus, namespace: str,
 ) -> None:
     kube.apply_model("serving", spec())
     # another shape: its own artifact key and Job (one key shares one Job)
@@ -195,11 +150,27 @@ def test_alerts_fire_on_the_series_a_real_prometheus_scraped(
             for name, matchers in SELECTOR.findall(rule["expr"]):
                 if not name.startswith("spyre_operator_"):
                     continue
-                series = prometheus.get("/api/v1/series", **{"match[]": name})["data"]
+                series = prometheus.series(name)
                 assert series, f"{rule['alert']}: no series {name} scraped"
                 for label in MATCHER_LABEL.findall(matchers):
                     assert any(label in s for s in series), (
                         f"{rule['alert']}: {name} has no label {label}: {series[:3]}")
+
+
+    # Every dashboard query that reads the operator's series (the operator row, the replicas
+    # and the model conditions) returns data for the serving model.
+    variables = {"$namespace": namespace, "$model": "serving", "$__rate_interval": "30s"}
+    checked = 0
+    for dash in dashboards().values():
+        for expr in queries(dash):
+            names = metric_names(expr)
+            if expr.startswith("label_values") or not all(map(is_operator_metric, names)):
+                continue
+            for k in sorted(variables, key=len, reverse=True):
+                expr = expr.replace(k, variables[k])
+            assert prometheus.query(expr), f"no data: {expr}"
+            checked += 1
+    assert checked >= 6, checked
 
 
 #: A series selector in PromQL (name, its matchers) and a matcher's label name.
@@ -208,7 +179,7 @@ MATCHER_LABEL = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
 
 
 def test_operator_down_fires_when_no_scrape_answers(
-    prometheus: Prometheus, operator: OperatorProcess,
+    prometheus: AlertingPrometheus, operator: OperatorProcess,
 ) -> None:
     """absent(spyre_operator_leader{namespace=...}): true only once the series went stale."""
     assert not prometheus.query(f'spyre_operator_leader{{namespace='
