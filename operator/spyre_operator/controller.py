@@ -583,6 +583,7 @@ class Controller:
             service=self.caches.one("services", (ns, names.server_name(name))),
             pdb=self.caches.one("pdbs", (ns, names.server_name(name))),
             hpa=self.caches.one("hpas", (ns, names.server_name(name))),
+            network_policy=self.caches.one("networkpolicies", (ns, names.server_name(name))),
             job_owners=sorted(
                 {o for o in self.caches.all("artifact_users", (ns, plan_claim, key))},
                 key=lambda o: (o.name, o.uid),
@@ -599,6 +600,7 @@ class Controller:
             ("Service", "service"),
             ("PodDisruptionBudget", "pdb"),
             ("HorizontalPodAutoscaler", "hpa"),
+            ("NetworkPolicy", "network_policy"),
         ):
             live = getattr(obs, attr)
             why = foreign_owner(kind, live, name) if live is not None else None
@@ -1094,6 +1096,7 @@ class Controller:
             "Deployment": obs.deployment,
             "Service": obs.service,
             "PodDisruptionBudget": obs.pdb,
+            "NetworkPolicy": obs.network_policy,
             "HorizontalPodAutoscaler": obs.hpa,
             "InferencePool": obs.inference_pool,
             "HTTPScaledObject": obs.http_scaled_object,

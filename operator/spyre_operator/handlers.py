@@ -55,6 +55,7 @@ INDEX_NAMES = (
     "services",
     "pdbs",
     "hpas",
+    "networkpolicies",
     "pvcs",
     "endpointslices",
 )
@@ -393,6 +394,7 @@ def index_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[
 @kopf.index("", "v1", "services", id="services")
 @kopf.index("policy", "v1", "poddisruptionbudgets", id="pdbs")
 @kopf.index("autoscaling", "v2", "horizontalpodautoscalers", id="hpas")
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", id="networkpolicies")
 def index_named_children(
     namespace: str, name: str, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
@@ -435,6 +437,7 @@ async def on_model(
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
 async def on_child(
     type: str | None, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any
@@ -457,6 +460,7 @@ async def on_child(
 @kopf.on.event(
     "autoscaling", "v2", "horizontalpodautoscalers", labels={names.MANAGED_BY: kopf.ABSENT}
 )
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={names.MANAGED_BY: kopf.ABSENT})
 async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A same-named object that is not ours appeared, changed or went: re-check the model."""
     c = _controller(memo)

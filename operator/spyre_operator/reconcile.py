@@ -19,6 +19,7 @@ from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import PersistentVolumeClaim, Service
 from lightkube.resources.discovery_v1 import EndpointSlice
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from pydantic import ValidationError
 
@@ -32,6 +33,7 @@ from .desired import names
 from .desired.autoscaling import build_hpa, targets, wants_hpa
 from .desired.deployment import build_deployment, served_spec_json
 from .desired.job import build_precompile_job
+from .desired.networkpolicy import build_network_policy, wants_network_policy
 from .desired.plan import ModelPlan, OwnerRef, plan_model
 from .desired.pvc import build_cache_pvc, cache_owners
 from .desired.routing import (
@@ -146,6 +148,7 @@ class Observed:
     service: dict[str, Any] | None = None
     pdb: dict[str, Any] | None = None
     hpa: dict[str, Any] | None = None
+    network_policy: dict[str, Any] | None = None
     server_pods: list[dict[str, Any]] = field(default_factory=list)
     #: Every SpyreModel in the namespace needing this (claim, key): owners of the shared Job.
     job_owners: list[OwnerRef] = field(default_factory=list)
@@ -1498,6 +1501,8 @@ def _conflict(plan: ModelPlan, obs: Observed) -> str | None:
         unwanted.add("PodDisruptionBudget")
     if not wants_hpa(plan) or wants_scale_to_zero(plan):
         unwanted.add("HorizontalPodAutoscaler")
+    if not wants_network_policy(plan):
+        unwanted.add("NetworkPolicy")
     return "; ".join(v for k, v in obs.foreign.items() if k not in unwanted) or None
 
 
@@ -1875,6 +1880,11 @@ def decide(
         d.apply.append(build_hpa(plan))
     elif obs.hpa is not None:
         d.delete.append((HorizontalPodAutoscaler, names.server_name(name)))
+    if wants_network_policy(plan):
+        interceptor = obs.keda.interceptor_namespace if zero.via_interceptor else None
+        d.apply.append(build_network_policy(plan, interceptor))
+    elif obs.network_policy is not None:
+        d.delete.append((NetworkPolicy, names.server_name(name)))
     if routing.pool is not None:
         d.apply.append(routing.pool)
     elif routing.delete:

@@ -53,6 +53,11 @@ REFUSED = {
                                     "serving.podAnnotations keys must be label keys"),
     "toleration key -x": ({"accelerator": {"tolerations": [{"key": "-x", "operator": "Exists"}]}},
                           "tolerations"),
+    "allowFrom cidr and selector": ({"serving": {"allowFrom": [
+        {"cidr": "10.0.0.0/8", "podSelector": {"a": "b"}}]}}, "either a cidr, or"),
+    "allowFrom empty entry": ({"serving": {"allowFrom": [{}]}}, "either a cidr, or"),
+    "allowFrom not a cidr": ({"serving": {"allowFrom": [{"cidr": "10.0.0.0"}]}},
+                             "must be a CIDR"),
     "api key twice": ({"serving": {"apiKey": {"name": "k"},
                                    "env": [{"name": "VLLM_API_KEY", "value": "plain"}]}},
                       "serving.env must not set VLLM_API_KEY when serving.apiKey is set"),

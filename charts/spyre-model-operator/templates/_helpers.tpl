@@ -119,6 +119,11 @@ object does not exist yet.
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# NetworkPolicies of models with serving.allowFrom: watched (as Deployments), server-side
+# applied, deleted when allowFrom is removed.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 {{- if .Values.scaleToZero.enabled }}
 # Scale to zero (autoscaling.minReplicas 0; reconcile.decide_scale_to_zero): the
 # <model>-engine and <model>-coldstart Services are deleted when zero is switched off.

@@ -465,6 +465,51 @@ class ApiKeyRef(ApiModel):
     key: str = Field(default="api-key", description="Key in the Secret.", min_length=1)
 
 
+class AllowedClients(ApiModel):
+    """Clients allowed to call the model: pods matching both selectors, or addresses in a CIDR
+    (a NetworkPolicy ingress peer, with label maps for selectors)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.cidr) != (has(self.namespaceSelector) || has(self.podSelector))",
+                    "serving.allowFrom: each entry is either a cidr, or namespaceSelector "
+                    "and/or podSelector",
+                )
+            ]
+        }
+    )
+
+    namespace_selector: dict[str, str] | None = Field(
+        default=None,
+        description=(
+            "Labels of the clients' namespaces ({} : every namespace; unset: the model's own "
+            "namespace), e.g. kubernetes.io/metadata.name: gateway."
+        ),
+        max_length=16,
+        json_schema_extra=_keys_are_qualified_names("serving.allowFrom.namespaceSelector"),
+    )
+    pod_selector: dict[str, str] | None = Field(
+        default=None,
+        description="Labels of the client pods ({} or unset: every pod of those namespaces).",
+        max_length=16,
+        json_schema_extra=_keys_are_qualified_names("serving.allowFrom.podSelector"),
+    )
+    cidr: str | None = Field(
+        default=None,
+        description="Addresses allowed (a CIDR, e.g. 10.0.0.0/8), for clients outside pods.",
+        max_length=64,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                # not isCIDR(): CEL's network library needs Kubernetes 1.31, the chart 1.30
+                cel("self.matches('^[0-9a-fA-F:.]+/[0-9]{1,3}$')",
+                    "serving.allowFrom.cidr must be a CIDR, e.g. 10.0.0.0/8")
+            ]
+        },
+    )
+
+
 #: vLLM's own API-key check reads it (vllm serve --api-key); set from serving.apiKey.
 API_KEY_ENV = "VLLM_API_KEY"
 
@@ -535,6 +580,17 @@ class ServingSpec(ApiModel):
             "The key is read from this Secret in the model's namespace when a pod starts; "
             "/health and /metrics stay open (restrict them with a NetworkPolicy)."
         ),
+    )
+    allow_from: list[AllowedClients] | None = Field(
+        default=None,
+        description=(
+            "Who may call the model: the operator writes a NetworkPolicy admitting only these "
+            "clients to the serving port (list your gateway, your Prometheus for /metrics, "
+            "and any client). [] admits nobody but the scale-to-zero interceptor (when "
+            "scale to zero is on); unset: no NetworkPolicy. Enforced only where the "
+            "cluster's network plugin implements NetworkPolicy."
+        ),
+        max_length=32,
     )
     port: int = Field(default=8000, ge=1024, le=65535, description="HTTP port of the server.")
     resources: ResourceRequirements | None = Field(
