@@ -12,9 +12,9 @@ prompt prefixes. Every panel's PromQL is taken from the dashboard JSON unchanged
 substituted) and evaluated by Prometheus' ``query_range``/``query`` API.
 
 What stands in: Grafana. This script draws the panels itself with Pillow (lines per series,
-panel titles and legends as in the JSON), because no Grafana is installable here. The
-kube-state-metrics series of the replicas panel are not scraped (no cluster), so that panel
-shows only the engines passing readiness.
+panel titles and legends as in the JSON), because no Grafana is installable here. No operator
+runs, so the panels of its series (replicas desired/ready, the operator row, the model
+conditions) are empty here; tests/integration/test_alerts_prometheus.py checks them.
 
 Needs ``prometheus`` on PATH (Debian's package; ``make binaries`` installs it through
 tests/cluster/metrics-deps.sh). Takes ~5 minutes on 2 cores (mostly the engine start).
@@ -24,15 +24,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
-import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +38,7 @@ from spyre_engine.testing.process import EngineProcess, engine_command, free_por
 from spyre_engine.testing.tiny_model import build_tiny_model
 
 from tests.dashboards import ROOT, dashboards
+from tests.prometheus import Prometheus, Target, available
 
 SHAPE = ["--max-model-len", "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
 LABELS = {"namespace": "demo", "pod": "tiny-0", "serving_spyre_dev_model": "tiny"}
@@ -75,35 +72,6 @@ def start_engine(work: Path) -> EngineProcess:
         log_path=work / "engine.log", port=port)
     engine.wait_started(900)
     return engine
-
-
-def start_prometheus(work: Path, target_port: int) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        sys.exit("prometheus is not on PATH (Debian: apt-get install prometheus)")
-    port = free_port()
-    config = work / "prometheus.yml"
-    config.write_text(json.dumps({
-        "global": {"scrape_interval": f"{SCRAPE}s", "evaluation_interval": f"{SCRAPE}s"},
-        "scrape_configs": [{
-            "job_name": "spyre-models",
-            "static_configs": [{"targets": [f"127.0.0.1:{target_port}"], "labels": LABELS}],
-        }],
-    }))
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=open(work / "prometheus.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.5)
-    sys.exit(f"prometheus did not start: {(work / 'prometheus.log').read_text()[-2000:]}")
 
 
 def load(engine: EngineProcess, seconds: float) -> dict[str, int]:
@@ -143,13 +111,8 @@ def substitute(expr: str) -> str:
     return expr
 
 
-def prom(url: str, path: str, **params: Any) -> Any:
-    q = urllib.parse.urlencode(params)
-    with urllib.request.urlopen(f"{url}/api/v1/{path}?{q}", timeout=30) as r:
-        body = json.loads(r.read())
-    if body.get("status") != "success":
-        raise RuntimeError(body)
-    return body["data"]["result"]
+def prom(p: Prometheus, path: str, **params: Any) -> Any:
+    return p.api(path, **params)["result"]
 
 
 def legend(fmt: str, metric: dict[str, str]) -> str:
@@ -225,7 +188,7 @@ def draw_table(img: Image.Image, box: tuple[int, int, int, int], panel: dict[str
                    font=fonts["small"])
 
 
-def render(url: str, dash: dict[str, Any], t0: float, t1: float, out: Path,
+def render(url: Prometheus, dash: dict[str, Any], t0: float, t1: float, out: Path,
            note: str) -> None:
     fonts = {"title": ImageFont.load_default(size=16), "small": ImageFont.load_default(size=12)}
     panels = sorted(dash["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
@@ -237,6 +200,8 @@ def render(url: str, dash: dict[str, Any], t0: float, t1: float, out: Path,
                              font=fonts["title"])
     step = SCRAPE
     for p in panels:
+        if p["type"] == "row":
+            continue
         gx, gy = p["gridPos"]["x"] // 12, p["gridPos"]["y"] // 8
         box = (gx * col_w + 4, top + gy * row_h + 4, (gx + 1) * col_w - 4,
                top + (gy + 1) * row_h - 4)
@@ -272,7 +237,10 @@ def main() -> int:
         engine = start_engine(work)
         prometheus = None
         try:
-            prometheus, url = start_prometheus(work, engine.port or 0)
+            if not available():
+                sys.exit("prometheus is not installed (Debian: apt-get install prometheus)")
+            prometheus = Prometheus(work / "prometheus", [Target(f"127.0.0.1:{engine.port}",
+                                                                 LABELS)], f"{SCRAPE}s")
             time.sleep(3 * SCRAPE)
             t0 = time.time()
             stats = load(engine, args.load_seconds)
@@ -282,13 +250,13 @@ def main() -> int:
                     f"4 seqs) scraped every {SCRAPE}s by Prometheus; {stats['ok']} streamed "
                     f"completions ({stats['failed']} failed) in {t1 - t0:.0f}s; panels drawn "
                     "by tests/engine/dashboard_png.py from the dashboard's own PromQL "
-                    "(no Grafana; no kube-state-metrics).")
-            render(url, dash, t0, t1, args.out, note)
+                    "(no Grafana). No operator ran: its row is checked in "
+                    "tests/integration/test_alerts_prometheus.py.")
+            render(prometheus, dash, t0, t1, args.out, note)
             print(f"wrote {args.out}: {note}")
         finally:
             if prometheus is not None:
-                prometheus.terminate()
-                prometheus.wait(30)
+                prometheus.stop()
             engine.kill()
     return 0
 
