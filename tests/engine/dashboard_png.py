@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -179,11 +181,15 @@ def draw_table(img: Image.Image, box: tuple[int, int, int, int], panel: dict[str
     x0, y0, x1, y1 = box
     d.rectangle(box, fill="#181b1f", outline="#2c3235")
     d.text((x0 + 10, y0 + 6), panel["title"], fill="#d8d9da", font=fonts["title"])
-    cols = ["pod", "artifact key", "backend"]
+    # the columns are the query's "by (...)" labels, in its order
+    by = re.search(r"by \(([^)]*)\)", panel["targets"][0]["expr"])
+    cols = [c.strip() for c in by[1].split(",")] if by else sorted({k for r in rows for k in r})
     for i, c in enumerate(cols):
         d.text((x0 + 14 + i * 180, y0 + 40), c, fill="#6e9fff", font=fonts["small"])
+    if not rows:
+        d.text((x0 + 14, y0 + 64), "no data", fill="#8e8e8e", font=fonts["small"])
     for r, row in enumerate(rows):
-        for i, c in enumerate(("pod", "key", "backend")):
+        for i, c in enumerate(cols):
             d.text((x0 + 14 + i * 180, y0 + 64 + r * 22), row.get(c, ""), fill="#d8d9da",
                    font=fonts["small"])
 
@@ -194,7 +200,7 @@ def render(url: Prometheus, dash: dict[str, Any], t0: float, t1: float, out: Pat
     panels = sorted(dash["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
     w, row_h, col_w, top = 1600, 300, 800, 44
     rows = max(p["gridPos"]["y"] for p in panels) // 8 + 1
-    img = Image.new("RGB", (w, top + rows * row_h + 30), "#111217")
+    img = Image.new("RGB", (w, top + rows * row_h + 48), "#111217")
     ImageDraw.Draw(img).text((12, 12), f"{dash['title']}  (namespace={LABELS['namespace']}, "
                              f"model={LABELS['serving_spyre_dev_model']})", fill="#d8d9da",
                              font=fonts["title"])
@@ -217,7 +223,9 @@ def render(url: Prometheus, dash: dict[str, Any], t0: float, t1: float, out: Pat
                 pts = [(float(ts), float(v)) for ts, v in r["values"] if v not in ("NaN", "+Inf")]
                 series.append((legend(t.get("legendFormat", ""), r["metric"]), pts))
         draw_panel(img, box, p, series, t0, t1, fonts)
-    ImageDraw.Draw(img).text((12, img.height - 22), note, fill="#8e8e8e", font=fonts["small"])
+    for i, line in enumerate(textwrap.wrap(note, 190)[:2]):
+        ImageDraw.Draw(img).text((12, img.height - 40 + 18 * i), line, fill="#8e8e8e",
+                                 font=fonts["small"])
     out.parent.mkdir(parents=True, exist_ok=True)
     img.save(out, optimize=True)
 

@@ -5,8 +5,11 @@ node's 2 CPUs) goes through the steps below. Each test first brings the model to
 starting spec and waits until it serves it (:func:`_start_from`): run in order, that is where
 the previous test left it (no wait); run alone with ``-k``, it compiles and rolls there first.
 
-1. a compile-affecting edit with ``maxSurge: 1``: the new artifact compiles while the old pod
-   serves (``Ready=True ServingPreviousArtifact``), the switch completes, no request fails;
+1. an engine upgrade the way an admin makes one, with ``maxSurge: 1``: the model leaves
+   ``engine.image`` unset and the operator restarts with a new ``--default-engine-image`` (the
+   chart's ``defaults.engineImage`` after ``helm upgrade``; a second tag of the engine image
+   here). The new artifact compiles while the old pod serves (``Ready=True
+   ServingPreviousArtifact``), the switch completes, no request fails;
 2. the same with one replica and ``maxSurge: 0``: reported (failed requests, longest gap), not
    asserted: that roll has to stop the only pod;
 3. deleting a serving pod mid-stream: the stream completes, or past the drain deadline ends
@@ -25,6 +28,7 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -53,11 +57,27 @@ env = real_env_fixture("life")
 
 MODEL = "life"
 def _spec(env: RealEnv, **override: Any) -> dict[str, Any]:
-    return model_spec(env.image, **override)
+    """The module's spec: no engine.image, so the model follows the operator's default."""
+    spec = model_spec(env.image, **override)
+    del spec["engine"]["image"]
+    return spec
+
+
+def _default_engine_image(env: RealEnv, image: str) -> None:
+    """Restart the operator with ``--default-engine-image image`` (what a ``helm upgrade`` of
+    the chart's defaults.engineImage does to the operator's Deployment)."""
+    args = list(env.op.args)
+    if "--default-engine-image" in args:
+        i = args.index("--default-engine-image")
+        del args[i:i + 2]
+    env.op.stop()
+    env.op.args = [*args, "--default-engine-image", image]
+    env.op.start()
 
 
 @pytest.fixture(scope="module")
 def served(env: RealEnv) -> dict[str, Any]:
+    _default_engine_image(env, env.image)
     t0 = time.monotonic()
     env.kube.apply_model(MODEL, _spec(env))
     model = wait_ready(env.kube, MODEL)
@@ -109,13 +129,17 @@ def _start_from(env: RealEnv, spec: dict[str, Any], what: str,
                             settled, timeout)
 
 
-def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900) -> dict[str, Any]:
-    """Apply ``spec`` (a compile-affecting edit) and follow the model until the Deployment
-    serves the new artifact; returns what was seen on the way."""
+def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900,
+            change: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Apply ``spec`` (a compile-affecting edit), or make ``change``, and follow the model
+    until the Deployment serves the new artifact; returns what was seen on the way."""
     old = env.kube.model(MODEL)
     old_key = old["status"]["servingArtifactKey"]
     t0 = time.monotonic()
-    env.kube.apply_model(MODEL, spec)
+    if change is not None:
+        change()
+    else:
+        env.kube.apply_model(MODEL, spec)
     seen: dict[str, Any] = {"reasons": [], "not_ready": [], "new_key": None}
     deadline = t0 + timeout
     while time.monotonic() < deadline:
@@ -146,27 +170,37 @@ def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900)
 # --------------------------------------------------------------------------- 1. maxSurge 1
 
 
-def test_compile_affecting_edit_under_steady_traffic_loses_no_request(
+def test_an_engine_upgrade_through_the_default_image_loses_no_request(
     env: RealEnv, served: dict[str, Any]
 ) -> None:
-    _start_from(env, _spec(env), "maxSurge 1")
+    _default_engine_image(env, env.image)  # run alone (-k) or after the others
+    spec = _spec(env)
+    _start_from(env, spec, "engine upgrade")
+    # The upgrade: the same engine under a new reference (an artifact key input).
+    upgraded = f"{env.image}-upgrade"
+    env.node.ctr("images", "tag", "--force", env.image, upgraded)
     url = support.service_url(env.cp, env.ns, MODEL)
     steady = Steady(env.client, url)
     try:
         steady.wait_successes(3)
-        spec = _spec(env, compile={"maxNumSeqs": 3})
-        seen = _switch(env, spec, "maxSurge 1")
+        seen = _switch(env, spec, "engine upgrade",
+                       change=lambda: _default_engine_image(env, upgraded))
         n = len(steady.results())
         steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3)
     finally:
         results = steady.stop()
-    print(f"maxSurge 1: {len(results)} requests, {len(failures(results))} failed, "
-          f"longest gap {longest_gap(results):.1f}s")
+    print(f"engine upgrade, maxSurge 1: {len(results)} requests, {len(failures(results))} "
+          f"failed, longest gap {longest_gap(results):.1f}s")
     # The old pod served while the new artifact compiled (the model said so), and kept Ready.
     assert C.SERVING_PREVIOUS_ARTIFACT in seen["reasons"], seen
     assert not seen["not_ready"], seen
     assert n > 3, "the client sent no requests during the switch"
     assert not failures(results), _explain(failures(results))
+    status = env.kube.model(MODEL)["status"]
+    assert status["effective"]["engineImage"] == upgraded, status["effective"]
+    images = {c["image"] for p in server_pods(env.kube, MODEL)
+              if not p["metadata"].get("deletionTimestamp") for c in p["spec"]["containers"]}
+    assert images == {upgraded}, images
 
 
 def _explain(bad: list[dict[str, Any]]) -> str:
@@ -181,7 +215,7 @@ def _explain(bad: list[dict[str, Any]]) -> str:
 
 def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str, Any]) -> None:
     """Reported, not asserted: the roll must stop the only pod before its successor starts."""
-    _start_from(env, _spec(env, compile={"maxNumSeqs": 3}), "maxSurge 0")
+    _start_from(env, _spec(env), "maxSurge 0")
     url = support.service_url(env.cp, env.ns, MODEL)
     steady = Steady(env.client, url)
     try:
