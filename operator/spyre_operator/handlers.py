@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from lightkube import AsyncClient
+from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.discovery_v1 import EndpointSlice
 from pydantic import ValidationError
 
@@ -139,6 +139,23 @@ def _build_plan(namespace: str, name: str, uid: str, spec_body: Any) -> Any:
     return plan_model(name, namespace, uid, spec, OperatorConfig.site)
 
 
+def api_clients(requests: Counter[tuple[str, str]], config: KubeConfig | None = None,
+                timeout: float = 30) -> tuple[AsyncClient, AsyncClient]:
+    """The reconcile's client (HTTP/2 when available; its requests counted in ``requests`` by
+    verb and resource) and the client of the operator's own long watches (HTTP/1.1).
+
+    Two clients, because on one HTTP/2 connection an open watch (no read timeout) holds the
+    connection's read side: a request sent beside it then waits for its answer past its own
+    read timeout (httpcore 2.16; a status PATCH once hung the reconcile for good).
+    tests/unit/test_watch_client.py reproduces it with a local HTTP/2 server.
+    """
+    client = counting_client(requests, config=config, field_manager=FIELD_MANAGER,
+                             timeout=timeout, http2=use_http2())
+    watch_client = AsyncClient(config=config, field_manager=FIELD_MANAGER, timeout=timeout,
+                               http2=False)
+    return client, watch_client
+
+
 def use_http2() -> bool:
     """HTTP/2 to the API server when the h2 package is installed (SPYRE_HTTP2=0 turns it off).
 
@@ -215,15 +232,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # only route, so a short window keeps apply -> Job latency low (default 0.1 s).
     settings.batching.batch_window = 0.02
 
-    # Its requests are counted by (verb, resource) for the metrics (metrics.counting_client).
     requests: Counter[tuple[str, str]] = Counter()
-    client = counting_client(requests, field_manager=FIELD_MANAGER, timeout=30, http2=use_http2())
-    # The operator's own watches (optional APIs) stream for minutes: they get their own
-    # HTTP/1.1 connections, not streams on the connection every reconcile's requests share
-    # (a status PATCH on that connection once waited for its answer past every timeout).
-    memo["watch_client"] = watch_client = AsyncClient(
-        field_manager=FIELD_MANAGER, timeout=30, http2=False
-    )
+    client, watch_client = api_clients(requests)
+    memo["watch_client"] = watch_client
     caches = Caches({n: kwargs[n] for n in INDEX_NAMES if n in kwargs})
     controller = Controller(
         client,
