@@ -1178,7 +1178,12 @@ class Controller:
         try:
             await self.applier.ensure_job(job, live)
         except ApiError as e:
-            if e.status.code != 409:  # conflict: the watch will bring the new version
+            # 409: the watch will bring the new version. 422 "field is immutable" on a Job
+            # the cache did not show: a model sharing the key created it an instant ago from
+            # its own pod template; the next reconcile sees it and only adds this owner.
+            created_by_sharer = (live is None and e.status.code == 422
+                                 and "field is immutable" in (e.status.message or ""))
+            if e.status.code != 409 and not created_by_sharer:
                 raise
             self.queue.add_after((ns, name), 1.0)
 

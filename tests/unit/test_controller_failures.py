@@ -193,3 +193,45 @@ def test_a_reconcile_that_hangs_is_cut_off_reported_and_retried() -> None:
     assert c.stats.errors >= 1
     reported = [e for e in applier.events if e[1] == C.RECONCILE_ERROR]
     assert reported and "did not finish in 0s" in reported[0][2], applier.events
+
+
+@pytest.mark.parametrize("message, reported", [
+    # two models of one key applied together: the other one's Job (other pod annotations)
+    # appeared between this reconcile's read and its create
+    ('Job.batch "spyre-compile-x" is invalid: spec.template: Invalid value: {...}: field is '
+     "immutable", False),
+    ('Job.batch "spyre-compile-x" is invalid: spec.template.spec.containers[0].image: '
+     "Required value", True),
+])
+def test_a_job_a_sharer_created_an_instant_ago_is_no_failure(message: str,
+                                                             reported: bool) -> None:
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import Status
+
+    m = model("m", GENERATE)
+    m["metadata"]["resourceVersion"] = "7"
+    c, applier = controller_with(m)
+
+    async def refuse(job: Any, live: Any) -> bool:
+        assert live is None
+        raise ApiError(status=Status(code=422, message=message))
+
+    applier.ensure_job = refuse  # type: ignore[method-assign]
+    delays: list[float] = []
+    c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+
+    async def once() -> None:
+        c.start()
+        c.queue.add(("ns", "m"))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if delays and not c.queue._active:
+                break
+        await c.stop()
+
+    asyncio.run(once())
+    written = [C.find(st["conditions"], C.DEGRADED) for st in applier.statuses]
+    degraded = [d for d in written if d is not None and d["status"] == C.TRUE]
+    assert bool(degraded) == reported, applier.statuses
+    assert c.stats.errors == (1 if reported else 0)
+    assert delays and (reported or delays[0] == 1.0), delays
