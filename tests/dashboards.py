@@ -57,6 +57,14 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    """``expr`` with Grafana's variables (``$namespace``, ``$__rate_interval``, ...) replaced
+    as Grafana sends the query (longest name first: ``$model`` is not a prefix match)."""
+    for k in sorted(variables, key=len, reverse=True):
+        expr = expr.replace(k, variables[k])
+    return expr
+
+
 def dashboard_metrics() -> set[str]:
     """Every metric name any shipped dashboard reads."""
     return {n for d in dashboards().values() for q in queries(d) for n in metric_names(q)}

@@ -39,7 +39,7 @@ from PIL import Image, ImageDraw, ImageFont
 from spyre_engine.testing.process import EngineProcess, engine_command, free_port
 from spyre_engine.testing.tiny_model import build_tiny_model
 
-from tests.dashboards import ROOT, dashboards
+from tests.dashboards import ROOT, dashboards, substitute
 from tests.prometheus import Prometheus, Target, available
 
 SHAPE = ["--max-model-len", "512", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
@@ -105,12 +105,6 @@ def load(engine: EngineProcess, seconds: float) -> dict[str, int]:
             wave += 1
             time.sleep(4 if wave % 4 == 0 else 1)
     return stats
-
-
-def substitute(expr: str) -> str:
-    for k in sorted(VARIABLES, key=len, reverse=True):
-        expr = expr.replace(k, VARIABLES[k])
-    return expr
 
 
 def prom(p: Prometheus, path: str, **params: Any) -> Any:
@@ -212,12 +206,12 @@ def render(url: Prometheus, dash: dict[str, Any], t0: float, t1: float, out: Pat
         box = (gx * col_w + 4, top + gy * row_h + 4, (gx + 1) * col_w - 4,
                top + (gy + 1) * row_h - 4)
         if p["type"] == "table":
-            res = prom(url, "query", query=substitute(p["targets"][0]["expr"]), time=t1)
+            res = prom(url, "query", query=substitute(p["targets"][0]["expr"], VARIABLES), time=t1)
             draw_table(img, box, p, [r["metric"] for r in res], fonts)
             continue
         series = []
         for t in p["targets"]:
-            res = prom(url, "query_range", query=substitute(t["expr"]), start=t0, end=t1,
+            res = prom(url, "query_range", query=substitute(t["expr"], VARIABLES), start=t0, end=t1,
                        step=step)
             for r in res:
                 pts = [(float(ts), float(v)) for ts, v in r["values"] if v not in ("NaN", "+Inf")]

@@ -27,6 +27,7 @@ from tests.dashboards import (
     is_operator_metric,
     metric_names,
     queries,
+    substitute,
 )
 from tests.prometheus import MODEL_LABEL, Prometheus, Target, available
 
@@ -121,9 +122,7 @@ def test_every_engine_panel_returns_data_from_a_real_prometheus(
             if query.startswith("label_values") or any(map(is_operator_metric,
                                                            metric_names(query))):
                 continue
-            expr = query
-            for k in sorted(variables, key=len, reverse=True):
-                expr = expr.replace(k, variables[k])
+            expr = substitute(query, variables)
             results[query] = prometheus.query(expr)
             assert results[query], f"no data: {expr}"
     assert len(results) >= 10, sorted(results)

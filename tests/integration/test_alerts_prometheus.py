@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.controlplane import ControlPlane, wait_until
-from tests.dashboards import dashboards, is_operator_metric, metric_names, queries
+from tests.dashboards import dashboards, is_operator_metric, metric_names, queries, substitute
 from tests.prometheus import Prometheus, Target, available
 
 from ..unit.test_alerts import ENABLED, needs_promtool
@@ -166,8 +166,7 @@ def test_alerts_and_dashboard_on_the_series_a_real_prometheus_scraped(
             names = metric_names(expr)
             if expr.startswith("label_values") or not all(map(is_operator_metric, names)):
                 continue
-            for k in sorted(variables, key=len, reverse=True):
-                expr = expr.replace(k, variables[k])
+            expr = substitute(expr, variables)
             assert prometheus.query(expr), f"no data: {expr}"
             checked += 1
     assert checked >= 6, checked

@@ -19,7 +19,6 @@ model, as the chart's pod would.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -31,6 +30,7 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import REPO_ROOT, ControlPlane
+from tests.realpods.support import helm_env
 
 from .conftest import Kube, OperatorProcess
 
@@ -107,11 +107,7 @@ def test_the_install_guide_runs_as_written(
               f"kubectl describe spyremodel granite -n {namespace}"),
              ("get pvc -A", f"get pvc -n {namespace}")]
     assert yaml.safe_load(g["values"])["watch"]["namespaces"] == ["team-a", "team-b"]
-    home = control_plane.state_dir / "helm"
-    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig),
-           "PATH": f"{control_plane.bin_dir}:{os.environ['PATH']}",
-           "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
-           "HELM_DATA_HOME": str(home / "data")}
+    env = helm_env(control_plane)
     # The CRD exists (every test uses it): let this release adopt it, as on a fresh cluster
     # it would create it (crds.keep: uninstall leaves it).
     control_plane.kubectl("label", "crd", CRD, "app.kubernetes.io/managed-by=Helm", "--overwrite")
@@ -143,7 +139,7 @@ def test_the_install_guide_runs_as_written(
         control_plane.kubectl("annotate", "crd", CRD, "meta.helm.sh/release-name-",
                               "meta.helm.sh/release-namespace-", "helm.sh/resource-policy-",
                               check=False)
-    # Every step of the guide that can run here did, in its order.
+    # Every kind of step of the guide that can run here did.
     steps = [" ".join(a[:2]) for a in ran]
     for want in ("helm install", "kubectl -n", "kubectl apply", "kubectl wait", "kubectl get",
                  "kubectl describe", "helm upgrade", "helm uninstall", "kubectl delete"):

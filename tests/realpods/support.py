@@ -427,16 +427,22 @@ def describe(cp: ControlPlane, namespace: str, name: str, log_lines: int = 30) -
 # ---------------------------------------------------------------------------- Helm + operator
 
 
+def helm_env(cp: ControlPlane) -> dict[str, str]:
+    """The environment helm (and kubectl) run with here: the admin kubeconfig, helm's caches
+    in ``.cluster/helm``, the pinned binaries first on PATH."""
+    home = cp.state_dir / "helm"
+    return {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
+            "PATH": f"{cp.bin_dir}:{os.environ['PATH']}",
+            "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data")}
+
+
 def helm(cp: ControlPlane, *args: str, timeout: float = 600,
          check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the pinned helm (``cp.bin_dir/helm``) with the admin kubeconfig and its caches in
     ``.cluster/helm``. Raises ``RuntimeError`` with helm's output when ``check`` and it fails."""
-    home = cp.state_dir / "helm"
-    env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig),
-           "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
-           "HELM_DATA_HOME": str(home / "data")}
     res = subprocess.run([str(cp.bin_dir / "helm"), *args], capture_output=True, text=True,
-                         env=env, timeout=timeout)
+                         env=helm_env(cp), timeout=timeout)
     if check and res.returncode != 0:
         raise RuntimeError(f"helm {' '.join(args)} failed:\n{res.stdout}\n{res.stderr}")
     return res

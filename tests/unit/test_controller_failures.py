@@ -53,6 +53,15 @@ class RecordingApplier:
         self.events.append((type_, reason, message))
 
 
+async def until_requeued(c: Controller, delays: list[float], tick: float) -> None:
+    """Poll (100 ticks at most) until a reconcile asked for a requeue (``delays``, recorded by
+    a stubbed ``queue.add_after``) and no key is being reconciled."""
+    for _ in range(100):
+        await asyncio.sleep(tick)
+        if delays and not c.queue._active:
+            return
+
+
 def serving_status(m: dict[str, Any]) -> dict[str, Any]:
     """A status as the operator wrote it: the model compiles (nothing observed yet)."""
     return decide(m, Observed(), NOW).status
@@ -175,10 +184,7 @@ def test_a_reconcile_that_hangs_is_cut_off_reported_and_retried() -> None:
     async def run() -> None:
         c.start()
         c.queue.add(("ns", "m"))
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if delays and not c.queue._active:
-                break
+        await until_requeued(c, delays, 0.02)
         # the key is free again: a new event reconciles it at once
         c.queue.add(("ns", "m"))
         for _ in range(100):
@@ -223,10 +229,7 @@ def test_a_job_a_sharer_created_an_instant_ago_is_no_failure(message: str,
     async def once() -> None:
         c.start()
         c.queue.add(("ns", "m"))
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if delays and not c.queue._active:
-                break
+        await until_requeued(c, delays, 0.01)
         await c.stop()
 
     asyncio.run(once())
