@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,3 +99,28 @@ def test_ci_run_stops_a_hung_run_at_its_budget_and_names_the_test(tmp_path: Path
     assert "CI budget exceeded: the test run was stopped after" in out, out
     assert "Running at the time: test_hang.py::test_hangs (started" in out, out
     assert "KeyboardInterrupt" in out and "test_hang.py:7" in out, out  # where it hung
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to see the signals sent")
+def test_ci_run_interrupts_the_run_once(tmp_path: Path) -> None:
+    """At the budget the run gets one SIGINT. GNU ``timeout`` sent two to its child (one to the
+    child, one to its process group): when the child ran between them (a loaded CI machine),
+    the second interrupted pytest while it printed where the first had stopped it, and the
+    traceback that names the hung test was lost."""
+    trace = tmp_path / "trace"
+    (tmp_path / "hang.py").write_text("import time\ntime.sleep(600)\n")
+    command = f"{sys.executable} {tmp_path / 'hang.py'}"
+    env = {**os.environ, "SPYRE_CI_BUDGET": "2s", "SPYRE_CI_COMMAND": command}
+    r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=kill", "-e", "signal=none",
+                        "-o", str(trace), str(ROOT / ".ci" / "run")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 124, r.stdout + r.stderr
+    interrupts = [line for line in trace.read_text().splitlines()
+                  if "SIGINT" in line and not _kills_itself(line)]
+    assert len(interrupts) == 1, "\n".join(interrupts)
+
+
+def _kills_itself(strace_line: str) -> bool:
+    """``12102 kill(12102, SIGINT)``: Python re-raising SIGINT on itself as it exits."""
+    caller, _, call = strace_line.partition(" ")
+    return call.startswith(f"kill({caller},")
