@@ -2,9 +2,10 @@
 # Install the Debian packages the real node needs (idempotent; silent when all are present):
 # containerd + runc (container runtime), containernetworking-plugins (bridge, host-local,
 # loopback, portmap), iptables + conntrack (kube-proxy), busybox-static (the node's pause
-# image and the test image are built from it, see ociimage.py).
+# image and the test image are built from it, see ociimage.py); and strace, with which a unit
+# test counts the signals .ci/run sends at its budget.
 set -euo pipefail
-pkgs=(containerd runc containernetworking-plugins iptables conntrack busybox-static)
+pkgs=(containerd runc containernetworking-plugins iptables conntrack busybox-static strace)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
