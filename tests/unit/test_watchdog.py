@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -93,8 +94,11 @@ def test_ci_run_stops_a_hung_run_at_its_budget_and_names_the_test(tmp_path: Path
                f"-c {os.devnull} --rootdir {tmp_path} {tmp_path}")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_CI_BUDGET": "20s",
            "SPYRE_CI_COMMAND": command}
+    # Started with SIGINT ignored, as a non-interactive shell starts a background job (`.ci/run
+    # &`, nohup): the run must get SIGINT at its budget all the same (it was only killed 2 min
+    # later, without saying where it hung).
     r = subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, env=env,
-                       timeout=300)
+                       timeout=300, preexec_fn=_ignore_sigint)
     out = r.stdout + r.stderr
     assert r.returncode == 124, out
     assert "CI budget exceeded: the test run was stopped after" in out, out
@@ -114,7 +118,8 @@ def test_ci_run_interrupts_the_run_once(tmp_path: Path) -> None:
     env = {**os.environ, "SPYRE_CI_BUDGET": "2s", "SPYRE_CI_COMMAND": command}
     r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=kill", "-e", "signal=none",
                         "-o", str(trace), str(ROOT / ".ci" / "run")],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, env=env, timeout=120,
+                       preexec_fn=_ignore_sigint)
     assert r.returncode == 124, r.stdout + r.stderr
     interrupts = [line for line in trace.read_text().splitlines()
                   if "SIGINT" in line and not _kills_itself(line)]
@@ -125,3 +130,7 @@ def _kills_itself(strace_line: str) -> bool:
     """``12102 kill(12102, SIGINT)``: Python re-raising SIGINT on itself as it exits."""
     caller, _, call = strace_line.partition(" ")
     return call.startswith(f"kill({caller},")
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
