@@ -1,7 +1,8 @@
 """serving.metricsPort: /metrics on a port of its own (``metrics``), so a NetworkPolicy can admit
 Prometheus to the metrics without the API (the policy: test_network_policy.py). The engine's
 side, on a real engine (404 on the serving port, the series on the metrics port):
-tests/engine/test_serve.py; on the real node: tests/realpods/test_metrics_port.py."""
+tests/engine/test_serve.py; on the real node: the prefix-cache test of
+tests/realpods/test_disruption.py."""
 
 from __future__ import annotations
 
