@@ -56,3 +56,18 @@ def test_the_metrics_port_is_not_part_of_the_artifact_key() -> None:
 def test_out_of_range_is_refused(port: int) -> None:
     with pytest.raises(ValidationError, match="metrics_port|metricsPort"):
         SpyreModelSpec.model_validate({**GENERATE, "serving": {"metricsPort": port}})
+
+
+def test_at_zero_the_engine_service_has_the_metrics_port_and_the_interceptors_not() -> None:
+    """A scale-to-zero model: ``<model>-engine`` selects the pods (a ServiceMonitor's way to
+    the metrics port); the model's own Service is the interceptor's, which has no metrics."""
+    from spyre_operator.desired.scaletozero import (
+        build_engine_service,
+        build_interceptor_service,
+    )
+
+    spec = {**OWN_PORT, "autoscaling": {"minReplicas": 0, "maxReplicas": 2,
+                                        "targetQueueLength": 2}}
+    p = plan(spec)
+    assert [q.name for q in build_engine_service(p).spec.ports] == ["http", "metrics"]
+    assert [q.name for q in build_interceptor_service(p).spec.ports] == ["http"]
