@@ -1,7 +1,7 @@
-"""serving.allowFrom and metricsFrom on the real API server (kwok plays the pods): the operator writes the
-model's NetworkPolicy, keeps it in step with edits, deletes it when allowFrom goes, and
-reports a same-named policy it does not own instead of taking it over. Whether a network
-plugin enforces it is the plugin's part (this cluster's bridge CNI does not)."""
+"""serving.allowFrom and metricsFrom on the real API server (kwok plays the pods): the
+operator writes the model's NetworkPolicy, keeps it in step with edits, deletes it when both
+go, and reports a same-named policy it does not own instead of taking it over. Whether a
+network plugin enforces it is the plugin's part (this cluster's bridge CNI does not)."""
 
 from __future__ import annotations
 
