@@ -139,6 +139,7 @@ class EngineServer:
         self._shutdown = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -294,20 +295,32 @@ class EngineServer:
         app.router.add_get("/health/startup", self.startup_probe)
         app.router.add_get("/health/ready", self.readiness_probe)
         app.router.add_get("/health/live", self.liveness_probe)
-        app.router.add_get("/metrics", self.metrics_endpoint)
+        metrics_port = self.settings.metrics_port
+        app.router.add_get(
+            "/metrics", self.metrics_endpoint if metrics_port is None else self.metrics_elsewhere
+        )
         app.router.add_route("*", "/{tail:.*}", self.proxy)
-        self._runner = web.AppRunner(
+        self._runner = await self._listen(app, self.settings.port)
+        log.info("Listening on %s:%d", self.settings.host, self.settings.port)
+        if metrics_port is not None:
+            metrics_app = web.Application()
+            metrics_app.router.add_get("/metrics", self.metrics_endpoint)
+            self._metrics_runner = await self._listen(metrics_app, metrics_port)
+            log.info("Metrics on %s:%d/metrics", self.settings.host, metrics_port)
+
+    async def _listen(self, app: web.Application, port: int) -> web.AppRunner:
+        runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=HTTP_STOP_GRACE
         )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
-        await site.start()
-        log.info("Listening on %s:%d", self.settings.host, self.settings.port)
+        await runner.setup()
+        await web.TCPSite(runner, self.settings.host, port, reuse_address=True).start()
+        return runner
 
     async def _stop_http(self) -> None:
-        if self._runner is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._runner.cleanup(), HTTP_STOP_GRACE + 2)
+        for runner in (self._runner, self._metrics_runner):
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(runner.cleanup(), HTTP_STOP_GRACE + 2)
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._session.close(), 1)
@@ -344,6 +357,12 @@ class EngineServer:
                 return web.json_response({"status": f"engine health {resp.status}"}, status=503)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return web.json_response({"status": f"engine unreachable: {exc!r}"}, status=503)
+
+    async def metrics_elsewhere(self, request: web.Request) -> web.Response:
+        """The public port's /metrics when --metrics-port moved them (not proxied to vLLM's)."""
+        return web.json_response(
+            {"error": f"metrics are served on port {self.settings.metrics_port}"}, status=404
+        )
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         """vLLM's series (when it is up) followed by ``spyre_engine_*``."""

@@ -174,6 +174,13 @@ class ServeSettings(EngineSettings):
 
     host: str = Field("0.0.0.0", description="Address the public port binds to")
     port: int = Field(8000, ge=1, le=65535, description="Public port (API, metrics, probes)")
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve /metrics on this port alone (the public port then answers 404 "
+        "there), so a NetworkPolicy can admit Prometheus to the metrics and to nothing else",
+    )
     drain_timeout: float = Field(
         30.0, ge=0, description="On SIGTERM, let in-flight requests run this many SECONDS"
     )
@@ -186,6 +193,14 @@ class ServeSettings(EngineSettings):
         description="Before loading, check the artifact against the manifest precompile wrote: "
         "sizes and sha256 (checksums), sizes only (sizes; reads no file), or not at all (off)",
     )
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> ServeSettings:
+        if self.metrics_port is not None and self.metrics_port in (self.port, self.internal_port):
+            raise ValueError(
+                f"--metrics-port {self.metrics_port} must differ from --port and --internal-port"
+            )
+        return self
 
     @model_validator(mode="after")
     def _serving_backend(self) -> ServeSettings:

@@ -162,8 +162,8 @@ scrape_configs:
                 self.discovery_error = e
 
     def discover(self) -> list[dict[str, Any]]:
-        """Running serving pods -> ``file_sd`` targets (``ip:port`` of the ``http`` port,
-        labels ``namespace`` and ``pod``), written atomically; returns them."""
+        """Running serving pods -> ``file_sd`` targets (``ip:port`` of the ``metrics`` port, else
+        ``http``; labels ``namespace`` and ``pod``), written atomically; returns them."""
         pods = self.cp.kubectl_json(
             "get", "pods", "-A", "-l",
             "app.kubernetes.io/managed-by=spyre-model-operator,"
@@ -174,11 +174,13 @@ scrape_configs:
             status = p.get("status") or {}
             if status.get("phase") != "Running" or not status.get("podIP"):
                 continue
-            ports = [port.get("containerPort") for c in p["spec"]["containers"]
-                     for port in c.get("ports") or [] if port.get("name") == "http"]  # fmt: skip
-            if ports:
+            ports = {port.get("name"): port.get("containerPort") for c in p["spec"]["containers"]
+                     for port in c.get("ports") or []}  # fmt: skip
+            # the chart's PodMonitor does the same: `metrics` where serving.metricsPort is set
+            port = ports.get("metrics") or ports.get("http")
+            if port:
                 targets.append({
-                    "targets": [f"{status['podIP']}:{ports[0]}"],
+                    "targets": [f"{status['podIP']}:{port}"],
                     "labels": {"namespace": p["metadata"]["namespace"],
                                "pod": p["metadata"]["name"]},
                 })  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from spyre_engine.testing.process import EngineProcess
+from spyre_engine.testing.process import EngineProcess, free_port
 
 from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
 from .sse import TIMEOUT, metric, metric_values, stream_completion
@@ -16,6 +16,8 @@ from .sse import TIMEOUT, metric, metric_values, stream_completion
 pytestmark = pytest.mark.engine
 
 MODEL = "tiny"
+METRICS_PORT = free_port()
+METRICS_URL = f"http://127.0.0.1:{METRICS_PORT}"
 WORDS = (
     "the quick brown fox jumps over a lazy dog while spyre accelerators serve large language "
     "models with vllm on kubernetes clusters operators reconcile custom resources"
@@ -31,6 +33,8 @@ def engine(start_engine, tiny_model: Path, tmp_path_factory: pytest.TempPathFact
     art = tmp_path_factory.mktemp("serve-art")
     precompile_eager(tiny_model, art, "--artifact-key", "key-abc")
     proc: EngineProcess = start_engine(
+        "--metrics-port",
+        str(METRICS_PORT),
         "--model",
         str(tiny_model),
         "--artifact-dir",
@@ -93,8 +97,19 @@ def test_streaming_completion(engine: EngineProcess) -> None:
     assert result.text_chunks >= 2, "the completion did not arrive as a stream"
 
 
+def test_metrics_on_their_own_port_only(engine: EngineProcess) -> None:
+    """--metrics-port: /metrics there, not on the public port (nor vLLM's, through the proxy),
+    so a NetworkPolicy can admit Prometheus to the metrics and nothing else."""
+    public = httpx.get(engine.url + "/metrics", timeout=TIMEOUT)
+    assert public.status_code == 404, public.text[:300]
+    assert f"metrics are served on port {METRICS_PORT}" in public.text
+    assert "vllm:" not in public.text
+    assert httpx.get(METRICS_URL + "/v1/models", timeout=TIMEOUT).status_code == 404
+    assert httpx.get(METRICS_URL + "/health/ready", timeout=TIMEOUT).status_code == 404
+
+
 def test_metrics_present(engine: EngineProcess) -> None:
-    text = httpx.get(engine.url + "/metrics", timeout=TIMEOUT).text
+    text = httpx.get(METRICS_URL + "/metrics", timeout=TIMEOUT).text
     for name in (
         "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total",
@@ -122,8 +137,8 @@ def test_metrics_present(engine: EngineProcess) -> None:
 
 def test_prefix_cache_counters_move_on_shared_prefix(engine: EngineProcess) -> None:
     prefix = long_text(300)
-    queries0 = metric(engine.url, "vllm:prefix_cache_queries_total")
-    hits0 = metric(engine.url, "vllm:prefix_cache_hits_total")
+    queries0 = metric(METRICS_URL, "vllm:prefix_cache_queries_total")
+    hits0 = metric(METRICS_URL, "vllm:prefix_cache_hits_total")
     for suffix in (" first question", " another question"):
         resp = httpx.post(
             engine.url + "/v1/completions",
@@ -132,8 +147,8 @@ def test_prefix_cache_counters_move_on_shared_prefix(engine: EngineProcess) -> N
         )
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["prompt_tokens"] > 256  # more than two 128-token chunks
-    assert metric(engine.url, "vllm:prefix_cache_queries_total") > queries0
-    assert metric(engine.url, "vllm:prefix_cache_hits_total") > hits0
+    assert metric(METRICS_URL, "vllm:prefix_cache_queries_total") > queries0
+    assert metric(METRICS_URL, "vllm:prefix_cache_hits_total") > hits0
 
 
 def test_kv_cache_gauge_rises_during_a_stream(engine: EngineProcess) -> None:
@@ -143,7 +158,7 @@ def test_kv_cache_gauge_rises_during_a_stream(engine: EngineProcess) -> None:
     def poll() -> None:
         while not stop.is_set():
             try:
-                seen.append(metric(engine.url, "vllm:kv_cache_usage_perc"))
+                seen.append(metric(METRICS_URL, "vllm:kv_cache_usage_perc"))
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
@@ -156,4 +171,4 @@ def test_kv_cache_gauge_rises_during_a_stream(engine: EngineProcess) -> None:
     poller.join(5)
     assert result.got_done
     assert max(seen) > 0.0, seen
-    assert metric(engine.url, "spyre_engine_inflight_requests") == 0
+    assert metric(METRICS_URL, "spyre_engine_inflight_requests") == 0

@@ -74,6 +74,8 @@ def test_warmup_shapes_parse_and_format() -> None:
         ({"backend": "cuda"}, "backend"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
         ({"model": "hf://"}, "ORG/NAME"),
+        ({"metrics_port": 8000}, "--metrics-port 8000 must differ"),
+        ({"metrics_port": 9000, "internal_port": 9000}, "--metrics-port 9000 must differ"),
     ],
 )
 def test_invalid_settings_are_rejected(kw: dict[str, object], fragment: str) -> None:

@@ -61,6 +61,13 @@ REFUSED = {
     "api key twice": ({"serving": {"apiKey": {"name": "k"},
                                    "env": [{"name": "VLLM_API_KEY", "value": "plain"}]}},
                       "serving.env must not set VLLM_API_KEY when serving.apiKey is set"),
+    "metrics on the serving port": ({"serving": {"metricsPort": 8000}},
+                                    "serving.metricsPort must differ from serving.port"),
+    "metricsFrom without metricsPort": ({"serving": {"metricsFrom": [{"podSelector": {}}]}},
+                                        "serving.metricsFrom needs serving.metricsPort"),
+    "metricsFrom not a cidr": ({"serving": {"metricsPort": 8001,
+                                            "metricsFrom": [{"cidr": "10.0.0.0"}]}},
+                               "must be a CIDR"),
 }  # fmt: skip
 EXTRA_ARGS_REFUSED = ["--max_model_len=4096", "--max-model-len=4096", "-tp", "-tp=2",
                       "--tensor_parallel_size=2", "--served_model_name=x",

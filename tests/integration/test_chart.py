@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import yaml
+from spyre_operator.desired import names
 
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.thirdparty import (
@@ -329,7 +330,8 @@ def test_models_pod_monitor_only_where_the_prometheus_operator_is(
 ) -> None:
     """monitoring.enabled: without the Prometheus Operator's CRDs the install succeeds and
     says in its notes that no PodMonitor was made; with them (the real CRDs) the models'
-    PodMonitor is created, selecting the serving pods' `http` port in the watched namespace.
+    PodMonitor is created, selecting the serving pods' `http` port (`metrics` where
+    serving.metricsPort is set) in the watched namespace.
     The dashboard ConfigMap is there in both cases."""
     cp = control_plane
     values = ["--set", "crds.install=false", "--set", "monitoring.enabled=true",
@@ -357,8 +359,14 @@ def test_models_pod_monitor_only_where_the_prometheus_operator_is(
                 "app.kubernetes.io/managed-by": "spyre-model-operator",
                 "app.kubernetes.io/component": "server"}
             assert pm["spec"]["namespaceSelector"] == {"matchNames": [models_namespace]}
-            [endpoint] = pm["spec"]["podMetricsEndpoints"]
-            assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+            http, metrics = pm["spec"]["podMetricsEndpoints"]
+            assert (http["port"], http["path"]) == ("http", "/metrics")
+            # not on http where serving.metricsPort moved them (the operator's annotation)
+            (drop,) = http["relabelings"]
+            assert drop["action"] == "drop" and drop["sourceLabels"] == [
+                "__meta_kubernetes_pod_annotation_" + re.sub(
+                    "[^a-zA-Z0-9_]", "_", names.METRICS_PORT_ANNOTATION)]
+            assert (metrics["port"], metrics["path"]) == ("metrics", "/metrics")
             assert pm["spec"]["podTargetLabels"] == ["serving.spyre.dev/model",
                                                      "serving.spyre.dev/artifact"]
             helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout=60s")

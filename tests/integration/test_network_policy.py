@@ -1,7 +1,7 @@
-"""serving.allowFrom on the real API server (kwok plays the pods): the operator writes the
-model's NetworkPolicy, keeps it in step with edits, deletes it when allowFrom goes, and
-reports a same-named policy it does not own instead of taking it over. Whether a network
-plugin enforces it is the plugin's part (this cluster's bridge CNI does not)."""
+"""serving.allowFrom and metricsFrom on the real API server (kwok plays the pods): the
+operator writes the model's NetworkPolicy, keeps it in step with edits, deletes it when both
+go, and reports a same-named policy it does not own instead of taking it over. Whether a
+network plugin enforces it is the plugin's part (this cluster's bridge CNI does not)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,32 @@ def test_the_policy_follows_allow_from(kube: Kube, operator: OperatorProcess) ->
               .get("from") == [{"ipBlock": {"cidr": "10.9.0.0/16"}}], 60, "the edited policy")
     assert kube.model("m")["status"]["artifact"]["key"] == key
 
-    # allowFrom removed: the policy goes
+    # the metrics on a port of their own, scraped from the monitoring namespace only: a second
+    # rule; the Service gains the port
+    monitoring = {"namespaceSelector": {"kubernetes.io/metadata.name": "monitoring"}}
+    kube.apply_model("m", {**spec(), "serving": {"allowFrom": [{"cidr": "10.9.0.0/16"}],
+                                                 "metricsPort": 9400,
+                                                 "metricsFrom": [monitoring]}})
+
+    def rules() -> dict[str, Any]:
+        ingress = (policy(kube, "m") or {}).get("spec", {}).get("ingress") or []
+        return {r["ports"][0]["port"]: r.get("from") for r in ingress}
+
+    kube.wait(lambda: rules() == {
+        "http": [{"ipBlock": {"cidr": "10.9.0.0/16"}}],
+        "metrics": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}]}, 60, "the metrics rule")
+    service = kube.get("service", "m")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "http": 8000, "metrics": 9400}
+
+    # metricsFrom alone: the serving port open to every source, the metrics port restricted
+    kube.apply_model("m", {**spec(), "serving": {"metricsPort": 9400,
+                                                 "metricsFrom": [monitoring]}})
+    kube.wait(lambda: set(rules()) == {"http", "metrics"} and rules()["http"] is None, 60,
+              "the serving port open, the metrics restricted")
+
+    # allowFrom and metricsFrom removed: the policy goes
     kube.apply_model("m", spec())
     kube.wait(lambda: policy(kube, "m") is None, 60, "the policy deleted")
 

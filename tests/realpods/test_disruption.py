@@ -12,7 +12,8 @@ so any one runs alone with ``-k``.
 2. ``kubectl drain`` of the real node: the PodDisruptionBudget lets the first eviction through
    and refuses the second (the replacement cannot start on the cordoned node), 0 requests fail;
 3. prefix caching on a real serving pod: the same long prompt twice to one pod, its
-   ``vllm:prefix_cache_hits_total`` grows.
+   ``vllm:prefix_cache_hits_total`` grows (read on the pod's own metrics port,
+   serving.metricsPort; the serving port answers 404 on /metrics).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ RATE = 3.0
 #: chunk, got no hit), with room for the output in maxModelLen 512 (prompts pad to chunks).
 LONG_PROMPT = " ".join(f"word{i % 50}" for i in range(80))
 PREFIX_MODEL = "disrupt-prefix"
+#: serving.metricsPort of PREFIX_MODEL
+METRICS_PORT = 9400
 
 
 def _spec(env: RealEnv, **compile_: Any) -> dict[str, Any]:
@@ -176,15 +179,19 @@ def test_kubectl_drain_is_held_by_the_pdb_and_loses_no_request(env: RealEnv) -> 
 # --------------------------------------------------------------------------- 3. prefix cache
 
 
-def _pod_post(env: RealEnv, ip: str, path: str, body: Any = None) -> support.HttpResult:
-    port = env.kube.model(PREFIX_MODEL)["spec"].get("serving", {}).get("port", 8000)
+def _pod_post(env: RealEnv, ip: str, path: str, body: Any = None,
+              port: int | None = None) -> support.HttpResult:
+    port = port or env.kube.model(PREFIX_MODEL)["spec"].get("serving", {}).get("port", 8000)
     return support.http(env.cp, env.ns, f"http://{ip}:{port}{path}", body, timeout=120)
 
 
 def test_a_repeated_prompt_hits_the_prefix_cache_on_a_serving_pod(env: RealEnv) -> None:
-    """Its own model (one replica, maxModelLen 512): the prompt needs more than one chunk."""
-    support.apply_model(env.cp, env.ns, PREFIX_MODEL,
-                        model_spec(env.image, compile={"maxModelLen": 512, "maxNumSeqs": 4}))
+    """Its own model (one replica, maxModelLen 512): the prompt needs more than one chunk.
+    Its metrics have a port of their own (serving.metricsPort): read there; the serving port
+    answers 404 on /metrics."""
+    spec = model_spec(env.image, compile={"maxModelLen": 512, "maxNumSeqs": 4})
+    spec["serving"]["metricsPort"] = METRICS_PORT
+    support.apply_model(env.cp, env.ns, PREFIX_MODEL, spec)
     support.wait_model_ready(env.cp, env.ns, PREFIX_MODEL, timeout=900)
     pods = support.wait_for(
         env.cp, env.ns, PREFIX_MODEL, "a Ready serving pod",
@@ -194,8 +201,12 @@ def test_a_repeated_prompt_hits_the_prefix_cache_on_a_serving_pod(env: RealEnv) 
     body = {"model": support.SERVED_NAME, "prompt": LONG_PROMPT, "max_tokens": 4,
             "temperature": 0}
 
+    public = _pod_post(env, ip, "/metrics")
+    assert public.status == 404 and f"served on port {METRICS_PORT}" in public.text, (
+        public.status, public.text[:500])
+
     def hits() -> float:
-        res = _pod_post(env, ip, "/metrics")
+        res = _pod_post(env, ip, "/metrics", port=METRICS_PORT)
         assert res.status == 200, res.text[:500]
         return support.metric(support.parse_metrics(res.text), "vllm:prefix_cache_hits_total")
 

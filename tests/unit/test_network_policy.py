@@ -1,4 +1,5 @@
-"""serving.allowFrom: the NetworkPolicy of a model's serving pods (who may call the model).
+"""serving.allowFrom and metricsFrom: the NetworkPolicy of a model's serving pods (who may call
+the model, who may scrape it).
 
 What the operator writes, applies and deletes; the API server's checks of the field are in
 tests/integration/test_admission_dryrun.py and the policy on a live cluster in
@@ -89,3 +90,46 @@ def test_a_foreign_policy_of_that_name_is_reported_only_when_wanted() -> None:
     d = decide(m, obs, NOW)
     degraded = next(c for c in d.status["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "False", degraded
+
+
+PROMETHEUS = {"namespaceSelector": {"kubernetes.io/metadata.name": "monitoring"}}
+PROMETHEUS_PEER = {"namespaceSelector": {
+    "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+GATEWAY_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}},
+                "podSelector": {"matchLabels": {"app": "envoy"}}}
+
+
+def rules(serving: dict[str, Any], interceptor: str | None = None) -> dict[str, Any]:
+    """Port name -> the peers the policy admits there (None: every source)."""
+    np = build_network_policy(plan({**GENERATE, "serving": serving}), interceptor).to_dict()
+    out: dict[str, Any] = {}
+    for rule in np["spec"].get("ingress") or []:
+        (port,) = rule["ports"]
+        out[port["port"]] = rule.get("from")
+    return out
+
+
+def test_metrics_from_admits_the_scrapers_to_the_metrics_port_only() -> None:
+    got = rules({"allowFrom": [GATEWAY], "metricsPort": 8001, "metricsFrom": [PROMETHEUS]}, "keda")
+    assert got == {"http": [GATEWAY_PEER, {"namespaceSelector": {
+                       "matchLabels": {"kubernetes.io/metadata.name": "keda"}}}],
+                   "metrics": [PROMETHEUS_PEER]}
+
+
+def test_metrics_port_without_metrics_from_admits_the_serving_ports_clients() -> None:
+    # not the interceptor: it forwards requests, it does not scrape
+    assert rules({"allowFrom": [GATEWAY], "metricsPort": 8001}, "keda")["metrics"] == [
+        GATEWAY_PEER]
+    # allowFrom: [] and no metricsFrom: nobody on either port (but the interceptor on http)
+    assert rules({"allowFrom": [], "metricsPort": 8001}) == {}
+
+
+def test_metrics_from_alone_leaves_the_serving_port_open() -> None:
+    p = plan({**GENERATE, "serving": {"metricsPort": 8001, "metricsFrom": [PROMETHEUS]}})
+    m = model("m", {**GENERATE, "serving": {"metricsPort": 8001, "metricsFrom": [PROMETHEUS]}})
+    assert [o for o in decide(m, serving_obs(m), NOW).apply if o.kind == "NetworkPolicy"]
+    got = rules({"metricsPort": 8001, "metricsFrom": [PROMETHEUS]})
+    assert got == {"http": None, "metrics": [PROMETHEUS_PEER]}  # http: from every source
+    assert build_network_policy(p, None).to_dict()["spec"]["policyTypes"] == ["Ingress"]
+    # metricsFrom: [] closes the metrics port only
+    assert rules({"metricsPort": 8001, "metricsFrom": []}) == {"http": None}

@@ -524,7 +524,16 @@ class ServingSpec(ApiModel):
                     "!has(self.apiKey) || !has(self.env) "
                     f"|| self.env.all(e, e.name != '{API_KEY_ENV}')",
                     f"serving.env must not set {API_KEY_ENV} when serving.apiKey is set",
-                )
+                ),
+                cel(
+                    "!has(self.metricsPort) || self.metricsPort != self.port",
+                    "serving.metricsPort must differ from serving.port",
+                ),
+                cel(
+                    "!has(self.metricsFrom) || has(self.metricsPort)",
+                    "serving.metricsFrom needs serving.metricsPort (the metrics on a port of "
+                    "their own)",
+                ),
             ]
         }
     )
@@ -578,21 +587,44 @@ class ServingSpec(ApiModel):
             "Require an API key: requests to /v1/* without the header 'Authorization: Bearer "
             "<key>' are answered 401 (vLLM's own check, given the key as " + API_KEY_ENV + "). "
             "The key is read from this Secret in the model's namespace when a pod starts; "
-            "/health and /metrics stay open (restrict them with a NetworkPolicy)."
+            "/health and /metrics stay open (restrict /metrics with serving.metricsPort and "
+            "metricsFrom)."
         ),
     )
     allow_from: list[AllowedClients] | None = Field(
         default=None,
         description=(
             "Who may call the model: the operator writes a NetworkPolicy admitting only these "
-            "clients to the serving port (list your gateway, your Prometheus for /metrics, "
-            "and any client). [] admits nobody but the scale-to-zero interceptor (when "
-            "scale to zero is on); unset: no NetworkPolicy. Enforced only where the "
-            "cluster's network plugin implements NetworkPolicy."
+            "clients to the serving port (list your gateway, any client, and your Prometheus "
+            "unless the metrics have a port of their own, serving.metricsPort). [] admits "
+            "nobody but the scale-to-zero interceptor (when scale to zero is on); unset: no "
+            "NetworkPolicy (unless metricsFrom is set). Enforced only where the cluster's "
+            "network plugin implements NetworkPolicy."
+        ),
+        max_length=32,
+    )
+    metrics_from: list[AllowedClients] | None = Field(
+        default=None,
+        description=(
+            "Who may scrape the metrics port (serving.metricsPort), e.g. your Prometheus's "
+            "namespace: the NetworkPolicy admits them to the metrics and not to the API. "
+            "Unset: the metrics port admits the same clients as the serving port (allowFrom; "
+            "everyone when allowFrom is unset). Setting it alone writes a NetworkPolicy that "
+            "leaves the serving port open."
         ),
         max_length=32,
     )
     port: int = Field(default=8000, ge=1024, le=65535, description="HTTP port of the server.")
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1024,
+        le=65535,
+        description=(
+            "Serve /metrics on this port (named 'metrics') alone; the serving port then answers "
+            "404 there. Lets a NetworkPolicy (metricsFrom) admit Prometheus to the metrics "
+            "without the API. Unset: /metrics on serving.port."
+        ),
+    )
     resources: ResourceRequirements | None = Field(
         default=None, description="CPU/memory for the serving container."
     )

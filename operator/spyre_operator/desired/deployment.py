@@ -44,6 +44,8 @@ from .pod import (
 )
 
 PORT_NAME = "http"
+#: The container port of /metrics when serving.metricsPort gives them a port of their own.
+METRICS_PORT_NAME = "metrics"
 #: Probe paths of `spyre-engine serve` (engine/spyre_engine): startup passes once the model is
 #: loaded, readiness fails as soon as a drain starts, liveness only if the engine is wedged.
 STARTUP_PATH = "/health/startup"
@@ -81,6 +83,8 @@ def serve_args(plan: ModelPlan, key: str) -> list[str]:
         "--artifact-dir", plan.artifact_dir(key),
         "--artifact-key", key,
         "--port", str(spec.serving.port),
+        *(["--metrics-port", str(spec.serving.metrics_port)]
+          if spec.serving.metrics_port is not None else []),
         "--drain-timeout", str(plan.drain_seconds),
         "--termination-log", TERMINATION_LOG,
     ]  # fmt: skip
@@ -123,6 +127,15 @@ def api_key_env(spec: SpyreModelSpec) -> list[EnvVar]:
         secretKeyRef=SecretKeySelector(name=ref.name, key=ref.key)))]
 
 
+def container_ports(spec: SpyreModelSpec) -> list[ContainerPort]:
+    """``http`` (API, probes; /metrics too unless they have a port of their own: ``metrics``)."""
+    ports = [ContainerPort(name=PORT_NAME, containerPort=spec.serving.port, protocol="TCP")]
+    if spec.serving.metrics_port is not None:
+        ports.append(ContainerPort(
+            name=METRICS_PORT_NAME, containerPort=spec.serving.metrics_port, protocol="TCP"))
+    return ports
+
+
 def build_deployment(plan: ModelPlan, key: str) -> Deployment:
     """The Deployment serving artifact ``key`` (the spec's key, or the previous one while the
     new artifact compiles)."""
@@ -141,13 +154,15 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
     )
     labels = server_labels(plan, key)
     pod_annotations = {**(spec.serving.pod_annotations or {}), names.ARTIFACT_KEY_ANNOTATION: key}
+    if spec.serving.metrics_port is not None:
+        pod_annotations[names.METRICS_PORT_ANNOTATION] = str(spec.serving.metrics_port)
     container = Container(
         name="engine",
         image=spec.engine.image,
         imagePullPolicy=spec.engine.image_pull_policy,
         args=serve_args(plan, key),
         env=env,
-        ports=[ContainerPort(name=PORT_NAME, containerPort=spec.serving.port, protocol="TCP")],
+        ports=container_ports(spec),
         resources=resources(spec.serving.resources, card_requests(spec, on_cards)),
         volumeMounts=mounts,
         securityContext=container_security_context(),

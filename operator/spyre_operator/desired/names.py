@@ -20,6 +20,9 @@ COMPONENT_CACHE = "cache"
 
 #: Annotation on a Job with the full artifact key (labels hold only the short key).
 ARTIFACT_KEY_ANNOTATION = f"{GROUP}/artifact-key"
+#: On serving pods whose /metrics have a port of their own (serving.metricsPort): its number.
+#: The chart's PodMonitor skips such pods on the ``http`` port (there /metrics answers 404).
+METRICS_PORT_ANNOTATION = f"{GROUP}/metrics-port"
 
 #: Annotations on a precompile Job: the attempt it is for this (claim, key) (one retry budget
 #: per key and claim, whoever of the models sharing it retries), a hash of its pod template

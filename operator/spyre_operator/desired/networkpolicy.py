@@ -1,4 +1,5 @@
-"""The NetworkPolicy of a model's serving pods (serving.allowFrom): who may call the model."""
+"""The NetworkPolicy of a model's serving pods (serving.allowFrom, metricsFrom): who may call
+the model, and who may scrape its metrics."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from lightkube.resources.networking_v1 import NetworkPolicy
 
 from ..api.v1alpha1 import AllowedClients
 from . import names
-from .deployment import PORT_NAME
+from .deployment import METRICS_PORT_NAME, PORT_NAME
 from .plan import ModelPlan
 from .service import server_meta
 
@@ -23,7 +24,8 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
 def wants_network_policy(plan: ModelPlan) -> bool:
-    return plan.spec.serving.allow_from is not None
+    serving = plan.spec.serving
+    return serving.allow_from is not None or serving.metrics_from is not None
 
 
 def peer(client: AllowedClients) -> NetworkPolicyPeer:
@@ -37,18 +39,33 @@ def peer(client: AllowedClients) -> NetworkPolicyPeer:
     )
 
 
+def _rule(port: str, peers: list[NetworkPolicyPeer] | None) -> list[NetworkPolicyIngressRule]:
+    """Ingress to ``port`` from ``peers`` (None: from everywhere; []: no rule, nobody)."""
+    if peers == []:
+        return []
+    return [NetworkPolicyIngressRule(
+        ports=[NetworkPolicyPort(port=port, protocol="TCP")], from_=peers)]
+
+
 def build_network_policy(plan: ModelPlan, interceptor_namespace: str | None) -> NetworkPolicy:
-    """Ingress to the model's serving pods (every artifact's) on the serving port from
-    serving.allowFrom only, plus the scale-to-zero interceptor's namespace when the model
-    scales to zero through it. Other ports of the pods: none exist (probes come from the
-    kubelet, which NetworkPolicies do not restrict)."""
-    peers = [peer(c) for c in plan.spec.serving.allow_from or []]
-    if interceptor_namespace:
-        peers.append(NetworkPolicyPeer(namespaceSelector=LabelSelector(
-            matchLabels={NAMESPACE_NAME_LABEL: interceptor_namespace})))
-    rules = [NetworkPolicyIngressRule(
-        ports=[NetworkPolicyPort(port=PORT_NAME, protocol="TCP")], from_=peers,
-    )] if peers else []
+    """Ingress to the model's serving pods (every artifact's).
+
+    The serving port: from serving.allowFrom only (everywhere when it is unset), plus the
+    scale-to-zero interceptor's namespace when the model scales to zero through it. The
+    metrics port (serving.metricsPort): from serving.metricsFrom, else as allowFrom. No other
+    port exists (probes come from the kubelet, which NetworkPolicies do not restrict).
+    """
+    serving = plan.spec.serving
+    allowed = None if serving.allow_from is None else [peer(c) for c in serving.allow_from]
+    serving_peers = allowed
+    if serving_peers is not None and interceptor_namespace:
+        serving_peers = [*serving_peers, NetworkPolicyPeer(namespaceSelector=LabelSelector(
+            matchLabels={NAMESPACE_NAME_LABEL: interceptor_namespace}))]
+    rules = _rule(PORT_NAME, serving_peers)
+    if serving.metrics_port is not None:
+        scrapers = allowed if serving.metrics_from is None else [
+            peer(c) for c in serving.metrics_from]
+        rules += _rule(METRICS_PORT_NAME, scrapers)
     return NetworkPolicy(
         metadata=server_meta(plan),
         spec=NetworkPolicySpec(

@@ -44,6 +44,7 @@ from .autoscaling import (
 from .deployment import PORT_NAME
 from .owners import API_VERSION, controller_ref
 from .plan import ModelPlan
+from .service import serving_ports
 
 HTTP_GROUP = "http.keda.sh"
 HTTP_VERSION = "v1alpha1"
@@ -143,15 +144,7 @@ def build_engine_service(plan: ModelPlan) -> Service:
         spec=ServiceSpec(
             type="ClusterIP",
             selector=names.server_selector(plan.name),
-            ports=[
-                ServicePort(
-                    name=PORT_NAME,
-                    port=plan.spec.serving.port,
-                    targetPort=PORT_NAME,
-                    protocol="TCP",
-                    appProtocol="http",
-                )
-            ],
+            ports=serving_ports(plan),
         ),
     )
 
@@ -165,6 +158,7 @@ def build_interceptor_service(plan: ModelPlan) -> Service:
     assert svc.metadata is not None and svc.spec is not None
     svc.metadata.name = names.server_name(plan.name)
     svc.spec.selector = None
+    svc.spec.ports = [p for p in svc.spec.ports or [] if p.name == PORT_NAME]  # no metrics
     return svc
 
 

@@ -9,7 +9,7 @@ from lightkube.resources.core_v1 import Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from . import names
-from .deployment import PORT_NAME
+from .deployment import METRICS_PORT_NAME, PORT_NAME
 from .owners import controller_ref
 from .plan import ModelPlan
 
@@ -28,22 +28,24 @@ def server_meta(plan: ModelPlan) -> ObjectMeta:
     )
 
 
+def serving_ports(plan: ModelPlan) -> list[ServicePort]:
+    """`http`, and `metrics` when the metrics have a port of their own (a ServiceMonitor's)."""
+    ports = [ServicePort(name=PORT_NAME, port=plan.spec.serving.port, targetPort=PORT_NAME,
+                         protocol="TCP", appProtocol="http")]
+    if plan.spec.serving.metrics_port is not None:
+        ports.append(ServicePort(name=METRICS_PORT_NAME, port=plan.spec.serving.metrics_port,
+                                 targetPort=METRICS_PORT_NAME, protocol="TCP", appProtocol="http"))
+    return ports
+
+
 def build_service(plan: ModelPlan) -> Service:
-    """ClusterIP Service, port `http`, selecting the model's serving pods of any artifact."""
+    """ClusterIP Service selecting the model's serving pods of any artifact."""
     return Service(
         metadata=server_meta(plan),
         spec=ServiceSpec(
             type="ClusterIP",
             selector=names.server_selector(plan.name),
-            ports=[
-                ServicePort(
-                    name=PORT_NAME,
-                    port=plan.spec.serving.port,
-                    targetPort=PORT_NAME,
-                    protocol="TCP",
-                    appProtocol="http",
-                )
-            ],
+            ports=serving_ports(plan),
         ),
     )
 
