@@ -128,8 +128,8 @@ def test_ci_run_interrupts_the_run_once(tmp_path: Path) -> None:
 
 def _kills_itself(strace_line: str) -> bool:
     """``12102 kill(12102, SIGINT)``: Python re-raising SIGINT on itself as it exits."""
-    caller, _, call = strace_line.partition(" ")
-    return call.startswith(f"kill({caller},")
+    caller, _, call = strace_line.strip().partition(" ")
+    return call.lstrip().startswith(f"kill({caller},")  # strace pads the pid column
 
 
 def _ignore_sigint() -> None:
