@@ -77,7 +77,9 @@ test: deps ## Everything: unit, golden, engine, integration (real control plane)
 	operator/scripts/demo.sh down --quiet
 	# The session fixture starts the control plane (or reuses one from `make cluster-up`)
 	# and stops it at the end if it started it.
-	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
+	# Two pytest sessions side by side: the cluster tests and the local ones (tests/streams.py;
+	# with PYTEST_ARGS, one session with them).
+	$(PY) tests/streams.py $(PYTEST_ARGS)
 
 test-unit: install ## Only the tests that need neither the cluster nor vLLM
 	$(PY) -m pytest -m 'not integration and not engine and not contract' $(PYTEST_ARGS)

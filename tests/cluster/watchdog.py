@@ -7,8 +7,9 @@ at once; after ``SPYRE_FAILURES_WITHOUT_CLUSTER`` such failures (2) the session 
 message naming the API server and its logs, as ``--maxfail`` would. Otherwise every remaining
 cluster test would wait out its own timeout (up to 25 min each) against a dead API server.
 
-Each test's node id is also written to ``$SPYRE_CURRENT_TEST_FILE`` as it starts, so
-``.ci/run`` can say what was running when the whole run hit its time budget.
+Each test's node id is also written to ``$SPYRE_CURRENT_TEST_FILE`` as it starts (and the
+file emptied when the session ends without being interrupted), so ``.ci/run`` can say what
+was running when the whole run hit its time budget.
 
 Registered from ``tests/conftest.py``.
 """
@@ -72,6 +73,15 @@ def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) 
     if path:
         with open(path, "w") as f:
             f.write(f"{nodeid} (started {time.strftime('%H:%M:%S')})\n")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A session that ran to its end names no test any more (``make test`` runs two: the one
+    still running is the one ``.ci/run`` should name). An interrupted one keeps its name."""
+    path = os.environ.get("SPYRE_CURRENT_TEST_FILE")
+    if path and exitstatus != pytest.ExitCode.INTERRUPTED:
+        with open(path, "w"):
+            pass
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,0 +1,96 @@
+"""``make test``: the cluster tests and the local tests as two pytest sessions side by side.
+
+The tests that need the local cluster (marker ``integration``: kwok, the real node, the
+contract tests) spend most of their time waiting on the API server, the operator and pods;
+the local ones (unit, golden, the real engine on CPU) need no cluster. One session ran them
+one after the other and left a core idle for most of the hour; here the local session runs
+beside the cluster session, at a lower CPU priority (``nice``) so the control plane, the
+operators under test and the real node keep theirs.
+
+The cluster session writes to this terminal as it goes; the local session's output is kept
+in a file and printed whole after it, so neither report is interleaved with the other. The
+exit status is the cluster session's when it is not 0, else the local session's.
+
+With arguments (``make test PYTEST_ARGS=...``) it is one ordinary pytest session with them.
+
+Ctrl-C and ``.ci/run``'s budget signal the whole process group: both sessions get SIGINT,
+stop their running test and report; this process waits for them and then prints. Each
+session names its running test in ``$SPYRE_CURRENT_TEST_FILE.<session>`` (``.ci/run`` prints
+both when the run hits its budget).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+#: The cluster session: kwok integration first (it overlaps the local session best), then the
+#: contract and real-node tests, which load the CPU themselves. Every ``integration`` test
+#: lives in these folders (tests/unit/test_streams.py checks it): the local session leaves
+#: them out by marker, so one elsewhere would run in neither.
+CLUSTER_DIRS = ["tests/integration", "tests/contract", "tests/realpods"]
+CLUSTER = ["-m", "integration", "--durations=30", *CLUSTER_DIRS]
+LOCAL = ["-m", "not integration", "--durations=15", "tests"]
+#: Niceness of the local session (the real engine on CPU is its heavy part).
+LOCAL_NICENESS = 10
+
+
+def _env(session: str) -> dict[str, str]:
+    env = dict(os.environ)
+    current = env.get("SPYRE_CURRENT_TEST_FILE")
+    if current:
+        env["SPYRE_CURRENT_TEST_FILE"] = f"{current}.{session}"
+    return env
+
+
+def _pytest(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", *args]
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """A handler that does nothing: this process outlives its sessions' SIGINT to print their
+    reports. (SIG_IGN would be inherited by the sessions, and Python would then never raise
+    KeyboardInterrupt in them.)"""
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        return subprocess.call(_pytest(["--durations=30", *argv]))
+    signal.signal(signal.SIGINT, _ignore)
+    signal.signal(signal.SIGTERM, _ignore)
+    log_dir = Path(tempfile.mkdtemp(prefix="spyre-make-test-"))
+    local_log = log_dir / "local.log"
+    start = time.monotonic()
+    with open(local_log, "wb") as out:
+        local = subprocess.Popen(["nice", "-n", str(LOCAL_NICENESS), *_pytest(LOCAL)],
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=_env("local"))
+    cluster = subprocess.Popen(_pytest(CLUSTER), env=_env("cluster"))
+    took: dict[str, float] = {}
+    codes: dict[str, int] = {}
+    pending = {"cluster": cluster, "local": local}
+    while pending:
+        for name, proc in list(pending.items()):
+            code = proc.poll()
+            if code is not None:
+                codes[name], took[name] = code, time.monotonic() - start
+                del pending[name]
+        time.sleep(1)
+    sys.stdout.flush()
+    print(f"\n{'=' * 30} local tests (unit, golden, engine; {local_log}) {'=' * 30}",
+          flush=True)
+    sys.stdout.buffer.write(local_log.read_bytes())
+    print("\nmake test: " + ", ".join(
+        f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
+        for name in ("cluster", "local")), flush=True)
+    return codes["cluster"] or codes["local"]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""``make test``'s two pytest sessions (tests/streams.py): every test runs in one of them, both
+reports reach the output, the exit status says a failure in either, Ctrl-C stops both."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests import streams
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFTEST = '''
+import pytest
+
+pytest_plugins = ["tests.cluster.watchdog"]  # names each session's running test
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if any(f"/{d}/" in str(item.fspath) for d in ("integration", "contract", "realpods")):
+            item.add_marker(pytest.mark.integration)
+'''
+
+
+def test_every_integration_test_is_in_the_cluster_session() -> None:
+    """The local session leaves ``integration`` tests out by marker; the cluster session
+    collects only its folders: an ``integration`` test elsewhere would run in neither."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         "-m", "integration", "tests"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ids = [line for line in r.stdout.splitlines() if "::" in line]
+    assert ids, r.stdout
+    outside = [i for i in ids if not i.startswith(tuple(d + "/" for d in streams.CLUSTER_DIRS))]
+    assert outside == []
+
+
+def _tree(tmp_path: Path, cluster_test: str, local_test: str) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "conftest.py").write_text(CONFTEST)
+    for folder, body in (("integration", cluster_test), ("contract", "def test_c():\n    pass\n"),
+                         ("realpods", "def test_r():\n    pass\n"), ("unit", local_test)):
+        (tmp_path / "tests" / folder).mkdir()
+        (tmp_path / "tests" / folder / f"test_{folder}.py").write_text(body)
+
+
+def _run(tmp_path: Path, **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "SPYRE_CURRENT_TEST_FILE": str(tmp_path / "current")}
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "streams.py")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, **kw)
+
+
+def _running(tmp_path: Path, session: str) -> str:
+    try:
+        return (tmp_path / f"current.{session}").read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_both_sessions_report_and_a_failure_in_either_fails_the_run(tmp_path: Path) -> None:
+    _tree(tmp_path, "def test_i():\n    pass\n", "def test_u():\n    assert 1 == 2\n")
+    proc = _run(tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    # the cluster session's tests (all three folders, none of the local ones) ...
+    cluster, _, local = out.partition("local tests (unit, golden, engine;")
+    assert "3 passed" in cluster and "test_unit" not in cluster, out
+    # ... then the local session's report, whole
+    assert "FAILED tests/unit/test_unit.py::test_u" in local and "1 failed" in local, out
+    assert "cluster session exit 0" in out and "local session exit 1" in out, out
+
+
+def test_ctrl_c_stops_both_sessions_and_prints_both_reports(tmp_path: Path) -> None:
+    hang = "import time\n\ndef test_hangs():\n    time.sleep(600)\n"
+    _tree(tmp_path, hang, hang)
+    proc = _run(tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not all("test_hangs" in _running(tmp_path, s) for s in ("cluster", "local")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the sessions never started"
+        time.sleep(0.5)
+    time.sleep(1)  # from "started" to inside time.sleep
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C, or .ci/run at its budget
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out  # pytest's "interrupted"
+    assert out.count("KeyboardInterrupt") >= 2, out
+    assert "tests/integration/test_integration.py:4" in out, out
+    assert "tests/unit/test_unit.py:4" in out, out
+
+
+def test_ci_run_names_the_test_still_running_at_its_budget(tmp_path: Path) -> None:
+    """``.ci/run`` at its budget names the running test of each session still running; the
+    local session, finished by then, names none."""
+    _tree(tmp_path, "import time\n\ndef test_hangs():\n    time.sleep(600)\n",
+          "def test_quick():\n    pass\n")
+    # .ci/run changes to the repository's root: the sessions run in the toy tree
+    command = f"env -C {tmp_path} {sys.executable} {ROOT / 'tests' / 'streams.py'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_CI_BUDGET": "45s",
+           "SPYRE_CI_COMMAND": command}
+    r = subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, env=env,
+                       timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 124, out
+    running = out.partition("Running at the time: ")[2]
+    assert running.startswith("tests/integration/test_integration.py::test_hangs (started"), out
+    assert "test_quick" not in running, out
+    assert "local session exit 0" in out and "cluster session exit 2" in out, out
