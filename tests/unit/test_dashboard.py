@@ -8,6 +8,8 @@ parser finds what it should, and the PodMonitor selects the pods the operator bu
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.deployment import build_deployment
@@ -110,13 +112,30 @@ def test_dashboard_configmap_carries_the_sidecar_label() -> None:
 def test_models_pod_monitor_selects_the_serving_pods_the_operator_builds() -> None:
     docs = render("--set", "monitoring.enabled=true", "--api-versions", MONITORING)
     (pm,) = [d for d in by_kind(docs, "PodMonitor") if d["metadata"]["name"].endswith("-models")]
-    plan = plan_model("granite", "ns", "uid", SpyreModelSpec.model_validate(GENERATE))
-    pod = build_deployment(plan, plan.key).to_dict()["spec"]["template"]
-    labels = pod["metadata"]["labels"]
-    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    for label in pm["spec"]["podTargetLabels"]:
-        assert label in labels, label
-    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports") or []}
-    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= ports
+    endpoints = pm["spec"]["podMetricsEndpoints"]
+    # each serving pod is scraped once: on `http`, or on `metrics` when its /metrics have a
+    # port of their own (serving.metricsPort; `http` answers 404 there)
+    for serving, scraped in (({}, {"http"}), ({"metricsPort": 9100}, {"metrics"})):
+        spec = SpyreModelSpec.model_validate({**GENERATE, "serving": serving})
+        plan = plan_model("granite", "ns", "uid", spec)
+        pod = build_deployment(plan, plan.key).to_dict()["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        for label in pm["spec"]["podTargetLabels"]:
+            assert label in labels, label
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports") or []}
+        meta = {f"__meta_kubernetes_pod_annotation_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v
+                for k, v in pod["metadata"].get("annotations", {}).items()}
+        assert {e["port"] for e in endpoints
+                if e["port"] in ports and not _dropped(e, meta)} == scraped, serving
     # without the Prometheus Operator's API nothing is rendered (and nothing fails)
     assert not by_kind(render("--set", "monitoring.enabled=true"), "PodMonitor")
+
+
+def _dropped(endpoint: dict[str, Any], meta: dict[str, str]) -> bool:
+    """Whether the endpoint's ``drop`` relabelings drop a target with these meta labels
+    (Prometheus joins the source labels with ';' and anchors the regex)."""
+    return any(
+        r.get("action") == "drop" and re.fullmatch(
+            r.get("regex", "(.*)"), ";".join(meta.get(n, "") for n in r["sourceLabels"]))
+        for r in endpoint.get("relabelings", []))
