@@ -22,6 +22,7 @@ both when the run hits its budget).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,9 +84,10 @@ def main(argv: list[str]) -> int:
                 del pending[name]
         time.sleep(1)
     sys.stdout.flush()
-    print(f"\n{'=' * 30} local tests (unit, golden, engine; {local_log}) {'=' * 30}",
-          flush=True)
+    print(f"\n{'=' * 30} local tests (unit, golden, engine; their session's output) "
+          f"{'=' * 30}", flush=True)
     sys.stdout.buffer.write(local_log.read_bytes())
+    shutil.rmtree(log_dir, ignore_errors=True)
     print("\nmake test: " + ", ".join(
         f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
         for name in ("cluster", "local")), flush=True)
