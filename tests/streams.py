@@ -7,9 +7,10 @@ one after the other and left a core idle for most of the hour; here the local se
 beside the cluster session, at a lower CPU priority (``nice``) so the control plane, the
 operators under test and the real node keep theirs.
 
-The cluster session writes to this terminal as it goes; the local session's output is kept
-in a file and printed whole after it, so neither report is interleaved with the other. The
-exit status is the cluster session's when it is not 0, else the local session's.
+The cluster session's output is passed on as it comes; the local session's is kept in a file
+and printed whole after it, so neither report is interleaved with the other; the cluster
+session's FAILED/ERROR lines are repeated at the very end (where CI's excerpt of the output
+is). The exit status is the cluster session's when it is not 0, else the local session's.
 
 With arguments (``make test PYTEST_ARGS=...``) it is one ordinary pytest session with them.
 
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,7 +74,11 @@ def main(argv: list[str]) -> int:
         local = subprocess.Popen(["nice", "-n", str(LOCAL_NICENESS), *_pytest(LOCAL)],
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=_env("local"))
-    cluster = subprocess.Popen(_pytest(CLUSTER), env=_env("cluster"))
+    cluster = subprocess.Popen(_pytest(CLUSTER), env=_env("cluster"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    cluster_failures: list[bytes] = []
+    relay = threading.Thread(target=_relay, args=(cluster, cluster_failures), daemon=True)
+    relay.start()
     took: dict[str, float] = {}
     codes: dict[str, int] = {}
     pending = {"cluster": cluster, "local": local}
@@ -83,6 +89,7 @@ def main(argv: list[str]) -> int:
                 codes[name], took[name] = code, time.monotonic() - start
                 del pending[name]
         time.sleep(1)
+    relay.join(timeout=30)
     sys.stdout.flush()
     print(f"\n{'=' * 30} local tests (unit, golden, engine; their session's output) "
           f"{'=' * 30}", flush=True)
@@ -91,7 +98,22 @@ def main(argv: list[str]) -> int:
     print("\nmake test: " + ", ".join(
         f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
         for name in ("cluster", "local")), flush=True)
+    if cluster_failures:  # the end of the output is the local report: repeat the cluster's
+        print("cluster session's failures (its report is above the local one):", flush=True)
+        sys.stdout.buffer.write(b"".join(cluster_failures))
+        sys.stdout.flush()
     return codes["cluster"] or codes["local"]
+
+
+def _relay(proc: subprocess.Popen[bytes], failures: list[bytes]) -> None:
+    """Copy the cluster session's output to ours as it comes, keeping its FAILED/ERROR lines
+    (pytest's short summary) to repeat at the end."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+        if line.startswith((b"FAILED ", b"ERROR ")):
+            failures.append(line)
 
 
 if __name__ == "__main__":

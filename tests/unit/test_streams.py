@@ -111,3 +111,13 @@ def test_ci_run_names_the_test_still_running_at_its_budget(tmp_path: Path) -> No
     assert running.startswith("tests/integration/test_integration.py::test_hangs (started"), out
     assert "test_quick" not in running, out
     assert "local session exit 0" in out and "cluster session exit 2" in out, out
+
+
+def test_the_cluster_sessions_failures_are_repeated_at_the_end(tmp_path: Path) -> None:
+    _tree(tmp_path, "def test_i():\n    assert 'cluster' == 'ok'\n", "def test_u():\n    pass\n")
+    proc = _run(tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    tail = out.partition("make test: ")[2]
+    assert "local session exit 0" in tail and "cluster session exit 1" in tail, out
+    assert "FAILED tests/integration/test_integration.py::test_i" in tail, out
