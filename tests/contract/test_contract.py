@@ -256,7 +256,8 @@ def test_serving_refuses_an_artifact_of_another_shape_and_the_operator_says_why(
     path.write_text(json.dumps(original))
     manifest.manifest_path(art).unlink()
     crashed_before = {p["metadata"]["name"] for p in server_pods(env.kube, served.name)}
-    env.kube.kubectl("delete", "pod", *crashed_before, "--wait=false")
+    # a pod listed above may finish terminating before the delete (the first delete's)
+    env.kube.kubectl("delete", "pod", *crashed_before, "--wait=false", "--ignore-not-found")
     degraded = env.kube.wait_condition(served.name, "Degraded", "True", C.ARTIFACT_CORRUPT, 300)
     assert "spyre_artifact_manifest.json is missing" in degraded["message"]
     ready = env.kube.wait_condition(served.name, "Ready", "False", C.ARTIFACT_CORRUPT, 60)
