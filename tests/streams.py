@@ -16,8 +16,8 @@ With arguments (``make test PYTEST_ARGS=...``) it is one ordinary pytest session
 
 Ctrl-C and ``.ci/run``'s budget signal the whole process group: both sessions get SIGINT,
 stop their running test and report; this process waits for them and then prints. Each
-session names its running test in ``$SPYRE_CURRENT_TEST_FILE.<session>`` (``.ci/run`` prints
-both when the run hits its budget).
+session names its running test in ``$SPYRE_CURRENT_TEST_FILE.<session>``, emptied when it
+ends uninterrupted (``.ci/run`` prints those still running when the run hits its budget).
 """
 
 from __future__ import annotations
