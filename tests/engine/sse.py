@@ -18,6 +18,8 @@ class StreamResult:
     """What a streaming client saw."""
 
     events: list[str] = field(default_factory=list)
+    # time.monotonic() at which each event arrived, index for index with ``events``
+    event_times: list[float] = field(default_factory=list)
     first_chunk: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     status: int | None = None
@@ -78,6 +80,7 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int,
                     for line in resp.iter_lines():
                         if line.startswith("data: "):
                             result.events.append(line[6:].strip())
+                            result.event_times.append(time.monotonic())
                             result.first_chunk.set()
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             result.error = exc
