@@ -18,11 +18,7 @@ if ! dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok i
     log "autoscaling tests need Debian's prometheus package (apt-get install as root)"
   else
     log "installing prometheus"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || {
-      apt-get update -q >/dev/null
-      apt-get install -y -q --no-install-recommends prometheus >/dev/null
-    }
+    "$here/apt-install.sh" prometheus
   fi
 fi
 

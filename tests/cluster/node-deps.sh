@@ -16,10 +16,6 @@ if [ "$(id -u)" != 0 ]; then
   exit 0
 fi
 echo "[node-deps] installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-}
+"$(dirname "$0")/apt-install.sh" "${missing[@]}"
 # Debian's containerd package enables a systemd unit; on a machine without systemd nothing
 # starts. The node runs its own containerd with its own config and paths (node.py).

@@ -12,8 +12,7 @@ command -v buildah >/dev/null || need+=(buildah)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   echo "[images] installing ${need[*]}" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  "$here/../cluster/apt-install.sh" "${need[@]}"
 fi
 if [ $# -eq 0 ]; then set -- all; fi
 exec python3 "$here/build.py" "$@"
