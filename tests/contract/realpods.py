@@ -116,6 +116,17 @@ class Client:
     def complete(self, url: str, max_tokens: int = 8) -> dict[str, Any]:
         return self.run("once", f"{url}/v1/completions", completion_body(max_tokens))
 
+    def wait_routed(self, url: str, timeout: float = 60) -> None:
+        """Until a completion through the Service at ``url`` answers 200. Ready says a serving
+        pod is Ready; the node's kube-proxy routes the Service a moment later (it follows the
+        EndpointSlice, syncing at most once a second), and a connection before then is refused.
+        Load of which every request must succeed starts after this (a full run once saw six
+        requests refused in the first 150 ms)."""
+        deadline = time.monotonic() + timeout
+        while (r := self.complete(url, max_tokens=1))["status"] != 200:
+            assert time.monotonic() < deadline, f"{url} not answering after {timeout}s: {r}"
+            time.sleep(0.5)
+
     def start(self, *args: str) -> subprocess.Popen[str]:
         """A long-running client; it stops when its stdin is closed."""
         return subprocess.Popen(self._argv(*args, stdin=True), stdin=subprocess.PIPE,

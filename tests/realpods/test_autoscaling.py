@@ -95,6 +95,7 @@ def test_queueing_requests_scale_the_model_up_from_its_artifact_and_back_down(
           lambda: stack.custom_metric(env.ns, QUEUE_METRIC), 180, env, stack)
 
     url = support.service_url(env.cp, env.ns, MODEL)
+    env.client.wait_routed(url)
     clients = [Steady(env.client, url, max_tokens=96, pause=0.0) for _ in range(CLIENTS)]
     try:
         crossed = _wait("requests queueing (metric over target)",

@@ -120,6 +120,7 @@ def _during(results: list[dict[str, Any]], t0: float, t1: float) -> int:
 def test_the_default_rollout_under_open_loop_traffic_loses_no_request(env: RealEnv) -> None:
     old_key = _start_from(env, _spec(env), "default rollout")["status"]["servingArtifactKey"]
     url = support.service_url(env.cp, env.ns, MODEL)
+    env.client.wait_routed(url)
     client = PodClient(env).rate(f"{url}/v1/completions", RATE)
     try:
         time.sleep(5)
@@ -153,6 +154,7 @@ def test_kubectl_drain_is_held_by_the_pdb_and_loses_no_request(env: RealEnv) -> 
     _start_from(env, _spec(env), "drain")
     before = {p["metadata"]["name"] for p in _live_pods(env)}
     url = support.service_url(env.cp, env.ns, MODEL)
+    env.client.wait_routed(url)
     client = PodClient(env).rate(f"{url}/v1/completions", RATE)
     try:
         time.sleep(5)

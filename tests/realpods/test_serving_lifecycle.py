@@ -180,6 +180,7 @@ def test_an_engine_upgrade_through_the_default_image_loses_no_request(
     upgraded = f"{env.image}-upgrade"
     env.node.ctr("images", "tag", "--force", env.image, upgraded)
     url = support.service_url(env.cp, env.ns, MODEL)
+    env.client.wait_routed(url)
     steady = Steady(env.client, url)
     try:
         steady.wait_successes(3)
@@ -217,6 +218,7 @@ def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str,
     """Reported, not asserted: the roll must stop the only pod before its successor starts."""
     _start_from(env, _spec(env), "maxSurge 0")
     url = support.service_url(env.cp, env.ns, MODEL)
+    env.client.wait_routed(url)
     steady = Steady(env.client, url)
     try:
         steady.wait_successes(3)
@@ -369,6 +371,7 @@ def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_t
     new_claim = "cache-b"
     assert old_claim != new_claim
     url = support.service_url(env.cp, env.ns, MODEL)
+    env.client.wait_routed(url)
     steady = Steady(env.client, url)
     t0 = time.monotonic()
     reasons: list[str] = []
