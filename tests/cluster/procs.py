@@ -23,10 +23,9 @@ class PidFiles:
         """The recorded pid while that process runs."""
         try:
             pid = int((self.dir / f"{name}.pid").read_text())
-            os.kill(pid, 0)
         except (OSError, ValueError):
             return None
-        return pid
+        return pid if _running(pid) else None
 
     def stop(self, names: Iterable[str], grace: float = 10) -> None:
         """SIGTERM each process group, SIGKILL what is left after ``grace`` seconds."""
@@ -52,6 +51,22 @@ def stop_leftovers(directory: Path) -> None:
         except ValueError:
             pass
         f.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs. The stacks start their processes with Popen and keep no handle, so
+    one that exited stays a zombie of this process until reaped, and ``kill(pid, 0)`` still
+    finds it: reap it here when it is our child, and count any other zombie as gone."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False  # it had exited: now reaped
+    except ChildProcessError:
+        pass  # not our child (started by an earlier session, or already reaped)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _kill_group(pid: int, sig: int) -> None:
