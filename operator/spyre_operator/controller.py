@@ -337,6 +337,13 @@ class Controller:
                     # retrying would only load the API server (it did, after test namespaces).
                     log.info("reconcile %s/%s: namespace is being deleted; not retrying", *key)
                     self._failures.pop(key, None)
+                    # It will never compile nor roll: out of both queues, where it would hold
+                    # the head for good (a model the caches still show after a watch gap is
+                    # woken first and fails again), and the slot its refused Job reserved is
+                    # free again: the next ones in line go now.
+                    self._stop_waiting(key)
+                    self.wake_compile_waiters()
+                    self.wake_rollout_waiters()
                     continue
                 self.stats.errors += 1
                 n = self._failures.get(key, 0) + 1

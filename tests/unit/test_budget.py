@@ -593,3 +593,49 @@ def test_budget_flags_reach_the_operator_settings(monkeypatch: Any) -> None:
     assert settings() == (7, 4)
     with pytest.raises(SystemExit):
         cli_main(["run", "-A", "--max-concurrent-rollouts=-1"])
+
+
+def test_a_waiting_model_whose_namespace_is_going_away_leaves_the_queue() -> None:
+    """Seen in a full run: an API-server restart while a test namespace was being deleted left
+    that namespace's 16 waiting models in the operator's caches. Each reconcile failed with
+    "namespace is being deleted; not retrying" and the models stayed at the head of the
+    compile queue. Every model created after them waited for good, at 0 of 4 slots in use."""
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import Status
+
+    models = [model(f"m{i}", spec(i)) for i in range(3)]
+    c, cl = cluster(models, compiles=1)
+    ensure_job = cl.ensure_job
+
+    async def refuse_m1(job: Any, live: Any) -> bool:
+        if job.metadata.name == plan_for(models[1]).job_name:
+            raise ApiError(status=Status(code=403, message=(
+                'jobs "x" is forbidden: unable to create new content in namespace ns because '
+                'it is being terminated')))
+        return await ensure_job(job, live)
+
+    cl.ensure_job = refuse_m1  # type: ignore[method-assign]
+
+    async def run() -> None:
+        c.enqueue([("ns", "m0")])
+        await drain(c)
+        c.clock = lambda: "2026-11-21T10:01:00Z"
+        c.enqueue([("ns", "m1")])
+        await drain(c)
+        c.clock = lambda: "2026-11-21T10:02:00Z"
+        c.enqueue([("ns", "m2")])
+        await drain(c)
+        assert reason(c, "m1") == reason(c, "m2") == C.WAITING_FOR_COMPILE_SLOT
+        await finish(c, running(c)[0])  # the slot frees: m1, first in line, is woken
+        worker = asyncio.create_task(c._worker())
+        try:
+            for _ in range(200):
+                if len(cl.created) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            worker.cancel()
+        assert ("ns", "m1") not in c.compile_waiting
+        assert cl.created == [plan_for(models[0]).job_name, plan_for(models[2]).job_name]
+
+    asyncio.run(run())
