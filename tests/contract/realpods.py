@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.node import RealNode
 from tests.integration.conftest import CRD_FILE, Kube, OperatorProcess
 from tests.realpods import support
@@ -122,10 +122,13 @@ class Client:
         EndpointSlice, syncing at most once a second), and a connection before then is refused.
         Load of which every request must succeed starts after this (a full run once saw six
         requests refused in the first 150 ms)."""
-        deadline = time.monotonic() + timeout
-        while (r := self.complete(url, max_tokens=1))["status"] != 200:
-            assert time.monotonic() < deadline, f"{url} not answering after {timeout}s: {r}"
-            time.sleep(0.5)
+        def answered() -> bool:
+            r = self.complete(url, max_tokens=1)
+            if r["status"] != 200:
+                raise ConnectionError(f"{url}: {r}")  # not yet (wait_until names the last one)
+            return True
+
+        wait_until(answered, timeout, f"{url} answering through its Service", interval=0.5)
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         """A long-running client; it stops when its stdin is closed."""
