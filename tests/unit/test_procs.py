@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from tests.cluster.controlplane import wait_until
 from tests.cluster.procs import PidFiles
 
 
 def _state(pid: int) -> str:
     """The process state letter from /proc (``Z``: exited, not yet reaped)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
-def _wait_for(what: str, predicate, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def test_an_exited_child_nobody_reaped_is_not_running(tmp_path: Path) -> None:
@@ -30,7 +23,7 @@ def test_an_exited_child_nobody_reaped_is_not_running(tmp_path: Path) -> None:
     files = PidFiles(tmp_path)
     proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     files.record("short", proc.pid)
-    _wait_for("the child exited, unreaped", lambda: _state(proc.pid) == "Z")
+    wait_until(lambda: _state(proc.pid) == "Z", 30, "the child exited, unreaped", interval=0.05)
     assert files.pid("short") is None
 
 
