@@ -66,13 +66,15 @@ def _json_flag(flag: str, text: str | None, schema: Any) -> Any:
         raise ValueError(f"{flag}: {e.errors()[0]['msg']} in {text!r}") from None
 
 
-def site_defaults(args: argparse.Namespace) -> Any:
-    """The cluster-wide defaults (desired.site.SiteDefaults) from the ``--default-*`` and
-    ``--allowed-engine-image`` flags; ValueError names a flag whose value cannot work."""
+def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
+    """The cluster-wide defaults (desired.site.SiteDefaults) from the ``--default-*``,
+    ``--allowed-engine-image`` and ``--pod-user`` flags; ValueError names a flag whose value
+    cannot work. ``scc_probe`` answers ``--pod-user auto`` (default: ask the API server)."""
     import re
 
     from .api.v1alpha1 import EXTENDED_RESOURCE_PATTERN, NodeSelector, Toleration
     from .desired.site import SiteDefaults
+    from .podsecurity import platform_assigns_user, scc_api_served
 
     if args.default_card_resource is not None and not re.match(
         EXTENDED_RESOURCE_PATTERN, args.default_card_resource
@@ -104,6 +106,7 @@ def site_defaults(args: argparse.Namespace) -> Any:
         ),
         "storage_class_name": args.default_storage_class,
         "allowed_engine_images": tuple(dict.fromkeys(args.allowed_engine_image)),
+        "platform_assigns_user": platform_assigns_user(args.pod_user, scc_probe or scc_api_served),
     }
     for k in ("serving_tolerations", "precompile_tolerations"):
         if given[k] is not None:
@@ -281,6 +284,15 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
         help="an engine image models may run, a shell pattern such as "
         "registry.example.com/spyre/* (repeatable; none given: any image). A model whose "
         "image matches none is refused (EngineImageNotAllowed) and nothing is compiled",
+    )
+    g.add_argument(
+        "--pod-user",
+        choices=("auto", "assigned", "fixed"),
+        default="auto",
+        help="the uid of the precompile, serving and GC pods: 'assigned' sets no runAsUser, "
+        "runAsGroup or fsGroup and lets the platform assign them (OpenShift's restricted-v2 "
+        "SCC); 'fixed' pins the engine image's uid 1001 and fsGroup 1001 (plain Kubernetes); "
+        "'auto' (default) is 'assigned' when the API server serves security.openshift.io/v1",
     )
 
 

@@ -59,7 +59,10 @@ def start_operator(cp: ControlPlane, namespace: str, env: dict[str, str] | None 
         cp.kubeconfig, cp.root / ".cluster" / "logs",
         # Its own namespace only, so no leader election: the Lease is one per cluster, and
         # operators of other namespaces (other modules, a demo) would block this one.
-        args=["--namespace", namespace, "--no-leader-elect", *(args or [])],
+        # The namespace emulates OpenShift's restricted-v2 (support.ensure_namespace): the
+        # platform assigns every pod's uid, as the chart's podUser: assigned asks.
+        args=["--namespace", namespace, "--no-leader-elect", "--pod-user", "assigned",
+              *(args or [])],
         # No automatic retry of a failed compile during a test (it would reset the failure).
         env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900", **(env or {})},
     )

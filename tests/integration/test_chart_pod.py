@@ -1,18 +1,18 @@
-"""The operator installed by the Helm chart runs in a real pod on the real node (issue 10, part 4).
+"""The operator installed by the Helm chart runs in a real pod on the real node (issue 10, part 4;
+issue 28: OpenShift's restricted-v2).
 
 Everything is real: the operator image built here (tests/images), installed by the chart with
-its RBAC and its restricted pod (uid 65532, read-only root), on the real node; it reconciles a
-tiny-model SpyreModel (CPU backend ``eager``, TP 1) whose precompile Job and serving pod run
-the engine image there too, and the model answers through its Service.
+its RBAC and its restricted pod (read-only root), on the real node; it reconciles a tiny-model
+SpyreModel (CPU backend ``eager``, TP 1) whose precompile Job and serving pod run the engine
+image there too, and the model answers through its Service.
 
-Failure 1 of issue 10 (the image crash-looped: kopf's ``getpass.getuser()`` raised
-``KeyError: 'getpwuid(): uid not found: 65532'``) is covered twice: with the chart's uid 65532
-(the image now has a passwd entry for it) and with a uid that has none (65533, as OpenShift's
-arbitrary uids), which only the code fix (an explicit identity for kopf) survives.
-
-Checked against the code before the fix: the same image, uid 65533, with ``kopf.operator``
-called without ``identity`` (as cli.py did before) exits at once with ``KeyError: 'getpwuid():
-uid not found: 65533'``; the fixed entry point keeps running (see the report of issue 10).
+The first test runs where OpenShift's default restricted-v2 SCC rules, emulated with
+Kubernetes' own admission policies (tests/cluster/manifests/restricted-v2.yaml): the chart's
+``podUser: assigned``, both namespaces with uid and group ranges, every pod assigned its uid and
+fsGroup by admission and refused had it pinned one outside them. The operator pod then runs as
+an arbitrary uid without a passwd entry, as on OpenShift: failure 1 of issue 10 (kopf's
+``getpass.getuser()`` raised ``KeyError: 'getpwuid(): uid not found'``) is covered there. The
+second test is plain Kubernetes (``podUser: fixed``, uid 65532, which has a passwd entry).
 
 The package's host operator (``operator`` fixture) is stopped for this module
 (``no_host_operator``): the chart's pod is the only operator, so its RBAC is what wrote every
@@ -51,15 +51,24 @@ def images(real_node: RealNode) -> dict[str, str]:
     return s.ensure_images(real_node)
 
 
+def _release_namespace(cp: ControlPlane, name: str, restricted_v2: bool) -> Iterator[str]:
+    s.ensure_namespace(cp, name, restricted_v2=restricted_v2)
+    yield name
+    s.uninstall_operator(cp, name, wait=False)
+    cp.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
 @pytest.fixture
 def operator_namespace(control_plane: ControlPlane, namespace: str) -> Iterator[str]:
-    """A namespace for the release (PodSecurity restricted), removed with the release."""
-    name = f"{namespace[:50]}-op"
-    s.ensure_namespace(control_plane, name)
-    yield name
-    s.uninstall_operator(control_plane, name, wait=False)
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found",
-                          check=False)
+    """A namespace for the release (PodSecurity restricted and emulated restricted-v2),
+    removed with the release."""
+    yield from _release_namespace(control_plane, f"{namespace[:50]}-op", restricted_v2=True)
+
+
+@pytest.fixture
+def plain_operator_namespace(control_plane: ControlPlane, namespace: str) -> Iterator[str]:
+    """A namespace for the release (PodSecurity restricted only), removed with the release."""
+    yield from _release_namespace(control_plane, f"{namespace[:50]}-op", restricted_v2=False)
 
 
 def _pod_metrics(cp: ControlPlane, namespace: str, pod: dict[str, Any]) -> dict[str, float]:
@@ -96,8 +105,18 @@ def test_chart_operator_pod_reconciles_a_real_model(
     operator_namespace: str,
 ) -> None:
     cp, ns, op_ns = control_plane, namespace, operator_namespace
+    s.ensure_namespace(cp, ns, labels={"spyre.dev/test-namespace": "true"})
     pod = s.install_operator(cp, op_ns, images["operator"], watch_namespaces=[ns], timeout=240)
-    _check_operator_pod(cp, op_ns, pod, 65532)
+    # The chart set no uid: admission assigned the first of the namespace's range, for which
+    # the image has no passwd entry (as on OpenShift), and the pod runs.
+    template = cp.kubectl_json("get", "deployment", s.RELEASE, "-n", op_ns)["spec"]["template"]
+    assert "runAsUser" not in template["spec"]["securityContext"], "the chart pinned a uid"
+    assert "--pod-user=assigned" in template["spec"]["containers"][0]["args"]
+    op_uid = s.scc_range_start(op_ns)
+    _check_operator_pod(cp, op_ns, pod, op_uid)
+    r = cp.kubectl("exec", "-n", op_ns, pod["metadata"]["name"], "--", "python", "-c",
+                   "import getpass; getpass.getuser()", check=False)
+    assert r.returncode != 0 and f"uid not found: {op_uid}" in r.stderr, (r.stdout, r.stderr)
 
     uri = s.create_model_pvc(cp, ns)
     s.apply_model(cp, ns, MODEL, s.tiny_model_spec(images["engine"], uri, backend="eager"))
@@ -113,6 +132,12 @@ def test_chart_operator_pod_reconciles_a_real_model(
     servers = s.server_pods(cp, ns, MODEL)
     assert servers and all(p["spec"]["nodeName"] == NODE_NAME for p in servers)
     assert any(s.pod_ready(p) for p in servers)
+    # Every pod the operator made ran as the uid and fsGroup the namespace assigns: the
+    # operator pinned none (a pinned one is refused there: tests/integration/test_scc.py).
+    uid = s.scc_range_start(ns)
+    for p in [*job_pods, *servers]:
+        sc = p["spec"]["securityContext"]
+        assert (sc.get("runAsUser"), sc.get("fsGroup")) == (uid, uid), (p["metadata"]["name"], sc)
     # ... loading the artifact from the cache claim, mounted read-only.
     cache = [v for v in servers[0]["spec"]["containers"][0]["volumeMounts"]
              if v["name"] == CACHE_VOLUME]
@@ -144,25 +169,20 @@ def test_chart_operator_pod_reconciles_a_real_model(
           f"{s.metric(m, 'spyre_operator_writes_total'):.0f}")
 
 
-def test_chart_operator_pod_runs_as_a_uid_without_passwd_entry(
+def test_chart_operator_pod_on_plain_kubernetes_pins_its_uid(
     control_plane: ControlPlane, images: dict[str, str], namespace: str,
-    operator_namespace: str,
+    plain_operator_namespace: str,
 ) -> None:
-    """As OpenShift's restricted SCC does (an arbitrary uid): no passwd entry for it in the
-    image. Before the identity fix kopf's getpass.getuser() crashed the pod at start."""
-    cp, op_ns = control_plane, operator_namespace
-    pod = s.install_operator(
-        cp, op_ns, images["operator"], watch_namespaces=[namespace], timeout=180,
-        values={"podSecurityContext": {"runAsUser": 65533, "runAsGroup": 65533,
-                                       "fsGroup": 65533}},
-    )
-    _check_operator_pod(cp, op_ns, pod, 65533)
-    # The premise: in this pod getpass.getuser() fails as it did for kopf before the fix.
-    r = cp.kubectl("exec", "-n", op_ns, pod["metadata"]["name"], "--", "python", "-c",
-                   "import getpass; getpass.getuser()", check=False)
-    assert r.returncode != 0 and "uid not found: 65533" in r.stderr, (r.stdout, r.stderr)
-    # It reconciles under that uid: a model whose weights claim is missing gets its status
-    # (written by this pod, the only operator) without any pod of its own.
+    """Plain Kubernetes with restricted Pod Security (no SCC): the chart's ``podUser: fixed``
+    pins the operator pod's uid 65532 (the image's user, with a passwd entry) and the operator
+    reconciles under it."""
+    cp, op_ns = control_plane, plain_operator_namespace
+    pod = s.install_operator(cp, op_ns, images["operator"], watch_namespaces=[namespace],
+                             timeout=180, restricted_v2=False)
+    _check_operator_pod(cp, op_ns, pod, 65532)
+    assert "--pod-user=fixed" in pod["spec"]["containers"][0]["args"]
+    # It reconciles: a model whose weights claim is missing gets its status (written by this
+    # pod, the only operator) without any pod of its own.
     s.apply_model(cp, namespace, "nothere", s.tiny_model_spec(
         images["engine"], "pvc://missing-claim/tiny", backend="eager"))
     wait_until(lambda: any(c["type"] == "Degraded" and c["reason"] == "ClaimNotFound"

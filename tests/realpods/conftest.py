@@ -10,12 +10,16 @@ from tests.cluster.controlplane import ControlPlane
 from tests.cluster.node import RealNode
 from tests.contract.realpods import start_operator
 from tests.integration.conftest import Kube
+from tests.realpods import support
 
 
 @pytest.fixture
 def kube(control_plane: ControlPlane, real_node: RealNode, namespace: str) -> Iterator[Kube]:
-    """The test's namespace with its own operator (a local process watching only it), the
-    real node up."""
+    """The test's namespace, made to behave as OpenShift's restricted-v2 SCC (support.
+    ensure_namespace), with its own operator (a local process watching only it, the platform
+    assigning its pods' uid), the real node up."""
+    support.ensure_namespace(control_plane, namespace,
+                             labels={"spyre.dev/test-namespace": "true"})
     op = start_operator(control_plane, namespace)
     try:
         yield Kube(control_plane, namespace)

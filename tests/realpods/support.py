@@ -157,20 +157,95 @@ def ensure_crd(cp: ControlPlane) -> None:
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
 
 
+#: Namespaces that carry this label behave as OpenShift's restricted-v2 SCC makes them
+#: (tests/cluster/manifests/restricted-v2.yaml: Kubernetes' own admission policies).
+EMULATE_SCC_LABEL = "spyre.dev/emulate-scc"
+RESTRICTED_V2_POLICIES = ROOT / "tests" / "cluster" / "manifests" / "restricted-v2.yaml"
+#: OpenShift hands each namespace a block of 10000 uids (and groups) above 1000000000.
+SCC_RANGE_SIZE = 10000
+
+
+def scc_range_start(namespace: str) -> int:
+    """The first uid (and group) of ``namespace``'s range, as OpenShift annotates it: a block
+    of 10000 above 1000000000, derived from the name (stable, distinct across test namespaces
+    in practice; a shared block would only make two namespaces share a uid)."""
+    import hashlib
+
+    block = int.from_bytes(hashlib.sha256(namespace.encode()).digest()[:4], "big") % 100000
+    return 1_000_000_000 + (block + 1) * SCC_RANGE_SIZE
+
+
+def ensure_restricted_v2_policies(cp: ControlPlane) -> None:
+    """Apply the restricted-v2 admission policies (idempotent)."""
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager", FIELD_MANAGER,
+               "-f", str(RESTRICTED_V2_POLICIES))
+
+
+def _await_restricted_v2(cp: ControlPlane, namespace: str) -> None:
+    """Until the policies act in ``namespace``: a pod pinning uid 1001 is refused and one that
+    sets none is assigned the range's first uid (server-side dry runs). A policy just created
+    takes a moment to reach the API server's admission; a pod created before that would be
+    admitted unchecked."""
+    first = scc_range_start(namespace)
+
+    def probe(pod_sc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "scc-probe", "namespace": namespace},
+               "spec": {"securityContext": {"runAsNonRoot": True,
+                                            "seccompProfile": {"type": "RuntimeDefault"},
+                                            **pod_sc},
+                        "containers": [{"name": "c", "image": "localhost/scc-probe:none",
+                                        "securityContext": {
+                                            "allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}}]}}
+        return cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                          input=json.dumps(pod), check=False)
+
+    def acting() -> bool:
+        pinned = probe({"runAsUser": 1001})
+        if pinned.returncode == 0 or "emulated restricted-v2" not in pinned.stderr:
+            raise LookupError(f"a pod pinning uid 1001 was not refused: {pinned.stderr}")
+        assigned = probe({})
+        if assigned.returncode != 0:
+            raise LookupError(f"a pod setting no uid was refused: {assigned.stderr}")
+        sc = json.loads(assigned.stdout)["spec"]["securityContext"]
+        if (sc.get("runAsUser"), sc.get("fsGroup")) != (first, first):
+            raise LookupError(f"not assigned the range's first uid and fsGroup: {sc}")
+        return True
+
+    wait_until(acting, 60, f"the restricted-v2 policies acting in {namespace}", interval=0.5)
+
+
 def ensure_namespace(cp: ControlPlane, namespace: str, restricted: bool = True,
-                     labels: Mapping[str, str] | None = None) -> None:
+                     labels: Mapping[str, str] | None = None,
+                     restricted_v2: bool = True) -> None:
     """Create (or update) ``namespace``; with ``restricted`` it enforces, warns and audits the
-    `restricted` Pod Security level. Waits for its ``default`` ServiceAccount."""
+    `restricted` Pod Security level; with ``restricted_v2`` it also behaves as an OpenShift
+    project under the default restricted-v2 SCC (uid and fsGroup ranges annotated, pods that
+    pin a uid outside them refused, pods that set none assigned the first; see
+    tests/cluster/manifests/restricted-v2.yaml). Waits for its ``default`` ServiceAccount and
+    until the policies act there."""
     lab: dict[str, str] = dict(labels or {})
+    ann: dict[str, str] = {}
     if restricted:
         for mode in ("enforce", "warn", "audit"):
             lab[f"pod-security.kubernetes.io/{mode}"] = "restricted"
             lab[f"pod-security.kubernetes.io/{mode}-version"] = "latest"
+    if restricted_v2:
+        ensure_restricted_v2_policies(cp)
+        lab[EMULATE_SCC_LABEL] = "restricted-v2"
+        first = scc_range_start(namespace)
+        ann = {"openshift.io/sa.scc.uid-range": f"{first}/{SCC_RANGE_SIZE}",
+               "openshift.io/sa.scc.supplemental-groups": f"{first}/{SCC_RANGE_SIZE}",
+               "openshift.io/sa.scc.mcs": "s0:c26,c0"}
     cp.apply({"apiVersion": "v1", "kind": "Namespace",
-              "metadata": {"name": namespace, "labels": lab}})
+              "metadata": {"name": namespace, "labels": lab,
+                           **({"annotations": ann} if ann else {})}})
     wait_until(lambda: cp.kubectl("get", "serviceaccount", "default", "-n", namespace,
                                   check=False).returncode == 0,
                30, f"the default ServiceAccount in {namespace}")
+    if restricted_v2:
+        _await_restricted_v2(cp, namespace)
 
 
 def placement() -> dict[str, Any]:
@@ -179,10 +254,10 @@ def placement() -> dict[str, Any]:
 
 
 def restricted_security() -> tuple[dict[str, Any], dict[str, Any]]:
-    """(pod securityContext, container securityContext) passing PodSecurity `restricted`
-    as uid/gid 1001 (the engine image's user)."""
-    pod = {"runAsNonRoot": True, "runAsUser": 1001, "runAsGroup": 1001,
-           "seccompProfile": {"type": "RuntimeDefault"}}
+    """(pod securityContext, container securityContext) passing PodSecurity `restricted` and
+    restricted-v2: no uid, so the image's user runs (the engine's 1001) or the one the
+    namespace assigns."""
+    pod = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                  "capabilities": {"drop": ["ALL"]}}
     return pod, container
@@ -472,25 +547,29 @@ def operator_values(operator_image: str, watch_namespaces: Iterable[str] | None 
 def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
                      release: str = RELEASE, watch_namespaces: Iterable[str] | None = None,
                      install_crd: bool = False, values: Mapping[str, Any] | None = None,
-                     timeout: float = 300,
+                     timeout: float = 300, restricted_v2: bool = True,
                      log: Log = _stderr) -> dict[str, Any]:
     """``helm upgrade --install`` the chart into ``namespace`` (created, PodSecurity
     `restricted`, as are missing ``watch_namespaces``) with :func:`operator_values`, then wait
-    until the operator pod is Ready.
+    until the operator pod is Ready. With ``restricted_v2`` (default) ``namespace`` emulates
+    OpenShift's restricted-v2 SCC (:func:`ensure_namespace`; as do missing watched
+    namespaces) and the chart's ``podUser`` is ``assigned``; without, ``fixed``.
     Without ``install_crd`` the CRD is applied with kubectl first (:func:`ensure_crd`).
     Returns the Ready operator pod. Raises ``AssertionError`` with the pod's state and logs
     if it is not Ready within ``timeout`` (e.g. a crash loop).
 
     The operator pod resolves names through cluster DNS like any pod; its login handler
     (handlers.login) uses ``KUBERNETES_SERVICE_HOST`` all the same."""
-    ensure_namespace(cp, namespace)
+    ensure_namespace(cp, namespace, restricted_v2=restricted_v2)
     for ns in watch_namespaces or ():
         # The chart puts a Role in each watched namespace: it must exist first.
         if cp.kubectl("get", "namespace", ns, check=False).returncode != 0:
-            ensure_namespace(cp, ns)
+            ensure_namespace(cp, ns, restricted_v2=restricted_v2)
     if not install_crd:
         ensure_crd(cp)
-    vals = operator_values(operator_image, watch_namespaces, install_crd, values)
+    pod_user = {"podUser": "assigned" if restricted_v2 else "fixed"}
+    vals = operator_values(operator_image, watch_namespaces, install_crd,
+                           deep_merge(pod_user, dict(values or {})))
     vfile = cp.state_dir / "helm" / f"values-{namespace}-{release}.json"
     vfile.parent.mkdir(parents=True, exist_ok=True)
     vfile.write_text(json.dumps(vals, indent=1))

@@ -382,3 +382,55 @@ def test_budget_values_reach_the_operator() -> None:
     res = helm("template", "spyre", str(CHART), "--set", "budget.maxConcurrentCompiles=-1",
                check=False)
     assert res.returncode != 0 and "maxConcurrentCompiles" in res.stderr
+
+
+def _pod_security(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    dep = by_kind(docs, "Deployment")[0]
+    return dep["spec"]["template"]["spec"]["securityContext"]  # type: ignore[no-any-return]
+
+
+@needs_helm
+@pytest.mark.parametrize(("args", "mode"), [
+    ([], "fixed"),  # auto on a cluster without security.openshift.io
+    (["--api-versions", "security.openshift.io/v1"], "assigned"),  # auto on OpenShift
+    (["--set", "podUser=assigned"], "assigned"),
+    (["--set", "podUser=fixed", "--api-versions", "security.openshift.io/v1"], "fixed"),
+])
+def test_pod_user_decides_the_operator_pods_uid_and_its_models(args: list[str], mode: str) -> None:
+    """podUser: the operator pod pins 65532 only when fixed, and the operator is told the same
+    for the pods it creates (--pod-user, read back by its own parser)."""
+    docs = render(*args)
+    sc = _pod_security(docs)
+    pinned = {k: sc.get(k) for k in ("runAsUser", "runAsGroup", "fsGroup")}
+    if mode == "fixed":
+        assert pinned == {"runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532}, sc
+    else:
+        assert pinned == {"runAsUser": None, "runAsGroup": None, "fsGroup": None}, sc
+    assert sc["runAsNonRoot"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert f"--pod-user={mode}" in operator_container(docs)["args"]
+    assert _site(docs).platform_assigns_user is (mode == "assigned")
+
+
+@needs_helm
+def test_pod_user_values_given_in_pod_security_context_win_and_bad_values_are_refused() -> None:
+    sc = _pod_security(render("--set", "podSecurityContext.runAsUser=70000"))
+    assert sc["runAsUser"] == 70000 and sc["fsGroup"] == 65532
+    res = helm("template", "spyre", str(CHART), "--set", "podUser=root", check=False)
+    assert res.returncode != 0 and "podUser" in res.stderr
+
+
+@needs_helm
+def test_operator_network_policy_allows_dns_on_kubernetes_and_openshift() -> None:
+    """Egress to kube-dns (port 53) and to OpenShift's DNS pods (openshift-dns, port 5353)."""
+    pol = by_kind(render("--set", "networkPolicy.enabled=true"), "NetworkPolicy")[0]
+    dns = [r for r in pol["spec"]["egress"]
+           if any(p["port"] in (53, 5353) for p in r.get("ports", []))]
+    assert len(dns) == 1, pol["spec"]["egress"]
+    ports = {(p["port"], p["protocol"]) for p in dns[0]["ports"]}
+    assert ports == {(53, "UDP"), (53, "TCP"), (5353, "UDP"), (5353, "TCP")}
+    peers = dns[0]["to"]
+    assert {"k8s-app": "kube-dns"} in [p["podSelector"]["matchLabels"] for p in peers]
+    openshift = [p for p in peers if p.get("namespaceSelector", {}).get("matchLabels") ==
+                 {"kubernetes.io/metadata.name": "openshift-dns"}]
+    assert openshift and openshift[0]["podSelector"]["matchLabels"] == {
+        "dns.operator.openshift.io/daemonset-dns": "default"}

@@ -170,3 +170,22 @@ object does not exist yet.
   resources: ["roles", "rolebindings"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/* podUser resolved: "assigned" or "fixed" (values.yaml). */}}
+{{- define "spyre.podUser" -}}
+{{- if eq .Values.podUser "auto" -}}
+{{- if .Capabilities.APIVersions.Has "security.openshift.io/v1" -}}assigned{{- else -}}fixed{{- end -}}
+{{- else -}}
+{{- .Values.podUser -}}
+{{- end -}}
+{{- end }}
+
+{{/* The operator pod's securityContext: podSecurityContext, plus its uid, gid and fsGroup
+     when podUser resolves to fixed (values given in podSecurityContext win). */}}
+{{- define "spyre.podSecurityContext" -}}
+{{- $psc := deepCopy .Values.podSecurityContext -}}
+{{- if eq (include "spyre.podUser" .) "fixed" -}}
+{{- $psc = merge $psc (dict "runAsUser" 65532 "runAsGroup" 65532 "fsGroup" 65532) -}}
+{{- end -}}
+{{- toYaml $psc -}}
+{{- end }}

@@ -205,7 +205,7 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
             template=PodTemplateSpec(
                 metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
                 spec=PodSpec(
-                    securityContext=pod_security_context(),
+                    securityContext=pod_security_context(plan.site.platform_assigns_user),
                     terminationGracePeriodSeconds=plan.termination_grace_seconds,
                     containers=[container],
                     volumes=vols,

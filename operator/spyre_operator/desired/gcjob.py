@@ -140,7 +140,7 @@ def build_gc_job(
                 ),
                 spec=PodSpec(
                     restartPolicy="Never",
-                    securityContext=pod_security_context(),
+                    securityContext=pod_security_context(plan.site.platform_assigns_user),
                     containers=[container],
                     volumes=[
                         Volume(

@@ -105,7 +105,7 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
         metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
         spec=PodSpec(
             restartPolicy="Never",
-            securityContext=pod_security_context(),
+            securityContext=pod_security_context(plan.site.platform_assigns_user),
             containers=[container],
             volumes=vols,
             enableServiceLinks=False,

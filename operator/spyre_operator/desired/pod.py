@@ -33,7 +33,8 @@ from . import names
 from .plan import CACHE_MOUNT, HF_CACHE_DIR, MODEL_MOUNT, ModelPlan
 from .site import BUILTIN_RESOURCE_NAME
 
-#: The engine image runs as this non-root user (engine/Containerfile).
+#: The engine image's non-root user (engine/Containerfile), pinned where the platform assigns
+#: none (plain Kubernetes). Its primary group is 0, as OpenShift gives an assigned uid.
 ENGINE_UID = 1001
 
 CACHE_VOLUME = "compile-cache"
@@ -42,13 +43,23 @@ TMP_VOLUME = "tmp"
 SHM_VOLUME = "dshm"
 
 
-def pod_security_context() -> PodSecurityContext:
-    """Passes PodSecurity `restricted`; fsGroup makes the cache claim writable."""
+def pod_security_context(platform_assigns_user: bool) -> PodSecurityContext:
+    """Passes PodSecurity `restricted` and OpenShift's `restricted-v2` SCC.
+
+    Where the platform assigns the user (``platform_assigns_user``: OpenShift gives each
+    namespace a uid and fsGroup range and refuses pods that pin one outside it), no uid, gid
+    or fsGroup is set: the pod runs as the assigned uid in group 0 with the assigned fsGroup,
+    and the images keep what they write group-writable. Elsewhere the engine's uid is pinned
+    and fsGroup makes the cache claim writable.
+    """
+    pinned: dict[str, int] = (
+        {}
+        if platform_assigns_user
+        else {"runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID, "fsGroup": ENGINE_UID}
+    )
     return PodSecurityContext(
         runAsNonRoot=True,
-        runAsUser=ENGINE_UID,
-        runAsGroup=ENGINE_UID,
-        fsGroup=ENGINE_UID,
+        **pinned,
         # A cache of tens of GB would otherwise be re-chowned at every pod start.
         fsGroupChangePolicy="OnRootMismatch",
         seccompProfile=SeccompProfile(type="RuntimeDefault"),

@@ -47,6 +47,9 @@ class SiteDefaults:
     #: Engine images a model may run (shell-style patterns, e.g. registry.example.com/spyre/*);
     #: empty: any.
     allowed_engine_images: tuple[str, ...] = ()
+    #: The platform assigns each pod's uid, gid and fsGroup (OpenShift's restricted-v2 SCC): the
+    #: operator's pods set none (``--pod-user``; pod.pod_security_context).
+    platform_assigns_user: bool = False
 
     def for_served_spec(self) -> SiteDefaults:
         """The defaults to re-plan a spec a Deployment was built from (its served-spec
@@ -57,6 +60,8 @@ class SiteDefaults:
             engine_image=self.engine_image,
             resource_name=self.resource_name,
             scheduler_name=self.scheduler_name,
+            # Not a default of a spec field but how every pod must look to be admitted here.
+            platform_assigns_user=self.platform_assigns_user,
         )
 
     def allows(self, image: str) -> bool:

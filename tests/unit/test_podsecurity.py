@@ -1,0 +1,71 @@
+"""--pod-user: who picks the uid of the pods the operator creates (issue 28)."""
+
+from __future__ import annotations
+
+import pytest
+from spyre_operator.api import SpyreModelSpec
+from spyre_operator.cli import build_parser, site_defaults
+from spyre_operator.desired.deployment import build_deployment
+from spyre_operator.desired.gcjob import build_gc_job
+from spyre_operator.desired.job import build_precompile_job
+from spyre_operator.desired.plan import plan_model
+from spyre_operator.desired.pod import ENGINE_UID, pod_security_context
+from spyre_operator.desired.site import SiteDefaults
+from spyre_operator.podsecurity import platform_assigns_user
+
+from .samples import GENERATE
+
+
+def _refuse() -> bool:
+    raise AssertionError("probed the API server for an explicit mode")
+
+
+@pytest.mark.parametrize(("mode", "served", "expected"), [
+    ("assigned", None, True),
+    ("fixed", None, False),
+    ("auto", True, True),
+    ("auto", False, False),
+])
+def test_pod_user_modes(mode: str, served: bool | None, expected: bool) -> None:
+    probe = _refuse if served is None else (lambda: served)
+    assert platform_assigns_user(mode, probe) is expected
+
+
+def test_auto_says_what_failed_when_the_api_server_cannot_be_asked() -> None:
+    def probe() -> bool:
+        raise PermissionError("apiservices is forbidden")
+
+    with pytest.raises(ValueError, match="apiservices is forbidden.*--pod-user assigned"):
+        platform_assigns_user("auto", probe)
+
+
+def test_the_flag_reaches_the_site_defaults() -> None:
+    def parse(*args: str) -> SiteDefaults:
+        return site_defaults(build_parser().parse_args(["run", "-A", *args]), lambda: True)  # type: ignore[no-any-return]
+
+    assert parse("--pod-user", "assigned").platform_assigns_user
+    assert not parse("--pod-user", "fixed").platform_assigns_user
+    assert parse().platform_assigns_user  # auto, and the probe says OpenShift
+
+
+def test_pod_security_context_pins_only_when_fixed() -> None:
+    fixed = pod_security_context(False).to_dict()
+    assert (fixed["runAsUser"], fixed["runAsGroup"], fixed["fsGroup"]) == (ENGINE_UID,) * 3
+    assigned = pod_security_context(True).to_dict()
+    assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(assigned)
+    for sc in (fixed, assigned):
+        assert sc["runAsNonRoot"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+@pytest.mark.parametrize("assigned", [True, False])
+def test_every_pod_builder_follows_the_site(assigned: bool) -> None:
+    plan = plan_model("m", "ns", "uid", SpyreModelSpec.model_validate(GENERATE),
+                      SiteDefaults(platform_assigns_user=assigned))
+    templates = [build_precompile_job(plan, [plan.owner]).spec.template,
+                 build_deployment(plan, plan.key).spec.template,
+                 build_gc_job(plan, [plan.key], [plan.owner]).spec.template]
+    for t in templates:
+        sc = t.spec.securityContext.to_dict()
+        assert ("runAsUser" in sc) is not assigned, sc
+    # A served spec re-planned keeps the mode: the previous artifact's pods are admitted too.
+    assert plan.site.for_served_spec().platform_assigns_user is assigned
