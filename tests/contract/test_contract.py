@@ -182,12 +182,13 @@ def test_deployment_serves_from_the_read_only_artifact(env: RealEnv, served: Ser
     if not pooling:
         assert "[PRECOMPILED_WARN] Setting DISABLE_COMPILATION" in log
 
-    # The cache claim and the root filesystem are read-only in the pod (as uid 1001).
+    # The cache claim and the root filesystem are read-only in the pod, which runs as the uid
+    # its namespace assigns (emulated restricted-v2: the operator pinned none).
     for path in ("/cache/artifacts/probe", "/probe"):
         res = env.cp.kubectl("exec", "-n", env.ns, pod["metadata"]["name"], "--",
                              "sh", "-c", f"id -u; touch {path}", check=False)  # fmt: skip
         assert res.returncode != 0 and "Read-only file system" in res.stderr, (path, res)
-        assert res.stdout.strip() == "1001"
+        assert res.stdout.strip() == str(support.scc_range_start(env.ns))
     assert _snapshot(art) == before, "serving changed the artifact"
     if container["args"][container["args"].index("--backend") + 1] == "inductor":
         # On the read-only claim, serve runs inductor on a private copy in the pod's /tmp; a

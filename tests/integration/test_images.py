@@ -358,8 +358,10 @@ with urllib.request.urlopen(req, timeout=120) as r:
 
 
 def test_engine_precompiles_and_serves_a_tiny_model(engine_rootfs: Rootfs) -> None:
-    """vLLM + the plugin for real in the image, as the operator's Job then Deployment run it:
-    read-only root, uid 1001, HOME=/tmp; the artifact under /tmp (a claim in a pod)."""
+    """vLLM + the plugin for real in the image, as the operator's Job then Deployment run it
+    on OpenShift (``--pod-user assigned``): read-only root, an arbitrary uid without a passwd
+    entry in group 0 (what restricted-v2 assigns), HOME=/tmp; the artifact under /tmp (a claim
+    in a pod). The pinned 1001:1001 of plain Kubernetes runs in the other tests here."""
     from tests.cluster.controlplane import free_ports
 
     (port,) = free_ports(1)
@@ -383,7 +385,8 @@ python /tmp/check.py http://127.0.0.1:{port} || rc=$?
 kill -TERM $server; wait $server || true
 [ $rc -eq 0 ] || {{ tail -60 /tmp/serve.log >&2; exit $rc; }}
 """
-    p = r.run(["/bin/sh", "-c", script], user="1001:1001", env={"HOME": "/tmp"}, timeout=1500)
+    p = r.run(["/bin/sh", "-c", script], user="1000680000:0", env={"HOME": "/tmp"},
+              timeout=1500)
     assert p.returncode == 0, p.stderr[-5000:]
     body = json.loads(p.stdout.strip().splitlines()[-1])
     assert body["usage"]["completion_tokens"] == 5

@@ -5,11 +5,13 @@
     python -m tests.realpods.demo down   # helm uninstall + delete the demo namespace (if any)
 
 What runs for real: the control plane, the real node (kubelet, containerd, runc, CNI,
-kube-proxy), the operator image installed by the Helm chart (its RBAC, its restricted pod, uid
-65532), the engine image (vLLM + the Spyre plugin), the precompile Job that records the
+kube-proxy), the operator image installed by the Helm chart (its RBAC, its restricted pod), the
+engine image (vLLM + the Spyre plugin), the precompile Job that records the
 artifact on the cache PVC, the serving pod that loads it from the read-only cache, the Service.
-What stands in: the CPU backend ``eager`` for the Spyre cards (``sendnn``), and a tiny
-random-weight model (so the answer is gibberish) on a model PVC instead of a hub download.
+What stands in: the CPU backend ``eager`` for the Spyre cards (``sendnn``), a tiny
+random-weight model (so the answer is gibberish) on a model PVC instead of a hub download, and
+Kubernetes' own admission policies for OpenShift's restricted-v2 SCC: both namespaces assign
+each pod its uid and fsGroup from an annotated range (the chart's ``podUser: assigned``).
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def up(args: argparse.Namespace) -> int:
         say("Removed the previous demo (every run installs and compiles afresh)")
         steps.append(("previous demo removed", time.monotonic() - t0))
 
-    say(f"Namespace {MODEL_NS} (PodSecurity restricted) with the tiny model on PVC "
+    say(f"Namespace {MODEL_NS} (PodSecurity restricted, OpenShift's restricted-v2 emulated) "
+        f"with the tiny model on PVC "
         f"{s.MODEL_CLAIM}")
     t0 = time.monotonic()
     s.ensure_namespace(cp, MODEL_NS)
@@ -102,7 +105,8 @@ def up(args: argparse.Namespace) -> int:
                              log=info)
     steps.append(("operator installed, pod Ready", time.monotonic() - t0))
     uid = pod["spec"].get("securityContext", {}).get("runAsUser")
-    info(f"pod {pod['metadata']['name']} on {pod['spec'].get('nodeName')}, uid {uid}, "
+    info(f"pod {pod['metadata']['name']} on {pod['spec'].get('nodeName')}, uid {uid} "
+         f"(assigned by {OPERATOR_NS}'s range), "
          f"image {pod['spec']['containers'][0]['image']}")
 
     spec = s.tiny_model_spec(refs["engine"], uri, backend=args.backend)
