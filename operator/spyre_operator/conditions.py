@@ -111,6 +111,10 @@ WAITING_REASONS = frozenset({WAITING_FOR_COMPILE_SLOT, WAITING_FOR_ROLLOUT_SLOT}
 #: Progressing: replicas are missing because no node has the cards (or CPU, memory) they
 #: need; the model keeps serving on the others.
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+#: Progressing: serving pods wait for a scheduler that has not looked at them (no PodScheduled
+#: condition after SCHEDULER_SILENCE_SECONDS): accelerator.schedulerName names a scheduler that
+#: is not installed or not running (e.g. spyre-scheduler without IBM's Spyre Operator).
+SCHEDULER_NOT_RUNNING = "SchedulerNotRunning"
 # Autoscaling
 AUTOSCALER_PENDING = "AutoscalerPending"
 AUTOSCALER_ACTIVE = "ScalingActive"
@@ -163,6 +167,7 @@ ROUTING_REASONS = frozenset(
 #: Reasons that are warnings when they appear (Kubernetes Event type).
 WARNING_REASONS = frozenset(
     {
+        SCHEDULER_NOT_RUNNING,
         CLAIM_LOST,
         CLAIM_NOT_FOUND,
         CLAIM_TERMINATING,

@@ -1281,7 +1281,13 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
             if message:  # the kubelet's: which image, which Secret or ConfigMap
                 out["waitingMessage"] = str(message)[:512]
         out["ready"] = bool(cs.get("ready"))
-    for c in (pod.get("status") or {}).get("conditions") or []:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    for c in conds:
         if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
             out["unschedulable"] = c.get("message") or "no node fits"
+    spec = pod.get("spec") or {}
+    if not spec.get("nodeName") and not any(c.get("type") == "PodScheduled" for c in conds):
+        # No scheduler has looked at it yet (each writes PodScheduled when it tries).
+        out["unscheduledSince"] = meta.get("creationTimestamp")
+        out["scheduler"] = spec.get("schedulerName") or "default-scheduler"
     return out

@@ -1487,6 +1487,8 @@ class _StatusFacts:
     conflict: str | None
     #: A scale-to-zero model: why it would not answer at zero (None: it would, or not one).
     zero_problem: str | None = None
+    #: Serving pods no scheduler has looked at for SCHEDULER_SILENCE_SECONDS (why), if any.
+    no_scheduler: str | None = None
 
 
 def _conflict(plan: ModelPlan, obs: Observed) -> str | None:
@@ -1513,6 +1515,7 @@ def decide_status(
     artifact: ArtifactOutcome,
     serving: ServingOutcome,
     zero: ScaleToZeroOutcome | None = None,
+    now: datetime | None = None,
 ) -> list[C.Cond]:
     """Ready, Progressing and Degraded (CacheVolumeReady and ArtifactReady come as they are).
 
@@ -1529,6 +1532,7 @@ def decide_status(
         write_error=write_error_message(obs.write_errors),
         conflict=_conflict(plan, obs),
         zero_problem=_zero_problem(zero),
+        no_scheduler=scheduler_silence(obs.server_pods, now)[0] if now is not None else None,
     )
     conds = [
         _ready(plan, cache, artifact, serving, facts),
@@ -1691,6 +1695,10 @@ def _progressing(
     if serving.key is None or (f.current and roll.done) or roll.stall:
         return C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
     available = f"{roll.available}/{plan.spec.replicas} replicas available"
+    if f.no_scheduler:
+        return C.Cond(
+            C.PROGRESSING, C.TRUE, C.SCHEDULER_NOT_RUNNING, f"{available}; {f.no_scheduler}"
+        )
     unschedulable = _unschedulable(obs.server_pods)
     if unschedulable:
         return C.Cond(
@@ -1702,6 +1710,41 @@ def _progressing(
         C.ROLLING_OUT,
         f"rolling out artifact {plan.short_key}: {available}",
     )
+
+
+#: A serving pod that no scheduler has looked at for this long (no PodScheduled condition) is
+#: reported: a running scheduler tries a new pod within seconds, even when nothing fits.
+SCHEDULER_SILENCE_SECONDS = 60.0
+
+
+def scheduler_silence(
+    pods: list[dict[str, Any]], now: datetime
+) -> tuple[str | None, float | None]:
+    """(why serving pods wait for a scheduler that does not run, when to look again): pods
+    that no scheduler has looked at for SCHEDULER_SILENCE_SECONDS are reported; younger ones
+    are looked at again once they reach it (a pod that merely waits sends no further event)."""
+    silent, recheck = [], None
+    for p in pods:
+        since = _parse_time(p.get("unscheduledSince"))
+        if since is None:
+            continue
+        age = (now - since).total_seconds()
+        if age >= SCHEDULER_SILENCE_SECONDS:
+            silent.append((p, age))
+        else:
+            left = SCHEDULER_SILENCE_SECONDS - age + 1
+            recheck = left if recheck is None else min(recheck, left)
+    if not silent:
+        return None, recheck
+    first, age = silent[0]
+    why = (
+        f"{len(silent)} pod{'s' if len(silent) > 1 else ''} not looked at by scheduler "
+        f"{first.get('scheduler')!r} ({first['name']}: {age:.0f}s without a PodScheduled "
+        "condition): is that scheduler installed and running? (spec.accelerator.schedulerName, "
+        "or the operator's --default-scheduler-name; IBM's Spyre Operator installs "
+        "spyre-scheduler)"
+    )
+    return why[:1024], recheck
 
 
 def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
@@ -1893,7 +1936,11 @@ def decide(
     if obs.foreign:
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
-    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving, zero))
+    at = _parse_time(now) or datetime.now(UTC)
+    _, recheck = scheduler_silence(obs.server_pods, at)
+    if recheck is not None:
+        d.requeue_after = min(d.requeue_after or recheck, recheck)
+    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving, zero, at))
     if routing.cond is not None:
         computed.append(routing.cond)
     conds = C.merge_conditions(old_status.get("conditions"), computed, generation, now)

@@ -337,3 +337,19 @@ def test_operator_restart_mid_compile_makes_no_duplicate_job(
     release(kube, job["metadata"]["name"])
     kube.wait_condition("r", "Ready", timeout=60)
     assert [j["metadata"]["uid"] for j in jobs(kube)] == [job["metadata"]["uid"]]
+
+
+def test_a_scheduler_that_does_not_run_is_named_in_status(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    """Issue 28: serving pods whose scheduler is not installed (or not running) are Pending
+    without a PodScheduled condition; the model says so within a minute of the pod instead of
+    RollingOut for good. The compile, off the cards, needs no Spyre scheduler."""
+    kube.apply_model("nosched", spec(accelerator={"schedulerName": "not-installed-scheduler"}))
+    kube.wait_condition("nosched", "ArtifactReady", timeout=90)
+    c = kube.wait_condition("nosched", "Progressing", reason="SchedulerNotRunning", timeout=120)
+    assert "'not-installed-scheduler'" in c["message"], c
+    pods = kube.items("pods", f"{GROUP}/model=nosched")
+    assert pods and all(not p["spec"].get("nodeName") for p in pods), pods
+    # kstatus's Reconciling carries the reason too (kubectl wait, Argo CD, Flux).
+    assert kube.condition("nosched", "Reconciling")["reason"] == "SchedulerNotRunning"

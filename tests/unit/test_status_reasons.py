@@ -127,3 +127,44 @@ def test_same_named_object_the_model_does_not_want_is_no_conflict(kind: str) -> 
     d = decide(m, Observed(cache_pvc=bound(), foreign={kind: why}), NOW)
     assert cond(d, C.DEGRADED)["reason"] == C.NAME_CONFLICT
     assert kind not in [o.kind for o in d.apply]
+
+
+def _unscheduled_pod(created: str, scheduler: str = "spyre-scheduler") -> dict[str, Any]:
+    """A serving pod no scheduler has looked at: no nodeName, no PodScheduled condition."""
+    return {"metadata": {"name": "m-abc", "creationTimestamp": created},
+            "spec": {"schedulerName": scheduler},
+            "status": {"phase": "Pending"}}
+
+
+def test_a_pod_no_scheduler_looks_at_is_reported_after_a_minute() -> None:
+    """Issue 28: spyre-scheduler not installed (or not running) left serving pods without a
+    PodScheduled condition and the model RollingOut for good with no reason."""
+    m, obs = rolling_out()
+    obs.server_pods = [compact_pod(_unscheduled_pod("2026-11-21T09:59:30Z"))]
+    young = decide(m, obs, NOW)  # 30 s old: a running scheduler may not have got to it yet
+    assert cond(young, C.PROGRESSING)["reason"] == C.ROLLING_OUT
+    # ... and the model is looked at again when the pod reaches a minute (no event will come).
+    assert young.requeue_after is not None and 30 <= young.requeue_after <= 32
+
+    obs.server_pods = [compact_pod(_unscheduled_pod("2026-11-21T09:58:55Z"))]
+    d = decide(m, obs, NOW)
+    p = cond(d, C.PROGRESSING)
+    assert (p["status"], p["reason"]) == ("True", C.SCHEDULER_NOT_RUNNING)
+    assert "'spyre-scheduler'" in p["message"] and "m-abc: 65s" in p["message"], p["message"]
+    assert cond(d, C.RECONCILING)["reason"] == C.SCHEDULER_NOT_RUNNING
+
+
+@pytest.mark.parametrize("pod", [
+    # A scheduler looked at it and no node fits: InsufficientCapacity says so instead.
+    {"spec": {"schedulerName": "spyre-scheduler"},
+     "status": {"phase": "Pending", "conditions": [
+         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}},
+    # Scheduled (the kubelet has not reported yet).
+    {"spec": {"schedulerName": "spyre-scheduler", "nodeName": "n1"},
+     "status": {"phase": "Pending"}},
+])
+def test_a_pod_a_scheduler_has_seen_is_not_reported(pod: dict[str, Any]) -> None:
+    m, obs = rolling_out()
+    pod = {"metadata": {"name": "m-abc", "creationTimestamp": "2026-11-21T09:00:00Z"}, **pod}
+    obs.server_pods = [compact_pod(pod)]
+    assert cond(decide(m, obs, NOW), C.PROGRESSING)["reason"] != C.SCHEDULER_NOT_RUNNING

@@ -32,6 +32,7 @@ local failure_reasons = {
   ModelAccessDenied = true,
   UnsupportedConfiguration = true,
   EngineImageNotAllowed = true,
+  SchedulerNotRunning = true,
 }
 
 local function describe(c)
