@@ -86,6 +86,7 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
     given = {
         "engine_image": args.default_engine_image,
         "image_pull_secrets": tuple(dict.fromkeys(args.default_image_pull_secret)),
+        "service_account_name": args.default_service_account,
         "resource_name": args.default_card_resource,
         "scheduler_name": args.default_scheduler_name,
         "serving_node_selector": _json_flag(
@@ -237,6 +238,13 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME",
         help="engine.imagePullSecrets (repeatable; a Secret in each model's namespace)",
+    )
+    g.add_argument(
+        "--default-service-account",
+        default=None,
+        metavar="NAME",
+        help="engine.serviceAccountName: the ServiceAccount of precompile and serving pods, "
+        "in each model's namespace (built in: none, the namespace's default)",
     )
     g.add_argument(
         "--default-card-resource",

@@ -33,6 +33,7 @@ VALUE_SETS: dict[str, list[str]] = {
     "site-defaults": [
         "--set", "defaults.engineImage=registry.example.com/spyre/spyre-engine:1.0",
         "--set", "defaults.imagePullSecrets={registry-pull,mirror-pull}",
+        "--set", "defaults.serviceAccountName=spyre-engine",
         "--set", "defaults.cardResource=ibm.com/spyre_pf",
         "--set", "defaults.schedulerName=",
         "--set", "defaults.serving.nodeSelector.pool=spyre",
@@ -313,6 +314,7 @@ def test_site_defaults_reach_the_operator() -> None:
     assert _site(render(*VALUE_SETS["site-defaults"])) == SiteDefaults(
         engine_image="registry.example.com/spyre/spyre-engine:1.0",
         image_pull_secrets=("registry-pull", "mirror-pull"),
+        service_account_name="spyre-engine",
         resource_name="ibm.com/spyre_pf",
         scheduler_name="",
         serving_node_selector={"pool": "spyre"},

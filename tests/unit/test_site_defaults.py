@@ -79,7 +79,7 @@ def test_the_models_own_values_win() -> None:
     assert pod.containers[0].resources.limits == {"ibm.com/spyre_vf": "1"}
     job = build_precompile_job(p, [p.owner]).spec.template.spec
     assert job.nodeSelector == {"pool": "big"}
-    assert p.from_defaults == ("precompile.tolerations",)
+    assert p.from_defaults == ("engine.serviceAccountName", "precompile.tolerations")
     assert p.storage_class(None) == "local"
 
 
@@ -275,3 +275,45 @@ def test_a_default_added_while_compiling_does_not_roll_the_pods_of_the_previous_
     assert d.job is not None
     job_pod = d.job.spec.template.spec
     assert [s.name for s in job_pod.imagePullSecrets] == ["new-registry"], "the compile pulls"
+
+
+def _pod_sa(plan: Any) -> list[str | None]:
+    return [build_precompile_job(plan, [plan.owner]).spec.template.spec.serviceAccountName,
+            build_deployment(plan, plan.key).spec.template.spec.serviceAccountName]
+
+
+def test_service_account_of_the_model_pods_from_spec_or_site() -> None:
+    """Issue 28: SCCs and pull secrets are granted to ServiceAccounts; a model's precompile and
+    serving pods run as spec.engine.serviceAccountName, else the operator's default, else the
+    namespace's default (none set). Never part of the artifact key."""
+    spec = SpyreModelSpec.model_validate(GENERATE)
+    bare = plan_model("m", "ns", "u", spec)
+    assert _pod_sa(bare) == [None, None]
+    site = SiteDefaults(service_account_name="spyre-engine")
+    by_site = plan_model("m", "ns", "u", spec, site)
+    assert _pod_sa(by_site) == ["spyre-engine", "spyre-engine"]
+    assert "engine.serviceAccountName" in by_site.from_defaults
+    own = SpyreModelSpec.model_validate(
+        {**GENERATE, "engine": {"serviceAccountName": "team-a-engine"}})
+    mine = plan_model("m", "ns", "u", own, site)
+    assert _pod_sa(mine) == ["team-a-engine", "team-a-engine"]
+    assert bare.key == by_site.key == mine.key
+    # The GC Job keeps its own account (it asks the API server what uses a key).
+    from spyre_operator.desired.gcjob import GC_SERVICE_ACCOUNT, build_gc_job
+
+    gc = build_gc_job(mine, [mine.key], [mine.owner]).spec.template.spec
+    assert gc.serviceAccountName == GC_SERVICE_ACCOUNT
+    # status.effective names it when one is in use.
+    m = model("m", {**GENERATE, "engine": {"serviceAccountName": "team-a-engine"}})
+    d = decide(m, Observed(cache_pvc=bound()), NOW)
+    assert d.status["effective"]["serviceAccountName"] == "team-a-engine"
+    m = model("m", GENERATE)
+    assert "serviceAccountName" not in decide(m, Observed(cache_pvc=bound()), NOW).status[
+        "effective"]
+
+
+def test_service_account_name_is_checked_at_admission() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        SpyreModelSpec.model_validate({**GENERATE, "engine": {"serviceAccountName": "Bad_Name"}})

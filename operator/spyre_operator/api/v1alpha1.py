@@ -695,7 +695,8 @@ class PrecompileSpec(ApiModel):
 
 
 class EngineSpec(ApiModel):
-    """The engine image (vLLM + Spyre plugin + spyre-engine). Part of the artifact key."""
+    """The engine image (vLLM + Spyre plugin + spyre-engine; the image is part of the artifact
+    key), how it is pulled and the ServiceAccount its pods run as."""
 
     image: str | None = Field(
         default=None,
@@ -716,6 +717,18 @@ class EngineSpec(ApiModel):
         description=(
             "Names of Secrets used to pull the image. Unset: the operator's default (chart "
             "defaults.imagePullSecrets); [] for none."
+        ),
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "ServiceAccount of the model's precompile and serving pods (its token is not "
+            "mounted: the engine never calls the API server). Platforms grant SCCs and pull "
+            "secrets to ServiceAccounts. Unset: the operator's default (chart "
+            "defaults.serviceAccountName), else the namespace's default ServiceAccount. Not "
+            "part of the artifact key."
         ),
     )
 
@@ -1355,6 +1368,10 @@ class EffectiveStatus(ApiModel):
     engine_image: str | None = Field(default=None, description="The engine image.")
     image_pull_secrets: list[str] | None = Field(
         default=None, description="Secrets the engine image is pulled with."
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        description="The ServiceAccount of the precompile and serving pods (unset: default).",
     )
     resource_name: str | None = Field(
         default=None, description="The extended resource the pods request cards as."

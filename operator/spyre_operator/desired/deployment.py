@@ -210,7 +210,9 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
                     containers=[container],
                     volumes=vols,
                     enableServiceLinks=False,
-                    # The engine never calls the Kubernetes API.
+                    # spec.engine.serviceAccountName (SCCs, pull secrets); the engine never
+                    # calls the Kubernetes API, so no token.
+                    serviceAccountName=spec.engine.service_account_name or None,
                     automountServiceAccountToken=False,
                     affinity=cache_affinity(plan),
                     **placement(spec, on_cards=on_cards),

@@ -109,6 +109,7 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
             containers=[container],
             volumes=vols,
             enableServiceLinks=False,
+            serviceAccountName=plan.spec.engine.service_account_name or None,
             automountServiceAccountToken=False,
             affinity=cache_affinity(plan),
             **placement_fields,

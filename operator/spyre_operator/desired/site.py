@@ -35,6 +35,8 @@ class SiteDefaults:
 
     engine_image: str = BUILTIN_ENGINE_IMAGE
     image_pull_secrets: tuple[str, ...] = ()
+    #: ServiceAccount of the precompile and serving pods; "" is the namespace's default.
+    service_account_name: str = ""
     resource_name: str = BUILTIN_RESOURCE_NAME
     #: "" is the cluster's default scheduler.
     scheduler_name: str = BUILTIN_SCHEDULER_NAME
@@ -89,6 +91,7 @@ class SiteDefaults:
 #: Spec fields that follow the operator's defaults when unset (as status.effective names them).
 ENGINE_IMAGE = "engine.image"
 IMAGE_PULL_SECRETS = "engine.imagePullSecrets"
+SERVICE_ACCOUNT_NAME = "engine.serviceAccountName"
 RESOURCE_NAME = "accelerator.resourceName"
 SCHEDULER_NAME = "accelerator.schedulerName"
 SERVING_NODE_SELECTOR = "accelerator.nodeSelector"
@@ -114,6 +117,8 @@ def resolve_site(spec: SpyreModelSpec, site: SiteDefaults) -> tuple[SpyreModelSp
     defaults: tuple[tuple[str, str, str, Any], ...] = (
         ("engine", "image", ENGINE_IMAGE, site.engine_image),
         ("engine", "image_pull_secrets", IMAGE_PULL_SECRETS, list(site.image_pull_secrets)),
+        # None when there is no default: an empty name would enter every served-spec annotation.
+        ("engine", "service_account_name", SERVICE_ACCOUNT_NAME, site.service_account_name or None),
         ("accelerator", "resource_name", RESOURCE_NAME, site.resource_name),
         ("accelerator", "scheduler_name", SCHEDULER_NAME, site.scheduler_name),
         ("accelerator", "node_selector", SERVING_NODE_SELECTOR, dict(site.serving_node_selector)),
@@ -146,6 +151,7 @@ def effective_status(
     out: dict[str, Any] = {
         "engineImage": spec.engine.image,
         "imagePullSecrets": list(spec.engine.image_pull_secrets or []),
+        "serviceAccountName": spec.engine.service_account_name or None,
         "resourceName": spec.accelerator.resource_name,
         "schedulerName": spec.accelerator.scheduler_name,
         "storageClassName": storage_class,
