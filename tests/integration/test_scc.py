@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.deployment import build_deployment
-from spyre_operator.desired.gcjob import build_gc_job
+from spyre_operator.desired.gcjob import GC_SERVICE_ACCOUNT, build_gc_job
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.site import SiteDefaults
@@ -77,6 +77,9 @@ def _dry_run(cp: ControlPlane, pod: dict[str, Any]) -> tuple[dict[str, Any] | No
 @pytest.fixture
 def scc_namespace(control_plane: ControlPlane, namespace: str) -> Iterator[str]:
     support.ensure_namespace(control_plane, namespace, labels={"spyre.dev/test-namespace": "true"})
+    # The GC pod's account (the operator creates it with the GC Job's Role).
+    control_plane.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": GC_SERVICE_ACCOUNT, "namespace": namespace}})
     yield namespace
 
 
