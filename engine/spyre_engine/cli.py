@@ -115,6 +115,10 @@ def load_settings(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``spyre-engine`` console script."""
     process_started = time.monotonic()
+    # What the engine (and the compiler under it) writes on the cache claim is group-writable:
+    # where the platform assigns the uid (OpenShift), pods share the claim through its group
+    # (the fsGroup, or group 0), not through the uid. World-readable as before.
+    os.umask(0o002)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -339,3 +339,12 @@ def test_containerfile_refers_to_things_that_exist() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     assert 'spyre-engine = "spyre_engine.cli:main"' in pyproject
     assert "sendnn-inference==2.6.3" in pyproject
+
+
+def test_the_engine_writes_group_writable_files() -> None:
+    """Issue 28: under an assigned uid (OpenShift) the pods of a claim share it through the
+    group; whatever the engine and the compiler create there is group-writable (umask 002)."""
+    code = ("import os; from spyre_engine import cli; os.umask(0o022); cli.main(['usage', "
+            "'--cache-root', '/nonexistent']); print(oct(os.umask(0)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "0o2", (r.stdout, r.stderr[-2000:])
