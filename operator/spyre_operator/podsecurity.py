@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 def scc_api_served() -> bool:
     """Whether the API server registers ``security.openshift.io/v1`` (an APIService, local for
-    a CRD-served group, aggregated otherwise). Needs ``get`` on that APIService (the chart's
-    ClusterRole grants it); any other error than NotFound propagates."""
+    a CRD-served group, aggregated otherwise). Needs ``get`` on that APIService; the chart
+    never needs it (it resolves ``auto`` from Helm's .Capabilities and passes the result). Any
+    other error than NotFound propagates."""
     from lightkube import ApiError, Client
     from lightkube.resources.apiregistration_v1 import APIService
 

@@ -276,6 +276,28 @@ def test_model_monitor_follows_the_watched_namespaces() -> None:
 
 
 @needs_helm
+def test_model_monitors_per_namespace_for_user_workload_monitoring() -> None:
+    """Issue 28: OpenShift's user-workload monitoring ignores a monitor's namespaceSelector, so
+    perNamespace puts one monitor in each model namespace, selecting its own pods."""
+    docs = render(*VALUE_SETS["monitoring"], *VALUE_SETS["namespaced"],
+                  "--set", "monitoring.models.perNamespace=true",
+                  "--set", "monitoring.models.namespaces={team-c,team-a}")
+    models = [d for d in by_kind(docs, "PodMonitor")]
+    assert sorted(m["metadata"]["namespace"] for m in models) == ["team-a", "team-b", "team-c"]
+    for m in models:
+        assert "namespaceSelector" not in m["spec"], m["spec"]
+        assert m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "server"
+        assert [e["port"] for e in m["spec"]["podMetricsEndpoints"]] == ["http", "metrics"]
+    # With every namespace watched, the namespaces must be listed.
+    docs = render(*VALUE_SETS["monitoring"], "--set", "monitoring.models.perNamespace=true",
+                  "--set", "monitoring.models.namespaces={team-x}")
+    assert [m["metadata"]["namespace"] for m in by_kind(docs, "PodMonitor")] == ["team-x"]
+    res = helm("template", "spyre", str(CHART), *VALUE_SETS["monitoring"],
+               "--set", "monitoring.models.perNamespace=true", check=False)
+    assert res.returncode != 0 and "monitoring.models.namespaces" in res.stderr
+
+
+@needs_helm
 def test_network_policy() -> None:
     (np,) = by_kind(render(*VALUE_SETS["network-policy"]), "NetworkPolicy")
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
