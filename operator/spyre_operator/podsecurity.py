@@ -27,10 +27,11 @@ def scc_api_served() -> bool:
     a CRD-served group, aggregated otherwise). Needs ``get`` on that APIService; the chart
     never needs it (it resolves ``auto`` from Helm's .Capabilities and passes the result). Any
     other error than NotFound propagates."""
+    import httpx2
     from lightkube import ApiError, Client
     from lightkube.resources.apiregistration_v1 import APIService
 
-    client = Client(timeout=30)
+    client = Client(timeout=httpx2.Timeout(30))
     try:
         client.get(APIService, SCC_API_SERVICE)
     except ApiError as e:

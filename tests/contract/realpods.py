@@ -46,6 +46,8 @@ SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}}
 HF_MODEL = "hf://ibm-granite/granite-3.3-8b-instruct"
 #: A local image name no registry serves: the real kubelet's pull fails, nothing leaves.
 MISSING_IMAGE = "localhost/spyre-engine:does-not-exist"
+#: No automatic retry of a failed compile during a test (it would reset the failure).
+TEST_OPERATOR_ENV = {"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900"}
 
 
 def start_operator(cp: ControlPlane, namespace: str, env: dict[str, str] | None = None,
@@ -63,8 +65,7 @@ def start_operator(cp: ControlPlane, namespace: str, env: dict[str, str] | None 
         # platform assigns every pod's uid, as the chart's podUser: assigned asks.
         args=["--namespace", namespace, "--no-leader-elect", "--pod-user", "assigned",
               *(args or [])],
-        # No automatic retry of a failed compile during a test (it would reset the failure).
-        env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "900", **(env or {})},
+        env={**TEST_OPERATOR_ENV, **(env or {})},
     )
     op.start()
     return op
@@ -250,8 +251,53 @@ def artifact_host_dir(cp: ControlPlane, kube: Kube, model: dict[str, Any]) -> Pa
     return claim_host_dir(cp, kube, art["claim"]) / path[len("/cache/"):]
 
 
+class ChartOperator:
+    """The operator as a site runs it: installed by the Helm chart (its image, its RBAC, its
+    restricted pod on the real node) into ``<namespace>-op``, watching only ``namespace``,
+    with ``podUser: assigned`` in namespaces that emulate OpenShift's restricted-v2 SCC.
+    ``env`` becomes ``operator.extraEnv``; :meth:`upgrade` is a ``helm upgrade`` with more
+    values (e.g. ``defaults.engineImage``), as a site changes its settings."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, env: dict[str, str] | None = None
+                 ) -> None:
+        self.cp, self.namespace = cp, namespace
+        self.release_namespace = f"{namespace[:60]}-op"
+        self.env = {**TEST_OPERATOR_ENV, **(env or {})}
+        self.values: dict[str, Any] = {}
+        self.pod: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        image = support.ensure_images(self.cp.node, ("operator",))["operator"]
+        values = support.deep_merge({"operator": {"extraEnv": [
+            {"name": k, "value": v} for k, v in sorted(self.env.items())]}}, self.values)
+        self.pod = support.install_operator(
+            self.cp, self.release_namespace, image, watch_namespaces=[self.namespace],
+            values=values, timeout=300)
+
+    def upgrade(self, values: dict[str, Any]) -> None:
+        """``helm upgrade`` with ``values`` merged in; returns once the new pod is Ready."""
+        self.values = support.deep_merge(self.values, values)
+        self.start()
+
+    def stop(self) -> None:
+        support.uninstall_operator(self.cp, self.release_namespace)
+
+    def close(self) -> None:
+        self.stop()
+        self.cp.kubectl("delete", "namespace", self.release_namespace, "--wait=false",
+                        "--ignore-not-found", check=False, timeout=30)
+
+    def log_tail(self, n: int = 40) -> str:
+        return support.operator_logs(self.cp, self.release_namespace, tail=n)
+
+
 class RealEnv:
-    """One namespace with its operator, the model claim and a client pod."""
+    """One namespace with its operator, the model claim and a client pod.
+
+    The namespace emulates OpenShift's restricted-v2 SCC (support.ensure_namespace). The
+    operator is the chart-installed one (:class:`ChartOperator`), so every real-node test
+    module exercises the chart's RBAC and its restricted pod; with ``operator_args`` (the
+    scale-to-zero module: its cold-start responder on the host) a local process instead."""
 
     def __init__(self, cp: ControlPlane, node: RealNode, prefix: str,
                  operator_env: dict[str, str] | None = None,
@@ -265,14 +311,21 @@ class RealEnv:
         self.kube = Kube(cp, self.ns)
         support.create_model_pvc(cp, self.ns)
         support.create_model_pvc(cp, self.ns, path=NO_WEIGHTS_PATH, model_dir=_no_weights_dir())
-        self.op = start_operator(cp, self.ns, operator_env,
-                                 operator_args(self.ns) if operator_args else None)
+        self.op: OperatorProcess | ChartOperator
+        if operator_args is not None:
+            self.op = start_operator(cp, self.ns, operator_env, operator_args(self.ns))
+        else:
+            self.op = ChartOperator(cp, self.ns, operator_env)
+            self.op.start()
         support.ensure_client_pod(cp, self.ns, self.image)
         self.client = Client(cp, self.ns)
         print(f"[{prefix}] namespace {self.ns} ready in {time.monotonic() - t0:.1f}s")
 
     def close(self) -> None:
-        self.op.stop()
+        if isinstance(self.op, ChartOperator):
+            self.op.close()
+        else:
+            self.op.stop()
         if os.environ.get("SPYRE_KEEP_REALPODS"):
             print(f"namespace {self.ns} kept (SPYRE_KEEP_REALPODS)")
             return

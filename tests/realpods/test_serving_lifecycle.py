@@ -38,6 +38,7 @@ from spyre_operator import conditions as C
 from spyre_operator.desired import names
 
 from tests.contract.realpods import (
+    ChartOperator,
     RealEnv,
     Steady,
     claim_host_dir,
@@ -64,15 +65,10 @@ def _spec(env: RealEnv, **override: Any) -> dict[str, Any]:
 
 
 def _default_engine_image(env: RealEnv, image: str) -> None:
-    """Restart the operator with ``--default-engine-image image`` (what a ``helm upgrade`` of
-    the chart's defaults.engineImage does to the operator's Deployment)."""
-    args = list(env.op.args)
-    if "--default-engine-image" in args:
-        i = args.index("--default-engine-image")
-        del args[i:i + 2]
-    env.op.stop()
-    env.op.args = [*args, "--default-engine-image", image]
-    env.op.start()
+    """``helm upgrade`` of the chart's defaults.engineImage (the operator's
+    ``--default-engine-image``): its pod is replaced, the models follow."""
+    assert isinstance(env.op, ChartOperator)
+    env.op.upgrade({"defaults": {"engineImage": image}})
 
 
 @pytest.fixture(scope="module")

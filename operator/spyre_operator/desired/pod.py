@@ -52,14 +52,12 @@ def pod_security_context(platform_assigns_user: bool) -> PodSecurityContext:
     and the images keep what they write group-writable. Elsewhere the engine's uid is pinned
     and fsGroup makes the cache claim writable.
     """
-    pinned: dict[str, int] = (
-        {}
-        if platform_assigns_user
-        else {"runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID, "fsGroup": ENGINE_UID}
-    )
+    uid = None if platform_assigns_user else ENGINE_UID
     return PodSecurityContext(
         runAsNonRoot=True,
-        **pinned,
+        runAsUser=uid,
+        runAsGroup=uid,
+        fsGroup=uid,
         # A cache of tens of GB would otherwise be re-chowned at every pod start.
         fsGroupChangePolicy="OnRootMismatch",
         seccompProfile=SeccompProfile(type="RuntimeDefault"),
