@@ -387,8 +387,11 @@ def condition(model: Mapping[str, Any] | None, type_: str) -> dict[str, Any] | N
     return None
 
 
-#: Ready reasons after which waiting longer is pointless (the spec or the engine is broken).
-FATAL_REASONS = ("PrecompileFailed", "InvalidSpec", "NameConflict", "ClaimNotFound")
+#: Ready reasons after which waiting longer is pointless (the spec or the engine is broken; for
+#: PrecompilePodRejected, the namespace's admission refuses the pod, e.g. a uid restricted-v2
+#: does not allow).
+FATAL_REASONS = ("PrecompileFailed", "InvalidSpec", "NameConflict", "ClaimNotFound",
+                 "PrecompilePodRejected")
 
 
 @dataclass
