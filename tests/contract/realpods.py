@@ -258,12 +258,12 @@ class ChartOperator:
     ``env`` becomes ``operator.extraEnv``; :meth:`upgrade` is a ``helm upgrade`` with more
     values (e.g. ``defaults.engineImage``), as a site changes its settings."""
 
-    def __init__(self, cp: ControlPlane, namespace: str, env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, cp: ControlPlane, namespace: str, env: dict[str, str] | None = None,
+                 values: dict[str, Any] | None = None) -> None:
         self.cp, self.namespace = cp, namespace
         self.release_namespace = f"{namespace[:60]}-op"
         self.env = {**TEST_OPERATOR_ENV, **(env or {})}
-        self.values: dict[str, Any] = {}
+        self.values: dict[str, Any] = dict(values or {})
         self.pod: dict[str, Any] | None = None
 
     def start(self) -> None:
@@ -296,12 +296,14 @@ class RealEnv:
 
     The namespace emulates OpenShift's restricted-v2 SCC (support.ensure_namespace). The
     operator is the chart-installed one (:class:`ChartOperator`), so every real-node test
-    module exercises the chart's RBAC and its restricted pod; with ``operator_args`` (the
-    scale-to-zero module: its cold-start responder on the host) a local process instead."""
+    module exercises the chart's RBAC and its restricted pod, with ``operator_values`` added to
+    the chart's values; with ``operator_args`` (the benchmark: its cold-start responder on the
+    host) a local process instead."""
 
     def __init__(self, cp: ControlPlane, node: RealNode, prefix: str,
                  operator_env: dict[str, str] | None = None,
-                 operator_args: Callable[[str], list[str]] | None = None) -> None:
+                 operator_args: Callable[[str], list[str]] | None = None,
+                 operator_values: dict[str, Any] | None = None) -> None:
         self.cp, self.node = cp, node
         t0 = time.monotonic()
         self.image = support.ensure_images(node, ("engine",))["engine"]
@@ -315,7 +317,7 @@ class RealEnv:
         if operator_args is not None:
             self.op = start_operator(cp, self.ns, operator_env, operator_args(self.ns))
         else:
-            self.op = ChartOperator(cp, self.ns, operator_env)
+            self.op = ChartOperator(cp, self.ns, operator_env, operator_values)
             self.op.start()
         support.ensure_client_pod(cp, self.ns, self.image)
         self.client = Client(cp, self.ns)

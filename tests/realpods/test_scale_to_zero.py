@@ -1,10 +1,10 @@
 """Scale to zero on the real node (issue 20): KEDA and its HTTP add-on hold and wake.
 
 KEDA v2.21.0 and the HTTP add-on v0.12.0 run as on a production cluster
-(tests/cluster/keda.py); the operator runs as a local process with its scale-to-zero flags
-and serves its cold-start responder on the host, behind a Service in the test's namespace
-whose EndpointSlice names the host's address on the real node's link (what the chart's
-``<release>-coldstart`` Service is to the operator's pods).
+(tests/cluster/keda.py); the operator is the chart-installed one with ``scaleToZero.enabled``
+(its RBAC for ScaledObjects, HTTPScaledObjects and the interceptor's EndpointSlices; its
+cold-start responder in its pod behind the chart's ``<release>-coldstart`` Service), in
+namespaces that emulate OpenShift's restricted-v2 SCC.
 
 Every request goes to the model's ``status.endpoint`` by name from a client pod (cluster DNS,
 kube-proxy), the address a client keeps at every replica count:
@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 from spyre_operator.desired import names
 
-from tests.cluster.controlplane import ControlPlane, free_ports, wait_until
-from tests.cluster.keda import KedaStack, coldstart_args, host_coldstart_service
+from tests.cluster.controlplane import ControlPlane, wait_until
+from tests.cluster.keda import KedaStack
 from tests.cluster.node import RealNode
 from tests.contract.realpods import RealEnv, completion_body, model_spec
 from tests.realpods import support
@@ -57,9 +57,8 @@ def keda(control_plane: ControlPlane, real_node: RealNode) -> Iterator[KedaStack
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane, real_node: RealNode, keda: KedaStack) -> Iterator[RealEnv]:
-    (port,) = free_ports(1)
-    e = RealEnv(control_plane, real_node, "s2z", operator_args=coldstart_args(port))
-    host_coldstart_service(control_plane, e.ns, real_node.host_ip, port)
+    e = RealEnv(control_plane, real_node, "s2z",
+                operator_values={"scaleToZero": {"enabled": True}})
     yield e
     e.close()
 

@@ -164,6 +164,15 @@ def test_namespaced_scope() -> None:
     assert interceptor["rules"] == [{"apiGroups": ["discovery.k8s.io"],
                                      "resources": ["endpointslices"],
                                      "verbs": ["list", "watch"]}]
+    # Two releases of one name in two namespaces (a team each) do not claim one Role there.
+    other = render(*VALUE_SETS["namespaced"], "--set", "scaleToZero.enabled=true",
+                   namespace="team-ops")
+    names_in_keda = {d["kind"]: d["metadata"]["name"] for d in with_zero
+                     if d["metadata"].get("namespace") == "keda"}
+    others_in_keda = {d["kind"]: d["metadata"]["name"] for d in other
+                      if d["metadata"].get("namespace") == "keda"}
+    assert set(names_in_keda) == {"Role", "RoleBinding"}
+    assert not set(names_in_keda.values()) & set(others_in_keda.values()), names_in_keda
     for rb in by_kind(docs, "RoleBinding"):
         assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "spyre-spyre-model-operator",
                                    "namespace": "spyre-system"}]
