@@ -373,3 +373,24 @@ def test_entrypoint_survives_the_aiu_setup_failing_on_a_read_only_root(tmp_path:
     assert first == "args=serve --x aiu=1 after=1"
     assert link.endswith("image-home/.senlib.json")
     assert "exited 1 (read-only root?)" in out.stderr
+
+
+def test_flex_device_pairs_with_the_card_resource_and_compile_only_leaves_it_to_the_plugin() -> None:
+    """FLEX_DEVICE as upstream pairs it with the resource (spyre-operator's integration tests:
+    spyre_vf -> VF, spyre_pf -> PF); compiling with sendnn_compile_only the plugin sets
+    FLEX_DEVICE=COMPILE itself, read from the installed plugin's source."""
+    import importlib.util
+    import re
+
+    from spyre_operator.desired.pod import flex_device
+
+    assert flex_device("ibm.com/spyre_vf") == "VF"
+    for pf in ("ibm.com/spyre_pf", "ibm.com/spyre_pf_tier1", "ibm.com/aiu_pf"):
+        assert flex_device(pf) == "PF"
+    spec = importlib.util.find_spec("sendnn_inference")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sendnn-inference is not installed (make install)")
+    platform_py = Path(next(iter(spec.submodule_search_locations))) / "platform.py"
+    assert re.search(r'DYNAMO_BACKEND == "sendnn_compile_only":\s*\n\s*os\.environ\["FLEX_DEVICE"\] '
+                     r'= "COMPILE"', platform_py.read_text()), (
+        "the plugin no longer sets FLEX_DEVICE for compile-only: the precompile pod must")

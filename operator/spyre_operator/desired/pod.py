@@ -133,8 +133,14 @@ def flex_device(resource_name: str) -> str:
     """The Spyre runtime's FLEX_DEVICE for the card resource a pod requests: ``VF`` for virtual
     functions (ibm.com/spyre_vf), else ``PF`` (ibm.com/spyre_pf, its tiers, ibm.com/aiu_pf).
 
-    Upstream's image bakes ``FLEX_DEVICE=PF`` and documents PF and VF as separate settings; the
-    device plugin hands the pod whichever the resource names, so the pod must say the same.
+    As upstream pairs them: IBM's spyre-operator runs its integration workloads with
+    ``ibm.com/spyre_vf`` + ``FLEX_DEVICE=VF`` and ``ibm.com/spyre_pf`` + ``FLEX_DEVICE=PF``
+    (test/integration/integration_test.go, test/manifest/workloads/smalltoy-pod.yaml); the
+    plugin's image bakes ``PF`` (docker/Dockerfile.amd64). Neither the device plugin
+    (Allocate sets PCIDEVICE_IBM_COM_AIU_PF only) nor the DRA driver (its CDI edits) injects
+    FLEX_DEVICE, so the pod must carry it. ``VFIO`` appears upstream only in the device
+    plugin's own init container. Compiling with ``sendnn_compile_only``, the plugin sets
+    ``FLEX_DEVICE=COMPILE`` itself (sendnn_inference/platform.py), so only serving pods get it.
     """
     name = resource_name.rpartition("/")[2].lower()
     return "VF" if name.endswith("_vf") or "_vf_" in name else "PF"
