@@ -375,7 +375,7 @@ def test_entrypoint_survives_the_aiu_setup_failing_on_a_read_only_root(tmp_path:
     assert "exited 1 (read-only root?)" in out.stderr
 
 
-def test_flex_device_pairs_with_the_card_resource_and_compile_only_leaves_it_to_the_plugin() -> None:
+def test_flex_device_pairs_with_the_card_resource_compile_only_leaves_it_to_the_plugin() -> None:
     """FLEX_DEVICE as upstream pairs it with the resource (spyre-operator's integration tests:
     spyre_vf -> VF, spyre_pf -> PF); compiling with sendnn_compile_only the plugin sets
     FLEX_DEVICE=COMPILE itself, read from the installed plugin's source."""
@@ -391,6 +391,6 @@ def test_flex_device_pairs_with_the_card_resource_and_compile_only_leaves_it_to_
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("sendnn-inference is not installed (make install)")
     platform_py = Path(next(iter(spec.submodule_search_locations))) / "platform.py"
-    assert re.search(r'DYNAMO_BACKEND == "sendnn_compile_only":\s*\n\s*os\.environ\["FLEX_DEVICE"\] '
-                     r'= "COMPILE"', platform_py.read_text()), (
+    assert re.search(r'DYNAMO_BACKEND == "sendnn_compile_only":\s*\n\s*'
+                     r'os\.environ\["FLEX_DEVICE"\] = "COMPILE"', platform_py.read_text()), (
         "the plugin no longer sets FLEX_DEVICE for compile-only: the precompile pod must")
