@@ -220,6 +220,8 @@ def scale_to_zero_config(args: argparse.Namespace) -> Any:
 def _add_site_flags(run: argparse.ArgumentParser) -> None:
     """Cluster-wide defaults of the per-site SpyreModel fields (a model that leaves one unset
     follows it at every reconcile) and the engine-image allow-list."""
+    from .podsecurity import POD_USER_CHOICES
+
     g = run.add_argument_group(
         "cluster-wide defaults",
         "for SpyreModel fields left unset, followed at every reconcile (status.effective "
@@ -295,7 +297,7 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--pod-user",
-        choices=("auto", "assigned", "fixed"),
+        choices=POD_USER_CHOICES,
         default="auto",
         help="the uid of the precompile, serving and GC pods: 'assigned' sets no runAsUser, "
         "runAsGroup or fsGroup and lets the platform assign them (OpenShift's restricted-v2 "

@@ -1515,7 +1515,7 @@ def decide_status(
     artifact: ArtifactOutcome,
     serving: ServingOutcome,
     zero: ScaleToZeroOutcome | None = None,
-    now: datetime | None = None,
+    no_scheduler: str | None = None,
 ) -> list[C.Cond]:
     """Ready, Progressing and Degraded (CacheVolumeReady and ArtifactReady come as they are).
 
@@ -1532,7 +1532,7 @@ def decide_status(
         write_error=write_error_message(obs.write_errors),
         conflict=_conflict(plan, obs),
         zero_problem=_zero_problem(zero),
-        no_scheduler=scheduler_silence(obs.server_pods, now)[0] if now is not None else None,
+        no_scheduler=no_scheduler,
     )
     conds = [
         _ready(plan, cache, artifact, serving, facts),
@@ -1936,11 +1936,10 @@ def decide(
     if obs.foreign:
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
-    at = _parse_time(now) or datetime.now(UTC)
-    _, recheck = scheduler_silence(obs.server_pods, at)
+    silent, recheck = scheduler_silence(obs.server_pods, _parse_time(now) or datetime.now(UTC))
     if recheck is not None:
         d.requeue_after = min(d.requeue_after or recheck, recheck)
-    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving, zero, at))
+    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving, zero, silent))
     if routing.cond is not None:
         computed.append(routing.cond)
     conds = C.merge_conditions(old_status.get("conditions"), computed, generation, now)
