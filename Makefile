@@ -10,7 +10,7 @@ CLUSTER := $(PY) tests/cluster/controlplane.py
 PYTEST_ARGS ?=
 
 .PHONY: images test-images images-prune
-.PHONY: help deps install binaries cluster-up cluster-down test test-unit test-integration \
+.PHONY: help deps install lock binaries cluster-up cluster-down test test-unit test-integration \
         demo demo-down demo-kwok bench bench-engine crds lint clean supported-configs
 
 help: ## Show the targets
@@ -18,14 +18,24 @@ help: ## Show the targets
 
 install: $(VENV)/.installed ## Create .venv with the operator, the engine extra and test tools
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements.lock
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip uv
-	$(UV) pip install --python $(PY) -e '.[engine,test]'
-	# torchvision/torchaudio/torchcodec are linked against CUDA torch and break
-	# `import transformers` next to the torch vLLM pins; the engine needs none of them.
-	$(UV) pip uninstall --python $(PY) torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VENV)/bin/pip install -q --disable-pip-version-check "$$(grep -o '^uv==[^ ]*' requirements.lock)"
+	# Exactly the lock's versions (hash-checked); sync removes whatever the lock does not list.
+	$(UV) pip sync --python $(PY) requirements.lock
+	$(UV) pip install --python $(PY) --no-deps -e .
 	touch $@
+
+# The lock: pyproject.toml's dependencies with the engine and test extras, pip and uv (the tools
+# `make install` runs), for the dev machines' Linux x86_64 and python3.11. It leaves out
+# torchvision/torchaudio/torchcodec (--excludes): linked against CUDA torch, they break `import
+# transformers` next to the torch vLLM pins; the engine needs none of them. The pins already
+# in requirements.lock are kept where they still fit: LOCK_ARGS=--upgrade for the newest ones.
+lock: install ## Regenerate requirements.lock (make install's versions) from pyproject.toml
+	printf 'pip\nuv\n' | $(UV) pip compile pyproject.toml - --extra engine --extra test \
+		--excludes <(printf 'torchvision\ntorchaudio\ntorchcodec\n') \
+		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
+		--custom-compile-command 'make lock' --quiet -o requirements.lock $(LOCK_ARGS)
 
 binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside the repo)
 	tests/cluster/build.sh
