@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spyre_engine import compat
 from spyre_engine.inuse import SERVICE_ACCOUNT_DIR, InUseCheck, InUseUnknown, api_lister
 from spyre_engine.settings import (
     SENDNN_BACKENDS,
@@ -35,6 +36,7 @@ from spyre_engine.summary import (
     REASON_IN_USE_UNKNOWN,
     REASON_INVALID_SETTINGS,
     REASON_TERMINATED,
+    REASON_UNSUPPORTED_BASE,
     FailureSummary,
     write_termination_log,
 )
@@ -79,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
             "gc", help="Remove the given artifacts (skipping any being written), and orphans"
         ),
         CacheSettings,
+    )
+    sub.add_parser(
+        "check-base",
+        help="Print the image's vLLM and sendnn-inference versions; exit 1 unless supported",
     )
     return parser
 
@@ -129,11 +135,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(ours)
     except UsageError as exc:
         return _fail(_termination_log_early(ours), REASON_INVALID_SETTINGS, str(exc))
+    if args.command == "check-base":
+        return compat.report()
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     # The termination log must be known even when the rest of the settings are invalid.
     termination_log = flags.get("termination_log") or os.environ.get(
         env_name("termination_log"), DEFAULT_TERMINATION_LOG
     )
+    if args.command in ("precompile", "serve"):
+        # First: on a base whose vLLM or plugin this engine does not support, nothing else
+        # (settings, the vLLM argument check, a download, a compile) means anything.
+        unsupported = compat.refusal()
+        if unsupported is not None:
+            return _fail(termination_log, REASON_UNSUPPORTED_BASE, unsupported)
     try:
         settings = load_settings(args.command, flags, passthrough)
     except ValidationError as exc:

@@ -26,6 +26,8 @@ REASON_ENGINE_FAILED = "EngineFailed"
 REASON_CATALOG_ERROR = "CatalogError"
 REASON_TERMINATED = "Terminated"
 REASON_UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
+#: The image's vLLM or sendnn-inference is not a version this spyre-engine supports (compat.py).
+REASON_UNSUPPORTED_BASE = "UnsupportedBase"
 #: ``gc``: the API server could not be asked which artifacts are in use; nothing was removed.
 REASON_IN_USE_UNKNOWN = "InUseUnknown"
 
