@@ -73,11 +73,14 @@ WAITING_FOR_COMPILE_SLOT = "WaitingForCompileSlot"
 MODEL_NOT_FOUND = "ModelNotFound"
 MODEL_ACCESS_DENIED = "ModelAccessDenied"
 UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
+#: The engine image's vLLM or sendnn-inference is not a version its spyre-engine supports
+#: (engine/spyre_engine/compat.py; e.g. spyre-engine layered onto a site's own vLLM image).
+UNSUPPORTED_BASE = "UnsupportedBase"
 #: The effective engine image is not on the operator's allow-list: nothing is compiled.
 ENGINE_IMAGE_NOT_ALLOWED = "EngineImageNotAllowed"
 #: Engine failure reasons that replace the generic PrecompileFailed in conditions.
 ENGINE_COMPILE_REASONS = frozenset(
-    {MODEL_NOT_FOUND, MODEL_ACCESS_DENIED, UNSUPPORTED_CONFIGURATION}
+    {MODEL_NOT_FOUND, MODEL_ACCESS_DENIED, UNSUPPORTED_CONFIGURATION, UNSUPPORTED_BASE}
 )
 # Ready / Progressing / Degraded
 SERVING = "Serving"
@@ -176,6 +179,7 @@ WARNING_REASONS = frozenset(
         MODEL_NOT_FOUND,
         MODEL_ACCESS_DENIED,
         UNSUPPORTED_CONFIGURATION,
+        UNSUPPORTED_BASE,
         ENGINE_IMAGE_NOT_ALLOWED,
         INVALID_SPEC,
         ENGINE_FAILED,

@@ -31,6 +31,7 @@ local failure_reasons = {
   ModelNotFound = true,
   ModelAccessDenied = true,
   UnsupportedConfiguration = true,
+  UnsupportedBase = true,
   EngineImageNotAllowed = true,
   SchedulerNotRunning = true,
 }
