@@ -330,7 +330,11 @@ def test_containerfile_refers_to_things_that_exist() -> None:
                 if not src.startswith("--"):
                     assert (REPO / src).exists(), f"COPY source {src} missing"
     # Either the console script itself or an entrypoint script that execs it.
-    assert 'ENTRYPOINT ["spyre-engine"]' in text or 'exec spyre-engine "$@"' in text
+    entrypoint = (REPO / "engine" / "entrypoint.sh").read_text()
+    assert 'ENTRYPOINT ["spyre-engine"]' in text or (
+        "engine/entrypoint.sh /usr/local/bin/spyre-engine-entrypoint" in text
+        and 'exec spyre-engine "$@"' in entrypoint
+    )
     assert "USER 1001" in text
     # Site defaults only: the backend, the cache switch and MASTER_PORT come from the engine's
     # flags (launch.plugin_env), whatever the image says.

@@ -94,7 +94,12 @@ SPECS: dict[str, ImageSpec] = {
         name="engine",
         repo=ENGINE_REPO,
         containerfile="engine/Containerfile",
-        inputs=("pyproject.toml", "engine/spyre_engine", "engine/senlib.json"),
+        inputs=(
+            "pyproject.toml",
+            "engine/spyre_engine",
+            "engine/senlib.json",
+            "engine/entrypoint.sh",
+        ),
         base_arg="BASE",
         base="engine-cpu",
         # The CPU variant of the production Containerfile: no spyre-runtime base, so no

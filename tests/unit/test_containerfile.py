@@ -1,6 +1,9 @@
-"""operator/Containerfile and engine/Containerfile, checked without a container engine.
+"""operator/Containerfile, engine/Containerfile and engine/Containerfile.layer, checked without a
+container engine.
 
-tests/integration/test_images.py builds both (tests/images/build.py) and runs them.
+tests/integration/test_images.py builds the first two (tests/images/build.py) and runs them;
+tests/integration/test_layer_image.py builds the layer onto the CPU engine image and onto a base
+without vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from spyre_operator.desired.pod import ENGINE_UID
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = ROOT / "operator" / "Containerfile"
 ENGINE = ROOT / "engine" / "Containerfile"
+#: spyre-engine onto a site's own vLLM-Spyre image (any architecture).
+LAYER = ROOT / "engine" / "Containerfile.layer"
+ENTRYPOINT_SH = ROOT / "engine" / "entrypoint.sh"
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:
@@ -53,16 +59,22 @@ def _runs(path: Path) -> str:
     return " ".join(rest for op, rest in _instructions(path) if op == "RUN")
 
 
-@pytest.mark.parametrize("path", [OPERATOR, ENGINE], ids=["operator", "engine"])
+def _copy_sources(path: Path) -> list[str]:
+    """Every COPY source from the build context (not --from= stages; flags left out)."""
+    out = []
+    for op, rest in _instructions(path):
+        if op == "COPY" and not rest.startswith("--from="):
+            *sources, _dest = [w for w in rest.split() if not w.startswith("--")]
+            out += sources
+    return out
+
+
+@pytest.mark.parametrize("path", [OPERATOR, ENGINE, LAYER], ids=["operator", "engine", "layer"])
 def test_every_copy_source_exists(path: Path) -> None:
-    copies = [rest for op, rest in _instructions(path) if op == "COPY"]
-    assert copies
-    for rest in copies:
-        if rest.startswith("--from="):
-            continue
-        *sources, _dest = rest.split()
-        for src in sources:
-            assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+    sources = _copy_sources(path)
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
 
 
 @pytest.mark.parametrize(
@@ -76,7 +88,7 @@ def test_base_is_a_build_argument(path: Path, arg: str) -> None:
     assert froms and all(f == "${" + arg + "}" for f in froms if not f.startswith("build"))
 
 
-@pytest.mark.parametrize("path", [OPERATOR, ENGINE], ids=["operator", "engine"])
+@pytest.mark.parametrize("path", [OPERATOR, ENGINE, LAYER], ids=["operator", "engine", "layer"])
 def test_runs_as_a_numeric_non_root_user(path: Path) -> None:
     users = [rest for op, rest in _instructions(path) if op == "USER"]
     uid, _, gid = users[-1].partition(":")
@@ -108,14 +120,16 @@ def test_operator_user_gets_a_passwd_entry_only_where_missing() -> None:
     assert "useradd --uid 65532" in runs
 
 
-def test_engine_user_matches_the_operator_pods() -> None:
-    users = [rest for op, rest in _instructions(ENGINE) if op == "USER"]
+@pytest.mark.parametrize("path", [ENGINE, LAYER], ids=["engine", "layer"])
+def test_engine_user_matches_the_operator_pods(path: Path) -> None:
+    users = [rest for op, rest in _instructions(path) if op == "USER"]
     assert users[-1] == f"{ENGINE_UID}:{ENGINE_UID}"
 
 
-def test_engine_user_creation_works_on_bases_that_have_uid_1001() -> None:
+@pytest.mark.parametrize("path", [ENGINE, LAYER], ids=["engine", "layer"])
+def test_engine_user_creation_works_on_bases_that_have_uid_1001(path: Path) -> None:
     """UBI9 python-311 has uid 1001 already: a bare `useradd --uid 1001` fails there."""
-    runs = _runs(ENGINE)
+    runs = _runs(path)
     assert f"if ! getent passwd {ENGINE_UID} >/dev/null; then" in runs
     assert f"getent group {ENGINE_UID} >/dev/null || groupadd" in runs
     # every useradd is inside the guard
@@ -137,9 +151,10 @@ def test_engine_user_creation_works_on_bases_that_have_uid_1001() -> None:
         "TORCH_SENDNN_CACHE_DIR",
     ],
 )
-def test_engine_image_env_does_not_override_the_engines_flags(name: str) -> None:
-    assert name not in _env(ENGINE)
-    assert f"{name}=" not in _runs(ENGINE)
+@pytest.mark.parametrize("path", [ENGINE, LAYER], ids=["engine", "layer"])
+def test_engine_image_env_does_not_override_the_engines_flags(name: str, path: Path) -> None:
+    assert name not in _env(path)
+    assert f"{name}=" not in _runs(path)
 
 
 def test_engine_env_follows_upstreams_spyre_image() -> None:
@@ -180,15 +195,21 @@ def test_engine_dependencies_are_a_layer_of_their_own() -> None:
     assert "operator/" not in copies  # the engine does not import the operator package
 
 
-def test_engine_entrypoint_sources_the_aiu_setup_then_execs_the_engine() -> None:
-    (entry,) = [rest for op, rest in _instructions(ENGINE) if op == "ENTRYPOINT"]
+@pytest.mark.parametrize("path", [ENGINE, LAYER], ids=["engine", "layer"])
+def test_engine_entrypoint_sources_the_aiu_setup_then_execs_the_engine(path: Path) -> None:
+    """Both images start engine/entrypoint.sh, which ends in `exec spyre-engine`: the operator's
+    pods pass only the sub-command and its flags."""
+    (entry,) = [rest for op, rest in _instructions(path) if op == "ENTRYPOINT"]
     (script,) = json.loads(entry)
-    runs = _runs(ENGINE)
-    assert f"> {script}" in runs
-    assert "/etc/profile.d/ibm-aiu-setup.sh" in runs
-    assert "'exec spyre-engine \"$@\"'" in runs
+    copies = [rest for op, rest in _instructions(path) if op == "COPY"]
+    assert f"--chmod=0755 engine/entrypoint.sh {script}" in copies
+    text = ENTRYPOINT_SH.read_text()
+    assert text.startswith("#!/bin/bash\n")
+    assert '"${SPYRE_AIU_SETUP:-/etc/profile.d/ibm-aiu-setup.sh}"' in text
+    assert text.endswith('exec spyre-engine "$@"\n')
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["spyre-engine"] == "spyre_engine.cli:main"
+    assert json.loads(_final_stage(path)[-1][1]) == ["serve", "--help"]
 
 
 def test_engine_download_cache_never_lands_in_the_image() -> None:
@@ -317,13 +338,17 @@ def test_cpu_image_is_the_same_file_with_pypis_wheels(tmp_path: Path) -> None:
     assert any("uninstall" in c and "torchvision torchaudio torchcodec" in c for c in ran)
 
 
-def test_production_ships_upstreams_senlib_json() -> None:
-    copies = [rest for op, rest in _instructions(ENGINE) if op == "COPY"]
+@pytest.mark.parametrize("path", [ENGINE, LAYER], ids=["engine", "layer"])
+def test_production_ships_upstreams_senlib_json(path: Path) -> None:
+    copies = [rest for op, rest in _instructions(path) if op == "COPY"]
     assert "engine/senlib.json /home/engine/.senlib.json" in copies
+    # where the entrypoint links it from
+    assert "senlib=/home/engine/.senlib.json" in ENTRYPOINT_SH.read_text()
     assert json.loads((ROOT / "engine" / "senlib.json").read_text()) == UPSTREAM_SENLIB
     from tests.images import build
 
-    assert "engine/senlib.json" in build.SPECS["engine"].inputs  # staged and hashed
+    for src in ("engine/senlib.json", "engine/entrypoint.sh"):
+        assert src in build.SPECS["engine"].inputs  # staged and hashed
 
 
 def test_flex_device_is_not_baked_the_operator_sets_it() -> None:
@@ -332,15 +357,12 @@ def test_flex_device_is_not_baked_the_operator_sets_it() -> None:
 
 
 def _entrypoint(tmp_path: Path) -> Path:
-    """The entrypoint the image's RUN writes, written under ``tmp_path`` instead."""
-    (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "entrypoint" in r]
+    """The images' entrypoint (engine/entrypoint.sh), its .senlib.json under ``tmp_path``."""
     script = tmp_path / "entrypoint"
     senlib = tmp_path / "image-home" / ".senlib.json"
     senlib.parent.mkdir()
     senlib.write_text((ROOT / "engine" / "senlib.json").read_text())
-    text = step.replace("/usr/local/bin/spyre-engine-entrypoint", str(script))
-    subprocess.run(["bash", "-c", text.replace("/home/engine/.senlib.json", str(senlib))],
-                   check=True)  # fmt: skip
+    script.write_text(ENTRYPOINT_SH.read_text().replace("/home/engine/.senlib.json", str(senlib)))
     return script
 
 
@@ -394,3 +416,69 @@ def test_flex_device_pairs_with_the_card_resource_compile_only_leaves_it_to_the_
     assert re.search(r'DYNAMO_BACKEND == "sendnn_compile_only":\s*\n\s*'
                      r'os\.environ\["FLEX_DEVICE"\] = "COMPILE"', platform_py.read_text()), (
         "the plugin no longer sets FLEX_DEVICE for compile-only: the precompile pod must")
+
+
+# --- engine/Containerfile.layer: spyre-engine onto a site's own vLLM-Spyre image -------------
+
+
+def _layer_install_step() -> str:
+    (step,) = [r for op, r in _instructions(LAYER) if op == "RUN" and "pip install" in r]
+    return step
+
+
+def test_layer_base_is_required_and_python_is_a_build_argument() -> None:
+    """No default base that pretends to exist; PYTHON is the base's interpreter with vLLM."""
+    ins = _instructions(LAYER)
+    assert ins[0] == ("ARG", "BASE")
+    assert [rest for op, rest in ins if op == "FROM"] == ["${BASE}"]
+    assert _args(LAYER)["PYTHON"] == "python3"
+    assert '"$PYTHON" -m pip install' in _layer_install_step()
+
+
+def test_layer_installs_only_spyre_engine() -> None:
+    """As engine/Containerfile's last install: the repository's package without dependencies,
+    from a context without the operator package, and without the operator's console script."""
+    step = _layer_install_step()
+    assert "-m pip install --no-deps --force-reinstall" in step
+    assert step.endswith('"$PYTHON" -c "import spyre_engine.cli, sendnn_inference, vllm"')
+    assert "--extra engine" not in step and "uv " not in step and "torch" not in step
+    assert 'rm -rf /src "$scripts/spyre-operator"' in step
+    assert "compileall.compile_dir(spyre_engine.__path__[0]" in step  # read-only root at run time
+    sources = _copy_sources(LAYER)
+    assert "engine/spyre_engine" in sources
+    assert not any(s.startswith("operator") for s in sources)
+    assert _env(LAYER)["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+def test_layer_checks_the_base_before_installing_and_after() -> None:
+    """The check runs from the source tree before pip (a base without vLLM fails with the
+    message, not with pip's error), and the installed console script checks again."""
+    step = _layer_install_step()
+    first = step.index('PYTHONPATH=/src/engine PYTHONDONTWRITEBYTECODE=1 "$PYTHON" -m '
+                       "spyre_engine.compat")  # fmt: skip
+    install = step.index("-m pip install")
+    again = step.index("&& spyre-engine check-base")
+    assert first < install < again
+    # --build-arg reaches the check, and the image's starts (empty by default: checked)
+    assert _args(LAYER)["SPYRE_ENGINE_SKIP_BASE_CHECK"] == ""
+    assert _env(LAYER)["SPYRE_ENGINE_SKIP_BASE_CHECK"] == "${SPYRE_ENGINE_SKIP_BASE_CHECK}"
+
+
+def test_layer_keeps_the_engine_images_conventions() -> None:
+    """What the operator's pods rely on, as in engine/Containerfile."""
+    for path in (ENGINE, LAYER):
+        (entry,) = [rest for op, rest in _instructions(path) if op == "ENTRYPOINT"]
+        assert json.loads(entry) == ["/usr/local/bin/spyre-engine-entrypoint"]
+    layer, engine = _env(LAYER), _env(ENGINE)
+    for key in ("HOME", "VLLM_PLUGINS", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"):
+        assert layer[key] == engine[key], key
+    # the base's own Spyre runtime settings and PATH are left alone
+    assert "PATH" not in layer and "FLEX_COMPUTE" not in layer
+
+
+def test_layer_dockerignore_admits_every_copy_source() -> None:
+    """A builder that sends the context (docker, remote podman) sends only what COPY needs."""
+    ignore = (ROOT / "engine" / "Containerfile.layer.dockerignore").read_text().splitlines()
+    admitted = [line[1:].removesuffix("/**") for line in ignore if line.startswith("!")]
+    assert ignore[1] == "*"
+    assert sorted(admitted) == sorted(_copy_sources(LAYER))
