@@ -18,6 +18,8 @@ GENERATE_TP4: dict[str, Any] = {
         "env": [{"name": "LOG_LEVEL", "value": "debug"}, {"name": "DT_OPT", "value": "varsub=1"}],
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}},
     },
+    # a CPU pool with more CPUs than a server's: the Job still gets the servers' thread count
+    "precompile": {"resources": {"requests": {"cpu": "16", "memory": "128Gi"}}},
     "accelerator": {"resourceName": "ibm.com/spyre_pf", "nodeSelector": {"pool": "spyre"}},
     "cache": {"claimName": "shared-cache"},
 }

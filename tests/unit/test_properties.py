@@ -3,7 +3,7 @@
 The key (``desired.key.artifact_key``) must be stable under defaulting and field order, must
 not change when any non-compile field changes, and must change when any compile field
 (``key_inputs``: model URI, task, every ``spec.compile`` field, the engine image, the
-compile-time environment) changes.
+compile-time environment, the serving pods' whole CPUs) changes.
 
 ``specs()`` generates specs the CRD accepts (it mirrors the schema and the CEL rules); the
 integration test ``test_properties_dryrun`` checks that claim against the API server.
@@ -18,7 +18,7 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.desired.key import artifact_key, key_inputs
+from spyre_operator.desired.key import artifact_key, engine_cpus, key_inputs
 from spyre_operator.desired.shapes import resolve_compile
 
 SETTINGS = settings(max_examples=100, deadline=None,
@@ -35,7 +35,7 @@ IMAGES = ("quay.io/spyre/engine:1.0", "registry.example/engine:2", "registry.exa
 PLAIN_ENV = ("LOG_LEVEL", "HF_TOKEN_PATH", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS")
 #: Environment names that are compile inputs (desired.key.is_compile_env).
 COMPILE_ENV = ("DT_OPT", "FLEX_COMPUTE", "SENCORES", "SENDNN_INFERENCE_WARMUP_PROMPT_LENS",
-               "TORCH_SENDNN_LOG", "VLLM_DT_CHUNK_LEN")
+               "TORCH_SENDNN_LOG", "VLLM_DT_CHUNK_LEN", "SENDNN_INFERENCE_UPDATE_THREAD_CONFIG")
 QUANTITY = st.sampled_from(["1", "500m", "2", "1Gi", "512Mi", "64Gi", "100M"])
 ENV_VALUE = st.text(st.characters(codec="ascii", categories=["L", "N"]), max_size=8)
 
@@ -176,8 +176,7 @@ def non_compile_edits(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
         st.tuples(st.just(("serving", "shutdownGracePeriodSeconds")), st.integers(0, 3600)),
         st.tuples(st.just(("serving", "extraArgs")),
                   st.lists(st.sampled_from(["--seed=2", "--disable-log-requests"]), max_size=2)),
-        st.tuples(st.just(("serving", "resources")),
-                  st.fixed_dictionaries({"limits": st.fixed_dictionaries({"cpu": QUANTITY})})),
+        st.tuples(st.just(("serving", "resources", "limits", "memory")), QUANTITY),
         st.tuples(st.just(("accelerator", "resourceName")),
                   st.sampled_from(["ibm.com/spyre_vf", "ibm.com/spyre_pf"])),
         st.tuples(st.just(("accelerator", "schedulerName")),
@@ -221,7 +220,7 @@ def compile_edits(draw: st.DrawFn, spec: dict[str, Any]) -> dict[str, Any]:
     pooling = str(m.task) != "generate"
     field = draw(st.sampled_from([
         "uri", "task", "tp", "maxModelLen", "maxNumSeqs", "chunk", "backend", "image", "env",
-        *(["warmupShapes"] if pooling else []),
+        "cpu", *(["warmupShapes"] if pooling else []),
     ]))
     c = resolve_compile(m).compile  # the shape the key hashes: omitted fields as chosen
     if field == "uri":
@@ -256,6 +255,11 @@ def compile_edits(draw: st.DrawFn, spec: dict[str, Any]) -> dict[str, Any]:
         assume([[w["promptLen"], w["batchSize"]] for w in new_shapes]
                != [[w.prompt_len, w.batch_size] for w in c.warmup_shapes or []])
         return setpath(spec, ("compile", "warmupShapes"), new_shapes)
+    if field == "cpu":  # the serving pods' whole CPUs, the plugin's thread count
+        cpus = draw(st.sampled_from(["1", "1500m", "2", "3", "7.5", "64"]))
+        edited = setpath(spec, ("serving", "resources", "limits", "cpu"), cpus)
+        assume(engine_cpus(SpyreModelSpec.model_validate(edited)) != engine_cpus(m))
+        return edited
     if field == "image":
         new = draw(st.sampled_from([*IMAGES, "registry.example/other:3"]))
         assume(new != m.engine.image)
@@ -283,3 +287,14 @@ def test_compile_fields_always_change_the_key(data: st.DataObject) -> None:
     before, after = SpyreModelSpec.model_validate(spec), SpyreModelSpec.model_validate(edited)
     assert key_inputs(before) != key_inputs(after)
     assert artifact_key(after) != artifact_key(before)
+
+
+@SETTINGS
+@given(specs(), st.sampled_from([("2", "2000m"), ("1500m", "2"), ("3", "2.1"), ("64", 64)]))
+def test_the_serving_cpu_counts_in_whole_cpus(
+    spec: dict[str, Any], same: tuple[str | int, str | int]
+) -> None:
+    """The key hashes the whole CPUs the plugin is given, not how the quantity is spelt."""
+    a, b = same
+    assert key(setpath(spec, ("serving", "resources", "limits", "cpu"), a)) == key(
+        setpath(spec, ("serving", "resources", "limits", "cpu"), b))

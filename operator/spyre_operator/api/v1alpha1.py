@@ -455,6 +455,9 @@ OPERATOR_ENV = (
     "SENDNN_INFERENCE_MODEL_CONFIG_FILE",
     # VF or PF, from accelerator.resourceName (desired/pod.py flex_device)
     "FLEX_DEVICE",
+    # the CPUs the plugin divides among its workers' threads (DT_PARALLEL_THREADS among them),
+    # from serving.resources' cpu, the same in the precompile Job (desired/key.py engine_cpus)
+    "SENDNN_INFERENCE_NUM_CPUS",
 )
 
 
@@ -515,7 +518,8 @@ API_KEY_ENV = "VLLM_API_KEY"
 
 
 class ServingSpec(ApiModel):
-    """How the inference pods run. Nothing here changes the artifact key."""
+    """How the inference pods run. Nothing here changes the artifact key but the compile-time
+    variables in env and the whole CPUs of resources (the plugin's thread count)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -576,7 +580,8 @@ class ServingSpec(ApiModel):
                     "self.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in OPERATOR_ENV) + "]))",
                     "serving.env must not set variables the operator manages ("
                     + ", ".join(OPERATOR_ENV)
-                    + "); use compile.backend to choose the backend",
+                    + "); use compile.backend to choose the backend, and "
+                    "serving.resources' cpu for SENDNN_INFERENCE_NUM_CPUS",
                 )
             ],
         },
@@ -626,7 +631,15 @@ class ServingSpec(ApiModel):
         ),
     )
     resources: ResourceRequirements | None = Field(
-        default=None, description="CPU/memory for the serving container."
+        default=None,
+        description=(
+            "CPU/memory for the serving container. Its cpu (limits, else requests), rounded up "
+            "to whole CPUs, is given to the Spyre plugin as SENDNN_INFERENCE_NUM_CPUS in the "
+            "serving pods and in the precompile Job alike: the plugin divides it among its "
+            "tensor-parallel workers' threads (DT_PARALLEL_THREADS, which the compiler uses), "
+            "so it is part of the artifact key. No cpu: the plugin counts each pod's CPUs "
+            "itself."
+        ),
     )
     shutdown_grace_period_seconds: int = Field(
         default=30,

@@ -19,20 +19,31 @@ In the key:
   - environment variables the plugin and the Spyre compiler read at compile time, when set in
     ``spec.serving.env`` (see :data:`COMPILE_ENV_NAMES` and :data:`COMPILE_ENV_PREFIXES`).
     They are also passed to the precompile Job.
+  - the serving pods' whole CPUs (:func:`engine_cpus`), when ``serving.resources`` gives a
+    cpu: the operator sets them as ``SENDNN_INFERENCE_NUM_CPUS`` in the precompile Job and the
+    serving pods alike. The plugin (sendnn_inference/platform.py, ``get_cpu_count`` and
+    ``_check_threading_config``) divides that count among its tensor-parallel workers and sets
+    each worker's ``DT_PARALLEL_THREADS`` from it ("affects the compilation during warmup"), in
+    ``sendnn_compile_only`` too; without it each pod counts its own cgroup limit or node, and
+    a CPU node and a card node count differently. One Job builds the artifact of every model
+    with its key, so a value that may shape the compile is a key input like the user's own
+    ``DT_*`` variables. Absent (no serving cpu) it is not hashed: those keys stay as before.
 
-Not in the key (changing them only rolls the Deployment): replicas, resources, serving env that
-does not affect compilation, extraArgs, prefixCaching, port, shutdown grace period, scheduling,
-the precompile Job's limits and annotations, and the cache claim (a different claim gets its
-own Job, named from claim and key, but the same key).
+Not in the key (changing them only rolls the Deployment): replicas, resources but the serving
+cpu, serving env that does not affect compilation, extraArgs, prefixCaching, port, shutdown
+grace period, scheduling, the precompile Job's limits and annotations, and the cache claim (a
+different claim gets its own Job, named from claim and key, but the same key).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 from ..api.v1alpha1 import OPERATOR_ENV, EnvVar, SpyreModelSpec
+from ..apply import parse_quantity
 from .shapes import resolve_compile
 
 #: Bump when the key's inputs change meaning, so old artifacts are not reused by mistake.
@@ -47,6 +58,8 @@ COMPILE_ENV_NAMES = frozenset(
         "SENDNN_INFERENCE_WARMUP_BATCH_SIZES",
         "SENDNN_INFERENCE_CP_INTERLEAVE_STEPS",
         "SENDNN_INFERENCE_MODEL_CONFIG_FILE",
+        # 0 keeps the plugin from setting DT_PARALLEL_THREADS from SENDNN_INFERENCE_NUM_CPUS
+        "SENDNN_INFERENCE_UPDATE_THREAD_CONFIG",
     }
 )
 #: Prefixes of the Spyre compiler's and runtime's graph-shaping variables.
@@ -69,9 +82,23 @@ def compile_env(spec: SpyreModelSpec) -> list[EnvVar]:
     )
 
 
+def engine_cpus(spec: SpyreModelSpec) -> int | None:
+    """The whole CPUs of a serving pod (its cpu limit, else its request, rounded up), which the
+    operator gives the plugin as ``SENDNN_INFERENCE_NUM_CPUS`` in the precompile Job and the
+    serving pods of the artifact; None when serving.resources gives no cpu."""
+    res = spec.serving.resources
+    for quantities in (res.limits, res.requests) if res else ():
+        if quantities and "cpu" in quantities:
+            cpus = parse_quantity(quantities["cpu"])
+            if cpus is not None and cpus > 0:
+                return max(1, math.ceil(cpus))
+    return None
+
+
 def key_inputs(spec: SpyreModelSpec) -> dict[str, Any]:
     """The canonical document the key hashes (also useful to explain a key)."""
     c = resolve_compile(spec).compile
+    cpus = engine_cpus(spec)
     site: dict[str, Any] = {}
     # Only when set, so that keys of existing artifacts do not change.
     if not c.require_known_configuration:
@@ -93,6 +120,8 @@ def key_inputs(spec: SpyreModelSpec) -> dict[str, Any]:
         },
         "image": spec.engine.image,
         "env": [e.model_dump(by_alias=True, exclude_none=True) for e in compile_env(spec)],
+        # Only when set, so that keys of models without a serving cpu do not change.
+        **({"engineCpus": cpus} if cpus is not None else {}),
     }
 
 

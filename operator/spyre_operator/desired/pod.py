@@ -30,6 +30,7 @@ from lightkube.models.meta_v1 import LabelSelector
 from ..api.v1alpha1 import ResourceRequirements as ApiResources
 from ..api.v1alpha1 import SpyreModelSpec
 from . import names
+from .key import engine_cpus
 from .plan import CACHE_MOUNT, HF_CACHE_DIR, MODEL_MOUNT, ModelPlan
 from .site import BUILTIN_RESOURCE_NAME
 
@@ -146,13 +147,29 @@ def flex_device(resource_name: str) -> str:
     return "VF" if name.endswith("_vf") or "_vf_" in name else "PF"
 
 
+def thread_env(spec: SpyreModelSpec) -> list[EnvVar]:
+    """SENDNN_INFERENCE_NUM_CPUS from the serving pods' cpu, for the precompile Job and the
+    serving pods of the artifact alike (the value is part of its key: key.engine_cpus).
+
+    The plugin (sendnn_inference/platform.py) takes it before the pod's cgroup quota
+    (``get_cpu_count``) and, with SENDNN_INFERENCE_UPDATE_THREAD_CONFIG on (its default), sets
+    OMP_NUM_THREADS and DT_PARALLEL_THREADS ("affects the compilation during warmup") to it
+    divided by the tensor-parallel workers, rounded up (``_check_threading_config``), for
+    every backend, sendnn_compile_only included. The Job and the servers have the same
+    tensorParallelSize, so their workers get the same threads wherever each pod runs.
+    """
+    cpus = engine_cpus(spec)
+    return [] if cpus is None else [EnvVar(name="SENDNN_INFERENCE_NUM_CPUS", value=str(cpus))]
+
+
 def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
-    """The Spyre plugin's cache settings for the artifact ``key``, and for a pod on the cards
-    (``backend`` sendnn) the FLEX_DEVICE of its card resource."""
+    """The Spyre plugin's cache settings for the artifact ``key``, its thread count, and for a
+    pod on the cards (``backend`` sendnn) the FLEX_DEVICE of its card resource."""
     on_cards = backend == CARD_BACKEND
     flex = plan.spec.accelerator.resource_name or BUILTIN_RESOURCE_NAME
     return [
         *model_config_env(plan.spec),
+        *thread_env(plan.spec),
         *([EnvVar(name="FLEX_DEVICE", value=flex_device(flex))] if on_cards else []),
         EnvVar(name="TORCH_SENDNN_CACHE_ENABLE", value="1"),
         EnvVar(name="TORCH_SENDNN_CACHE_DIR", value=plan.artifact_dir(key)),
