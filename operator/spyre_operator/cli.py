@@ -106,6 +106,7 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
             list[Toleration],
         ),
         "storage_class_name": args.default_storage_class,
+        "precompile_max_load_processes": args.default_precompile_max_load_processes,
         "allowed_engine_images": tuple(dict.fromkeys(args.allowed_engine_image)),
         "platform_assigns_user": platform_assigns_user(args.pod_user, scc_probe or scc_api_served),
     }
@@ -278,6 +279,16 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--default-precompile-tolerations", default=None, metavar="JSON",
         help="precompile.tolerations, a JSON list of tolerations",
+    )
+    g.add_argument(
+        "--default-precompile-max-load-processes",
+        type=_budget,
+        default=None,
+        metavar="N",
+        help="precompile.maxLoadProcesses: how many tensor-parallel workers of a precompile "
+        "pod load and compile the model at once (SENDNN_INFERENCE_MAX_LOAD_PROCESSES; fewer "
+        "use less of the CPU pool's memory; 0: all; built in: the plugin's default, all). Not "
+        "part of the artifact key",
     )
     g.add_argument(
         "--default-storage-class",

@@ -19,7 +19,8 @@ GENERATE_TP4: dict[str, Any] = {
         "resources": {"requests": {"cpu": "8", "memory": "64Gi"}},
     },
     # a CPU pool with more CPUs than a server's: the Job still gets the servers' thread count
-    "precompile": {"resources": {"requests": {"cpu": "16", "memory": "128Gi"}}},
+    "precompile": {"maxLoadProcesses": 2,
+                   "resources": {"requests": {"cpu": "16", "memory": "128Gi"}}},
     "accelerator": {"resourceName": "ibm.com/spyre_pf", "nodeSelector": {"pool": "spyre"}},
     "cache": {"claimName": "shared-cache"},
 }

@@ -4,16 +4,21 @@ The plugin sets each worker's DT_PARALLEL_THREADS ("affects the compilation duri
 sendnn_inference/platform.py) from SENDNN_INFERENCE_NUM_CPUS, else from the pod's own cgroup
 limit or node; the precompile pod (a CPU node) and the serving pods (a card node) would count
 differently. The operator gives both the serving pods' whole CPUs, and hashes them into the
-artifact key.
+artifact key. SENDNN_INFERENCE_MAX_LOAD_PROCESSES (how many workers load and compile at once)
+is precompile.maxLoadProcesses, for the Job only. The plugin side is pinned in
+test_spyre_pins.py (thread_drift).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from spyre_operator.api import SpyreModelSpec
+from spyre_operator.cli import build_parser, site_defaults
 from spyre_operator.crd import build_crd
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.job import build_precompile_job
@@ -22,10 +27,11 @@ from spyre_operator.desired.plan import ModelPlan, plan_model
 from spyre_operator.desired.site import SiteDefaults
 from spyre_operator.reconcile import Observed, decide
 
-from .samples import GENERATE, model
+from .samples import GENERATE, SITE, model
 from .test_reconcile import BOUND, NOW, deployment_obj, job_obj
 
 NUM_CPUS = "SENDNN_INFERENCE_NUM_CPUS"
+MAX_LOAD = "SENDNN_INFERENCE_MAX_LOAD_PROCESSES"
 
 
 def with_(spec: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +102,7 @@ def test_without_a_serving_cpu_nothing_changes() -> None:
     assert "engineCpus" not in key_inputs(spec)
     job, dep = pods(plan(GENERATE))
     assert NUM_CPUS not in env(job) and NUM_CPUS not in env(dep)
+    assert MAX_LOAD not in env(job) and MAX_LOAD not in env(dep)
 
 
 def test_the_cpus_are_part_of_the_key() -> None:
@@ -154,6 +161,59 @@ def test_the_thread_count_is_the_operators_and_its_switch_reaches_the_job() -> N
     job, dep = pods(plan(spec))
     assert env(job)[switch["name"]] == env(dep)[switch["name"]] == "0"
     assert plan(spec).key != plan(BIG_COMPILE).key
+
+
+# ---------------------------------------------------------------- maxLoadProcesses
+
+
+def test_max_load_processes_is_given_to_the_job_only() -> None:
+    spec = with_(BIG_COMPILE, precompile={"maxLoadProcesses": 2})
+    job, dep = pods(plan(spec))
+    assert env(job)[MAX_LOAD] == "2"
+    assert MAX_LOAD not in env(dep)
+    assert plan(spec).key == plan(BIG_COMPILE).key, "how many compile at once, not what"
+    job, _ = pods(plan(with_(BIG_COMPILE, precompile={"maxLoadProcesses": 0})))
+    assert env(job)[MAX_LOAD] == "0", "0, given, is given (the plugin's: no limit)"
+
+
+def test_the_servers_keep_their_own_max_load_processes() -> None:
+    """serving.env may still set it for the serving pods; precompile's is the Job's."""
+    spec = with_(BIG_COMPILE, precompile={"maxLoadProcesses": 1},
+                 serving={"env": [{"name": MAX_LOAD, "value": "4"}]})
+    job, dep = pods(plan(spec))
+    assert env(job)[MAX_LOAD] == "1" and env(dep)[MAX_LOAD] == "4"
+    assert [e.name for e in job.env].count(MAX_LOAD) == 1
+
+
+def test_max_load_processes_is_a_whole_number_of_zero_or_more() -> None:
+    field = (build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+             ["spec"]["properties"]["precompile"]["properties"]["maxLoadProcesses"])  # fmt: skip
+    assert field["type"] == "integer" and field["minimum"] == 0 and "default" not in field
+    for bad in (-1, 1.5, "two"):
+        with pytest.raises(ValidationError):
+            SpyreModelSpec.model_validate(with_(GENERATE, precompile={"maxLoadProcesses": bad}))
+
+
+def test_the_operators_default_max_load_processes() -> None:
+    """--default-precompile-max-load-processes: for models that leave it unset."""
+    args = build_parser().parse_args(["run", "--default-precompile-max-load-processes", "1"])
+    site = site_defaults(args, scc_probe=lambda: False)
+    assert site.precompile_max_load_processes == 1
+    p = plan(BIG_COMPILE, site)
+    job, dep = pods(p)
+    assert env(job)[MAX_LOAD] == "1" and MAX_LOAD not in env(dep)
+    assert "precompile.maxLoadProcesses" in p.from_defaults
+    own = plan(with_(BIG_COMPILE, precompile={"maxLoadProcesses": 4}), site)
+    assert env(pods(own)[0])[MAX_LOAD] == "4"
+    assert "precompile.maxLoadProcesses" not in own.from_defaults
+    # none given: nothing set, and nothing the model follows
+    none = plan(BIG_COMPILE, SITE)
+    assert MAX_LOAD not in env(pods(none)[0])
+    assert "precompile.maxLoadProcesses" not in none.from_defaults
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--default-precompile-max-load-processes", "-1"])
+    assert replace(SITE, precompile_max_load_processes=2).for_served_spec() \
+        .precompile_max_load_processes is None, "servers never get it"
 
 
 def test_artifact_key_still_has_its_shape() -> None:

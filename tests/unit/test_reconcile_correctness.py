@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.api.v1alpha1 import OPERATOR_ENV, CacheVolumeSpec
+from spyre_operator.api.v1alpha1 import OPERATOR_ENV, PRECOMPILE_ENV, CacheVolumeSpec
 from spyre_operator.apply import APPLIED_HASH_ANNOTATION, is_subset, with_applied_hash
 from spyre_operator.controller import compact_pod, foreign_owner
 from spyre_operator.desired import names
@@ -322,12 +322,16 @@ def test_read_write_once_cache_keeps_pods_on_one_node() -> None:
 
 
 def test_operator_env_is_one_list() -> None:
-    """What the operator sets is OPERATOR_ENV (the CRD refuses it in serving.env)."""
-    spec = {**GENERATE, "serving": {"resources": {"limits": {"cpu": "4"}}}}
+    """What the operator sets is OPERATOR_ENV (the CRD refuses it in serving.env), and on the
+    precompile container PRECOMPILE_ENV too (from precompile fields; servers may set it)."""
+    spec = {**GENERATE, "serving": {"resources": {"limits": {"cpu": "4"}}},
+            "precompile": {"maxLoadProcesses": 1}}
     m, obs = serving_model(spec)
     dep = next(o for o in decide(m, obs, NOW).apply if o.kind == "Deployment")
     job = decide(model("m", spec), Observed(cache_pvc=bound()), NOW).job
     dep_env = {e.name for e in dep.spec.template.spec.containers[0].env}
     job_env = {e.name for e in job.spec.template.spec.containers[0].env}
-    assert dep_env <= set(OPERATOR_ENV) and job_env <= set(OPERATOR_ENV)
+    assert dep_env <= set(OPERATOR_ENV)
+    assert job_env <= set(OPERATOR_ENV) | set(PRECOMPILE_ENV)
     assert "SENDNN_INFERENCE_NUM_CPUS" in dep_env & job_env
+    assert set(PRECOMPILE_ENV) <= job_env and not set(PRECOMPILE_ENV) & set(OPERATOR_ENV)

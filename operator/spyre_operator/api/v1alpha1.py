@@ -459,6 +459,9 @@ OPERATOR_ENV = (
     # from serving.resources' cpu, the same in the precompile Job (desired/key.py engine_cpus)
     "SENDNN_INFERENCE_NUM_CPUS",
 )
+#: Environment the operator sets on the precompile container only, from precompile fields when
+#: they are given; serving.env may set it for the serving pods.
+PRECOMPILE_ENV = ("SENDNN_INFERENCE_MAX_LOAD_PROCESSES",)
 
 
 class ApiKeyRef(ApiModel):
@@ -678,6 +681,18 @@ class PrecompileSpec(ApiModel):
         description="Annotations added to the precompile pod.",
         max_length=64,
         json_schema_extra=_keys_are_qualified_names("precompile.podAnnotations"),
+    )
+    max_load_processes: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "How many tensor-parallel workers of the precompile pod load and compile the model "
+            "at once (SENDNN_INFERENCE_MAX_LOAD_PROCESSES, given to the precompile Job only): "
+            "fewer use less memory when compiling with tensorParallelSize > 1, and take "
+            "longer; 0 is no limit. Unset: the operator's default (its "
+            "--default-precompile-max-load-processes), else the plugin's (no limit). Not part "
+            "of the artifact key."
+        ),
     )
     on_cards: bool = Field(
         default=False,

@@ -22,6 +22,7 @@ from .pod import (
     container_security_context,
     download_env,
     download_volumes,
+    load_processes_env,
     merge_env,
     placement,
     plugin_env,
@@ -71,7 +72,8 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
     backend = precompile_backend(spec)
     cards = card_requests(spec, on_cards)
     env: list[EnvVar] = merge_env(
-        [*user_env(compile_env(spec)), *download_env(plan)], plugin_env(plan, plan.key, backend)
+        [*user_env(compile_env(spec)), *download_env(plan)],
+        [*plugin_env(plan, plan.key, backend), *load_processes_env(spec)],
     )
     dl_vols, dl_mounts = download_volumes(plan)
     vols, mounts = vols + dl_vols, mounts + dl_mounts

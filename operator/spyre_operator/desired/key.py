@@ -31,8 +31,9 @@ In the key:
 
 Not in the key (changing them only rolls the Deployment): replicas, resources but the serving
 cpu, serving env that does not affect compilation, extraArgs, prefixCaching, port, shutdown
-grace period, scheduling, the precompile Job's limits and annotations, and the cache claim (a
-different claim gets its own Job, named from claim and key, but the same key).
+grace period, scheduling, the precompile Job's limits, annotations and maxLoadProcesses (how
+many workers compile at once, not what they compile), and the cache claim (a different claim
+gets its own Job, named from claim and key, but the same key).
 """
 
 from __future__ import annotations

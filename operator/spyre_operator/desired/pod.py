@@ -162,6 +162,17 @@ def thread_env(spec: SpyreModelSpec) -> list[EnvVar]:
     return [] if cpus is None else [EnvVar(name="SENDNN_INFERENCE_NUM_CPUS", value=str(cpus))]
 
 
+def load_processes_env(spec: SpyreModelSpec) -> list[EnvVar]:
+    """SENDNN_INFERENCE_MAX_LOAD_PROCESSES for the precompile Job, when precompile gives one.
+
+    The plugin lets that many tensor-parallel workers at a time load the model and compile it
+    (sendnn_inference/utils.py ``stagger_region``, around the model load and the warmup's
+    compile); 0, its default, lets all of them at once.
+    """
+    n = spec.precompile.max_load_processes
+    return [] if n is None else [EnvVar(name="SENDNN_INFERENCE_MAX_LOAD_PROCESSES", value=str(n))]
+
+
 def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
     """The Spyre plugin's cache settings for the artifact ``key``, its thread count, and for a
     pod on the cards (``backend`` sendnn) the FLEX_DEVICE of its card resource."""

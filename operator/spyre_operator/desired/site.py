@@ -1,10 +1,11 @@
 """Cluster-wide defaults of the per-site settings, and the engine-image allow-list (pure).
 
 A SpyreModel that leaves a per-site field unset (the engine image and its pull secrets, the
-card resource, the scheduler, node placement, the cache's StorageClass) follows the operator's
-default for it at every reconcile: the CRD has no default for these fields, because the API
-server would write one into each object at creation and an operator upgrade or an admin's
-change would then never reach existing models. ``plan_model`` fills them in from
+card resource, the scheduler, node placement, the cache's StorageClass, how many workers of a
+precompile pod compile at once) follows the operator's default for it at every reconcile: the
+CRD has no default for these fields, because the API server would write one into each object
+at creation and an operator upgrade or an admin's change would then never reach existing
+models. ``plan_model`` fills them in from
 :class:`SiteDefaults` (the operator's flags, from the chart's ``defaults`` values), so the
 builders and the artifact key see the effective values and stay pure.
 """
@@ -46,6 +47,10 @@ class SiteDefaults:
     precompile_tolerations: tuple[Toleration, ...] = ()
     #: StorageClass of cache PVCs the operator creates; "" is the cluster's default class.
     storage_class_name: str = ""
+    #: precompile.maxLoadProcesses (SENDNN_INFERENCE_MAX_LOAD_PROCESSES of the precompile Job):
+    #: how many tensor-parallel workers load and compile at once, for the CPU pool's memory;
+    #: None is the plugin's default (all of them).
+    precompile_max_load_processes: int | None = None
     #: Engine images a model may run (shell-style patterns, e.g. registry.example.com/spyre/*);
     #: empty: any.
     allowed_engine_images: tuple[str, ...] = ()
@@ -98,6 +103,7 @@ SERVING_NODE_SELECTOR = "accelerator.nodeSelector"
 SERVING_TOLERATIONS = "accelerator.tolerations"
 PRECOMPILE_NODE_SELECTOR = "precompile.nodeSelector"
 PRECOMPILE_TOLERATIONS = "precompile.tolerations"
+PRECOMPILE_MAX_LOAD_PROCESSES = "precompile.maxLoadProcesses"
 STORAGE_CLASS_NAME = "cache.volume.storageClassName"
 
 
@@ -132,6 +138,12 @@ def resolve_site(spec: SpyreModelSpec, site: SiteDefaults) -> tuple[SpyreModelSp
     for section, attr, path, value in defaults:
         if getattr(getattr(spec, section), attr) is None:
             _unset(changes.setdefault(section, {}), used, path, attr, value)
+    # A number without a built-in value: followed only when the operator has one (otherwise
+    # the plugin's default applies, as for a model that never heard of the operator's flag).
+    loads = site.precompile_max_load_processes
+    if spec.precompile.max_load_processes is None and loads is not None:
+        changes.setdefault("precompile", {})["max_load_processes"] = loads
+        used.append(PRECOMPILE_MAX_LOAD_PROCESSES)
     if spec.cache.claim_name is None and (
         spec.cache.volume is None or spec.cache.volume.storage_class_name is None
     ):
