@@ -10,7 +10,11 @@ sendnn-inference or vLLM fails here, naming what moved, instead of on a cluster 
   - the ``Configurations for Spyre.`` log line the engine parses to record what was compiled
     (``platform.py``), rendered with its own format string and parsed with ours;
   - the vLLM variables we set (``vllm/envs.py``), ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` among
-    them.
+    them;
+  - the thread count the operator pins (``platform.py``): SENDNN_INFERENCE_NUM_CPUS comes
+    before the cgroup quota, is divided among the tensor-parallel workers into
+    DT_PARALLEL_THREADS for every backend, sendnn_compile_only included; and
+    SENDNN_INFERENCE_MAX_LOAD_PROCESSES still staggers the model load and the warmup compile.
 Each check is fed a modified copy of those files too, to show it fails on a simulated rename.
 The plugin's matcher itself (types, TP 2 and 4, warmup shapes in both orders) is run on CPU in
 ``tests/engine/test_catalog_plugin.py``.
@@ -220,8 +224,86 @@ def vllm_env_drift(src: Installed) -> list[str]:
     return [f"vllm/envs.py no longer defines {name}" for name in sorted(VLLM_ENV - defined)]
 
 
+#: The plugin's variables the operator sets for threads and compile concurrency, and their
+#: defaults when unset (0: count the CPUs; 0: every worker at once; 1: set the thread variables).
+THREAD_ENV_DEFAULTS = {"SENDNN_INFERENCE_NUM_CPUS": "0",
+                       "SENDNN_INFERENCE_MAX_LOAD_PROCESSES": "0",
+                       "SENDNN_INFERENCE_UPDATE_THREAD_CONFIG": "1"}  # fmt: skip
+#: Where the plugin staggers its workers by SENDNN_INFERENCE_MAX_LOAD_PROCESSES: the model load
+#: and the warmup's compile.
+MAX_LOAD_READERS = ("model_executor/model_loader/spyre.py", "v1/worker/spyre_worker.py")
+
+
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef | None:
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name),
+                None)  # fmt: skip
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every Name id and Attribute attr under ``node``."""
+    return {getattr(n, "id", None) or getattr(n, "attr", "") for n in ast.walk(node)} - {""}
+
+
+def _getenv_defaults(envs_py: Path) -> dict[str, str]:
+    """``os.getenv("NAME", "default")`` calls of envs.py, as {NAME: default}."""
+    out = {}
+    for n in ast.walk(ast.parse(envs_py.read_text())):
+        if (isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "getenv"
+                and len(n.args) == 2 and all(isinstance(a, ast.Constant) for a in n.args)):
+            out[str(n.args[0].value)] = str(n.args[1].value)  # type: ignore[attr-defined]
+    return out
+
+
+def thread_drift(src: Installed) -> list[str]:
+    """What desired/pod.py thread_env and load_processes_env rely on in the plugin."""
+    problems = []
+    defaults = _getenv_defaults(src.plugin / "envs.py")
+    for name, default in THREAD_ENV_DEFAULTS.items():
+        if defaults.get(name) != default:
+            problems.append(f"envs.py: {name} defaults to {defaults.get(name)!r}, not "
+                            f"{default!r}")  # fmt: skip
+    tree = ast.parse((src.plugin / "platform.py").read_text())
+    threading = next((n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                      and any(getattr(t, "id", None) == "THREADING_ENVS" for t in n.targets)),
+                     None)  # fmt: skip
+    names = {e.value for e in getattr(threading, "elts", []) if isinstance(e, ast.Constant)}
+    if "DT_PARALLEL_THREADS" not in names:
+        problems.append("platform.py: THREADING_ENVS no longer lists DT_PARALLEL_THREADS")
+    count = _function(tree, "get_cpu_count")
+    first_if = next((n for n in (count.body if count else []) if isinstance(n, ast.If)), None)
+    if first_if is None or "SENDNN_INFERENCE_NUM_CPUS" not in _names(first_if.test) or not any(
+        isinstance(n, ast.Return) for n in first_if.body
+    ):
+        problems.append("platform.py: get_cpu_count no longer returns SENDNN_INFERENCE_NUM_CPUS "
+                        "before it reads the cgroup quota")  # fmt: skip
+    check = _function(tree, "_check_threading_config")
+    divided = check is not None and any(
+        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)
+        and getattr(n.right, "id", None) == "worker_count" for n in ast.walk(check)
+    )  # fmt: skip
+    sets = check is not None and any(
+        isinstance(n, ast.For) and getattr(n.iter, "id", None) == "THREADING_ENVS"
+        and "environ" in _names(n) for n in ast.walk(check)
+    )  # fmt: skip
+    if not divided or not sets:
+        problems.append("platform.py: _check_threading_config no longer sets THREADING_ENVS to "
+                        "the CPU count divided among the workers")  # fmt: skip
+    update = _function(tree, "check_and_update_config")
+    if update is None or not any(
+        isinstance(n, ast.Expr) and "_check_threading_config" in _names(n) for n in update.body
+    ):
+        problems.append("platform.py: check_and_update_config no longer calls "
+                        "_check_threading_config for every backend")  # fmt: skip
+    for rel in MAX_LOAD_READERS:
+        if "SENDNN_INFERENCE_MAX_LOAD_PROCESSES" not in _names(
+            ast.parse((src.plugin / rel).read_text())
+        ):
+            problems.append(f"{rel} no longer reads SENDNN_INFERENCE_MAX_LOAD_PROCESSES")
+    return problems
+
+
 CHECKS: list[Callable[[Installed], list[str]]] = [
-    env_drift, catalog_drift, model_configs_drift, log_line_drift, vllm_env_drift
+    env_drift, catalog_drift, model_configs_drift, log_line_drift, vllm_env_drift, thread_drift
 ]  # fmt: skip
 
 
@@ -233,7 +315,8 @@ def test_the_installed_plugin_and_vllm_are_what_we_rely_on(check: Callable) -> N
 def _copy(tmp_path: Path) -> Installed:
     src = installed()
     plugin = tmp_path / "sendnn_inference"
-    for rel in ("envs.py", "compilation_utils.py", "platform.py", "config/model_configs.yaml"):
+    for rel in ("envs.py", "compilation_utils.py", "platform.py", "config/model_configs.yaml",
+                *MAX_LOAD_READERS):
         (plugin / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(src.plugin / rel, plugin / rel)
     shutil.copy(src.vllm_envs, tmp_path / "vllm_envs.py")
@@ -260,6 +343,24 @@ SIMULATED = [
     ("vllm_envs.py", '"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": lambda',
      '"VLLM_WORKER_SHUTDOWN_TIMEOUT": lambda',
      vllm_env_drift, "no longer defines VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"),
+    ("envs.py", '"SENDNN_INFERENCE_NUM_CPUS": lambda', '"SENDNN_INFERENCE_CPUS": lambda',
+     env_drift, "no longer defines SENDNN_INFERENCE_NUM_CPUS"),
+    ("envs.py", '"SENDNN_INFERENCE_MAX_LOAD_PROCESSES", "0"',
+     '"SENDNN_INFERENCE_MAX_LOAD_PROCESSES", "1"',
+     thread_drift, "SENDNN_INFERENCE_MAX_LOAD_PROCESSES defaults to '1'"),
+    ("platform.py", '"DT_PARALLEL_THREADS",  # affects', '"DT_THREADS",  # affects',
+     thread_drift, "no longer lists DT_PARALLEL_THREADS"),
+    ("platform.py", "if (num_cpu := envs_spyre.SENDNN_INFERENCE_NUM_CPUS) > 0:",
+     "if (num_cpu := 0) > 0:",
+     thread_drift, "no longer returns SENDNN_INFERENCE_NUM_CPUS"),
+    ("platform.py", "math.ceil(cpu_count / worker_count)", "math.ceil(cpu_count)",
+     thread_drift, "divided among the workers"),
+    ("platform.py", "        cls._check_threading_config(parallel_config.world_size)",
+     '        if envs_spyre.SENDNN_INFERENCE_DYNAMO_BACKEND == "sendnn":\n'
+     "            cls._check_threading_config(parallel_config.world_size)",
+     thread_drift, "for every backend"),
+    ("v1/worker/spyre_worker.py", "envs_spyre.SENDNN_INFERENCE_MAX_LOAD_PROCESSES", "0",
+     thread_drift, "spyre_worker.py no longer reads SENDNN_INFERENCE_MAX_LOAD_PROCESSES"),
 ]  # fmt: skip
 
 
