@@ -9,7 +9,7 @@ UV      := $(VENV)/bin/uv
 CLUSTER := $(PY) tests/cluster/controlplane.py
 PYTEST_ARGS ?=
 
-.PHONY: images test-images images-prune
+.PHONY: images test-images images-prune release mirror
 .PHONY: help deps install lock binaries cluster-up cluster-down test test-unit test-integration \
         demo demo-down demo-kwok bench bench-engine crds lint clean supported-configs
 
@@ -42,6 +42,7 @@ binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside t
 	tests/cluster/node-deps.sh
 	tests/cluster/metrics-deps.sh >/dev/null
 	tests/cluster/keda-deps.sh >/dev/null
+	tests/cluster/registry-deps.sh >/dev/null
 	tests/cluster/crds.sh >/dev/null
 
 cluster-up: install binaries ## Start the local control plane (SPYRE_REAL_NODE=1: with the real node)
@@ -119,6 +120,24 @@ bench: install binaries ## Benchmarks: operator vs API server, scale-up and wake
 
 bench-engine: install ## Engine benchmark: warm vs cold start, wrapper overhead, drain
 	$(PY) engine/bench/bench_engine.py $(BENCH_ARGS)
+
+# A release: REGISTRY=host[:port]/path (required), VERSION (default and only allowed value:
+# pyproject.toml's), ENGINE_BASE (production: engine/Containerfile on it; default: the CPU
+# engine image), PLAIN_HTTP=1 for a registry without TLS. Log in first if it needs it
+# (buildah login / helm registry login). See README "Install from a release".
+REGISTRY ?=
+VERSION ?=
+ENGINE_BASE ?=
+PLAIN_HTTP ?=
+RELEASE_FLAGS = $(if $(VERSION),--version $(VERSION)) $(if $(PLAIN_HTTP),--plain-http)
+
+release: install binaries images ## Build, push and pin the images and push the chart: REGISTRY=host/path [VERSION=] [PLAIN_HTTP=1]
+	@test -n "$(REGISTRY)" || { echo "usage: make release REGISTRY=host[:port]/path [VERSION=x.y.z] [ENGINE_BASE=image] [PLAIN_HTTP=1]"; exit 2; }
+	$(PY) operator/scripts/release.py release --registry $(REGISTRY) $(RELEASE_FLAGS) $(if $(ENGINE_BASE),--engine-base $(ENGINE_BASE))
+
+mirror: install binaries ## Copy a release into a site's registry: FROM=host/path TO=host/path [VERSION=] [PLAIN_HTTP=1]
+	@test -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make mirror FROM=host/path TO=host/path [VERSION=x.y.z] [PLAIN_HTTP=1]"; exit 2; }
+	$(PY) operator/scripts/release.py mirror --from $(FROM) --to $(TO) $(RELEASE_FLAGS)
 
 clean: cluster-down
 	rm -rf .cluster

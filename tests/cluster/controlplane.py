@@ -64,7 +64,7 @@ REPO_ROOT = HERE.parent.parent
 
 # Start order; stopping goes the other way round.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-              "coredns")
+              "coredns", "registry")
 BINARIES = (
     "etcd",
     "kube-apiserver",
@@ -162,6 +162,13 @@ def coredns_bin() -> Path:
     """The CoreDNS binary build.sh builds (its own cache directory, beside default_bin_dir)."""
     v = _read_versions(HERE / "versions.env")
     return default_bin_dir().parent / f"coredns-{v['COREDNS_VERSION']}" / "coredns"
+
+
+def registry_bin() -> Path:
+    """The OCI registry registry-deps.sh builds (CNCF distribution, beside default_bin_dir)."""
+    v = _read_versions(HERE / "versions.env")
+    return (default_bin_dir().parent / f"distribution-{v['DISTRIBUTION_VERSION']}"
+            / "registry")
 
 
 def free_ports(n: int) -> list[int]:
@@ -279,8 +286,9 @@ class ControlPlane:
 
     def check_binaries(self) -> None:
         missing = [b for b in BINARIES if not os.access(self.bin_dir / b, os.X_OK)]
-        if not os.access(coredns_bin(), os.X_OK):
-            missing.append(str(coredns_bin()))
+        for extra in (coredns_bin(), registry_bin()):
+            if not os.access(extra, os.X_OK):
+                missing.append(str(extra))
         if missing:
             raise BinariesMissing(
                 f"control-plane binaries missing in {self.bin_dir}: {', '.join(missing)}. "
@@ -425,7 +433,7 @@ class ControlPlane:
         if self._load_state() and self.pid("etcd") and self.pid("kube-apiserver"):
             if self.apiserver_ready():
                 # Keep the data; bring back only what died (e.g. after a fault-injection test).
-                self._ensure_dns_ports()
+                self._ensure_ports()
                 for c in COMPONENTS:
                     if not self.pid(c):
                         _log(f"{c} is not running; starting it again")
@@ -452,7 +460,7 @@ class ControlPlane:
         (self.state_dir / ".gitignore").write_text("*\n")
         self._link_tools()
         self._ensure_pki()
-        etcd_port, etcd_peer, api_port, kcm_port, sched_port, dns, dns_ready = free_ports(7)
+        etcd_port, etcd_peer, api_port, kcm_port, sched_port, dns, dns_ready, reg = free_ports(8)
         state: dict[str, Any] = {
             "bin_dir": str(self.bin_dir),
             "ports": {
@@ -463,6 +471,7 @@ class ControlPlane:
                 "scheduler": sched_port,
                 "coredns": dns,
                 "coredns_ready": dns_ready,
+                "registry": reg,
             },
             "started_at": time.time(),
         }
@@ -478,12 +487,14 @@ class ControlPlane:
             self._start("kube-apiserver")
             wait_until(self.apiserver_ready, timeout, "kube-apiserver /readyz", interval=0.25)
             t_api = time.monotonic() - t0
-            for c in ("kube-controller-manager", "kube-scheduler", "kwok", "coredns"):
+            for c in ("kube-controller-manager", "kube-scheduler", "kwok", "coredns", "registry"):
                 self._start(c)
             self._bootstrap_objects()
             self._wait_ready(max(timeout - (time.monotonic() - t0), 10))
             wait_until(self.coredns_ready, max(timeout - (time.monotonic() - t0), 10),
                        "CoreDNS /ready", interval=0.25)
+            wait_until(self.registry_ready, max(timeout - (time.monotonic() - t0), 10),
+                       "the registry's /v2/", interval=0.25)
         except BaseException:
             _log("start-up failed; logs are in " + str(self.logs))
             self._dump_log_tails()
@@ -563,6 +574,8 @@ class ControlPlane:
             wait_until(self.apiserver_ready, timeout, "kube-apiserver /readyz", interval=0.25)
         elif component == "coredns":
             wait_until(self.coredns_ready, timeout, "CoreDNS /ready", interval=0.25)
+        elif component == "registry":
+            wait_until(self.registry_ready, timeout, "the registry's /v2/", interval=0.25)
 
     # ------------------------------------------------------------------ process handling
     def _start(self, component: str) -> int:
@@ -579,6 +592,10 @@ class ControlPlane:
             self._write_kwok_stages()
         if component == "coredns":
             self._write_corefile()
+        if component == "registry":
+            self._write_registry_config()
+            # distribution 3 exports traces over OTLP by default (to localhost:4318): off.
+            env["OTEL_TRACES_EXPORTER"] = "none"
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -925,6 +942,7 @@ profiles:
                 f"--config={self.kwok_stages}",
             ],
             "coredns": [str(coredns_bin()), "-conf", str(self.corefile)],
+            "registry": [str(registry_bin()), "serve", str(self.registry_config)],
         }
 
     # ------------------------------------------------------------------ cluster objects
@@ -1025,13 +1043,52 @@ profiles:
     def corefile(self) -> Path:
         return self.state_dir / "Corefile"
 
-    def _ensure_dns_ports(self) -> None:
-        """Ports for CoreDNS in a state file written before it was a component."""
+    def _ensure_ports(self) -> None:
+        """Ports for CoreDNS and the registry in a state file written before they were
+        components."""
         st = self.state
         if "coredns" not in st["ports"]:
             st["ports"]["coredns"], st["ports"]["coredns_ready"] = free_ports(2)
-            st["commands"] = self._commands(st["ports"])
-            self.state_file.write_text(json.dumps(st, indent=2))
+        if "registry" not in st["ports"]:
+            st["ports"]["registry"] = free_ports(1)[0]
+        st["commands"] = self._commands(st["ports"])
+        self.state_file.write_text(json.dumps(st, indent=2))
+
+    # ------------------------------------------------------------------ the OCI registry
+    @property
+    def registry_config(self) -> Path:
+        return self.state_dir / "registry.yml"
+
+    @property
+    def registry_dir(self) -> Path:
+        """The registry's storage: kept across cluster restarts (a release pushed once is
+        pulled again), removed with ``.cluster``."""
+        return self.state_dir / "registry"
+
+    @property
+    def registry(self) -> str:
+        """``host:port`` of the cluster's OCI registry on loopback (plain HTTP, no auth)."""
+        return f"127.0.0.1:{self.state['ports']['registry']}"
+
+    def _write_registry_config(self) -> None:
+        """CNCF distribution's configuration: the filesystem driver, loopback only, plain
+        HTTP (the node's containerd is told so: node.py), deletes allowed."""
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        self.registry_config.write_text(
+            "# Generated by tests/cluster/controlplane.py.\n"
+            "version: 0.1\n"
+            "log:\n  level: warn\n  accesslog:\n    disabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {self.registry_dir}\n"
+            "  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.registry}\n"
+        )
+
+    def registry_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.registry}/v2/", timeout=2) as r:
+                return bool(r.status == 200)
+        except (OSError, ValueError, KeyError, ClusterError):
+            return False
 
     def _write_corefile(self) -> None:
         """CoreDNS answers for the cluster domain and the Service range's reverse zone only,

@@ -1,10 +1,16 @@
 """The operator installed by the Helm chart runs in a real pod on the real node (issue 10, part 4;
-issue 28: OpenShift's restricted-v2).
+issue 28: OpenShift's restricted-v2; issue 29: installed from a release).
 
 Everything is real: the operator image built here (tests/images), installed by the chart with
 its RBAC and its restricted pod (read-only root), on the real node; it reconciles a tiny-model
 SpyreModel (CPU backend ``eager``, TP 1) whose precompile Job and serving pod run the engine
 image there too, and the model answers through its Service.
+
+The first test installs from a release, as a site would: ``make release`` (operator/scripts/
+release.py) pushed both images and the chart, pinned to their digests, to the cluster's OCI
+registry (CNCF distribution on loopback); the chart is installed from ``oci://`` and the
+node's containerd pulls every image from that registry (nothing imported under those names).
+The model names no engine image: the released chart's ``defaults.engineImage`` is the one.
 
 The first test runs where OpenShift's default restricted-v2 SCC rules, emulated with
 Kubernetes' own admission policies (tests/cluster/manifests/restricted-v2.yaml): the chart's
@@ -51,6 +57,14 @@ def images(real_node: RealNode) -> dict[str, str]:
     return s.ensure_images(real_node)
 
 
+@pytest.fixture(scope="module")
+def release(control_plane: ControlPlane, real_node: RealNode,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A release in the cluster's registry (``make release``: built, pushed, chart pinned)."""
+    real_node.ensure_base_images()
+    return s.publish_release(control_plane, tmp_path_factory.mktemp("release"))
+
+
 def _release_namespace(cp: ControlPlane, name: str, restricted_v2: bool) -> Iterator[str]:
     s.ensure_namespace(cp, name, restricted_v2=restricted_v2)
     yield name
@@ -80,12 +94,23 @@ def _pod_metrics(cp: ControlPlane, namespace: str, pod: dict[str, Any]) -> dict[
     return s.parse_metrics(res.text)
 
 
-def _check_operator_pod(cp: ControlPlane, ns: str, pod: dict[str, Any], uid: int) -> None:
+def _pulled(pod: dict[str, Any], image: str) -> None:
+    """Every container of ``pod`` runs ``image`` (repository@digest), pulled by the node from
+    the registry: the kubelet reports that repository's digest as the image's ID."""
+    repo, digest = image.split("@", 1)
+    for c in pod["spec"]["containers"]:
+        assert c["image"] == image, (pod["metadata"]["name"], c["image"])
+    for st in pod["status"]["containerStatuses"]:
+        assert st["imageID"] in (image, f"{repo}@{digest}"), (pod["metadata"]["name"], st)
+
+
+def _check_operator_pod(cp: ControlPlane, ns: str, pod: dict[str, Any], uid: int,
+                        image: str = "localhost/spyre-model-operator:") -> None:
     assert pod["spec"]["nodeName"] == NODE_NAME
     assert pod["spec"]["securityContext"]["runAsUser"] == uid
     c = pod["spec"]["containers"][0]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    assert c["image"].startswith("localhost/spyre-model-operator:")
+    assert c["image"].startswith(image), c["image"]
     st = pod["status"]["containerStatuses"][0]
     assert st["restartCount"] == 0, s.operator_diagnostics(cp, ns)
     log = s.operator_logs(cp, ns)
@@ -101,25 +126,29 @@ def _check_operator_pod(cp: ControlPlane, ns: str, pod: dict[str, Any], uid: int
 
 
 def test_chart_operator_pod_reconciles_a_real_model(
-    control_plane: ControlPlane, images: dict[str, str], namespace: str,
+    control_plane: ControlPlane, release: dict[str, Any], namespace: str,
     operator_namespace: str,
 ) -> None:
     cp, ns, op_ns = control_plane, namespace, operator_namespace
     s.ensure_namespace(cp, ns, labels={"spyre.dev/test-namespace": "true"})
-    pod = s.install_operator(cp, op_ns, images["operator"], watch_namespaces=[ns], timeout=240)
+    # The released chart, from the registry, with its pinned images (no image values).
+    pod = s.install_operator(cp, op_ns, None, chart=release["chart"],
+                             chart_flags=["--version", release["version"], "--plain-http"],
+                             watch_namespaces=[ns], timeout=600)
+    _pulled(pod, release["operator"])
     # The chart set no uid: admission assigned the first of the namespace's range, for which
     # the image has no passwd entry (as on OpenShift), and the pod runs.
     template = cp.kubectl_json("get", "deployment", s.RELEASE, "-n", op_ns)["spec"]["template"]
     assert "runAsUser" not in template["spec"]["securityContext"], "the chart pinned a uid"
     assert "--pod-user=assigned" in template["spec"]["containers"][0]["args"]
     op_uid = s.scc_range_start(op_ns)
-    _check_operator_pod(cp, op_ns, pod, op_uid)
+    _check_operator_pod(cp, op_ns, pod, op_uid, release["operator"])
     r = cp.kubectl("exec", "-n", op_ns, pod["metadata"]["name"], "--", "python", "-c",
                    "import getpass; getpass.getuser()", check=False)
     assert r.returncode != 0 and f"uid not found: {op_uid}" in r.stderr, (r.stdout, r.stderr)
 
     uri = s.create_model_pvc(cp, ns)
-    s.apply_model(cp, ns, MODEL, s.tiny_model_spec(images["engine"], uri, backend="eager"))
+    s.apply_model(cp, ns, MODEL, s.tiny_model_spec(None, uri, backend="eager"))
     tl = s.Timeline(time.monotonic())
     model = s.wait_model_ready(cp, ns, MODEL, timeout=1500, timeline=tl)
     art = model["status"]["artifact"]
@@ -132,6 +161,10 @@ def test_chart_operator_pod_reconciles_a_real_model(
     servers = s.server_pods(cp, ns, MODEL)
     assert servers and all(p["spec"]["nodeName"] == NODE_NAME for p in servers)
     assert any(s.pod_ready(p) for p in servers)
+    # ... with the release's engine (the chart's default), pulled from the registry.
+    assert model["status"]["effective"]["engineImage"] == release["engine"], model["status"]
+    for p in [*job_pods, *servers]:
+        _pulled(p, release["engine"])
     # Every pod the operator made ran as the uid and fsGroup the namespace assigns: the
     # operator pinned none (a pinned one is refused there: tests/integration/test_scc.py).
     uid = s.scc_range_start(ns)
@@ -144,7 +177,7 @@ def test_chart_operator_pod_reconciles_a_real_model(
     assert cache and all(v.get("readOnly") for v in cache), cache
 
     # It answers through its Service.
-    s.ensure_client_pod(cp, ns, images["engine"])
+    s.ensure_client_pod(cp, ns, release["engine"])
     body = s.completion(cp, ns, MODEL, "hello world, what is the capital of france",
                         max_tokens=4, ignore_eos=True)
     assert body["usage"]["completion_tokens"] == 4, body

@@ -42,7 +42,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,24 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
         log(f"image {img.ref}: build/reuse {t1 - t0:.1f}s, import {t2 - t1:.1f}s")
         refs[name] = img.ref
     return refs
+
+
+def publish_release(cp: ControlPlane, out: Path, log: Log = _stderr) -> dict[str, Any]:
+    """``make release`` to the cluster's registry (plain HTTP on loopback): both images built
+    or reused (tests/images), pushed, the chart pinned to their digests and pushed as
+    ``oci://<registry>/spyre/charts/spyre-model-operator``. Returns release-<version>.json
+    (``operator``, ``engine``: repository@digest; ``chart``; ``version``). The node pulls
+    them from there (its containerd's hosts.toml: tests/cluster/node.py)."""
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "operator" / "scripts" / "release.py"), "release",
+         "--registry", f"{cp.registry}/spyre", "--plain-http", "--out", str(out)],
+        capture_output=True, text=True, env=helm_env(cp), timeout=3600)
+    if res.returncode != 0:
+        raise RuntimeError(f"release.py failed:\n{res.stderr[-4000:]}")
+    rel: dict[str, Any] = json.loads(res.stdout)
+    log(f"released {rel['version']} to {rel['registry']} in {time.monotonic() - t0:.1f}s")
+    return rel
 
 
 def _import(node: RealNode, archive: Path, log: Log, attempts: int = 3) -> list[str]:
@@ -341,7 +359,8 @@ def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, A
     return out
 
 
-def tiny_model_spec(engine_image: str, model_uri: str = f"pvc://{MODEL_CLAIM}/{MODEL_PATH}", *,
+def tiny_model_spec(engine_image: str | None,
+                    model_uri: str = f"pvc://{MODEL_CLAIM}/{MODEL_PATH}", *,
                     backend: str = "eager", served_name: str = SERVED_NAME,
                     shape: Mapping[str, int] | None = None, prefix_caching: bool = True,
                     replicas: int = 1, grace_seconds: int = 10,
@@ -352,13 +371,15 @@ def tiny_model_spec(engine_image: str, model_uri: str = f"pvc://{MODEL_CLAIM}/{M
     ``eager`` starts fastest, ``inductor`` really compiles into the artifact (minutes).
     The serving pods (``accelerator``) and the precompile Job (``precompile``, used because a
     CPU backend compiles off the cards) both select and tolerate the real node. The engine
-    image is used with ``IfNotPresent``. ``override`` is deep-merged last."""
+    image is used with ``IfNotPresent``; without one (None) the operator's default applies (the
+    chart's ``defaults.engineImage``). ``override`` is deep-merged last."""
     spec: dict[str, Any] = {
         "model": {"uri": model_uri, "servedName": served_name},
         "compile": {"backend": backend, "tensorParallelSize": 1, **(shape or TINY_SHAPE)},
         "replicas": replicas,
         "serving": {"prefixCaching": prefix_caching, "shutdownGracePeriodSeconds": grace_seconds},
-        "engine": {"image": engine_image, "imagePullPolicy": "IfNotPresent"},
+        "engine": {"imagePullPolicy": "IfNotPresent",
+                   **({"image": engine_image} if engine_image else {})},
         "accelerator": placement(),
         "precompile": placement(),
     }
@@ -526,28 +547,29 @@ def helm(cp: ControlPlane, *args: str, timeout: float = 600,
     return res
 
 
-def operator_values(operator_image: str, watch_namespaces: Iterable[str] | None = None,
+def operator_values(operator_image: str | None, watch_namespaces: Iterable[str] | None = None,
                     install_crd: bool = False,
                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Chart values for the local operator image on the real node: ``image.repository/tag``
     split from the ref, ``pullPolicy: IfNotPresent``, the real node's nodeSelector and
     toleration, ``crds.install`` = ``install_crd``, and ``watch``: every namespace when
-    ``watch_namespaces`` is None, else only those (a Role in each). ``extra`` is merged last."""
-    repo, _, tag = operator_image.rpartition(":")
-    if not repo or "/" in tag:
-        raise ValueError(f"operator image {operator_image!r} needs a tag (repository:tag)")
-    vals: dict[str, Any] = {
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "IfNotPresent"},
-        "crds": {"install": install_crd},
-        **placement(),
-    }
+    ``watch_namespaces`` is None, else only those (a Role in each). ``extra`` is merged last.
+    Without ``operator_image`` (None) the chart's own image stays (a released chart pins it by
+    digest)."""
+    vals: dict[str, Any] = {"crds": {"install": install_crd}, **placement()}
+    if operator_image is not None:
+        repo, _, tag = operator_image.rpartition(":")
+        if not repo or "/" in tag:
+            raise ValueError(f"operator image {operator_image!r} needs a tag (repository:tag)")
+        vals["image"] = {"repository": repo, "tag": tag, "pullPolicy": "IfNotPresent"}
     ns = list(watch_namespaces) if watch_namespaces is not None else None
     vals["watch"] = ({"allNamespaces": True} if ns is None
                      else {"allNamespaces": False, "namespaces": ns})
     return deep_merge(vals, extra or {})
 
 
-def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
+def install_operator(cp: ControlPlane, namespace: str, operator_image: str | None, *,
+                     chart: str = str(CHART), chart_flags: Sequence[str] = (),
                      release: str = RELEASE, watch_namespaces: Iterable[str] | None = None,
                      install_crd: bool = False, values: Mapping[str, Any] | None = None,
                      timeout: float = 300, restricted_v2: bool = True,
@@ -558,6 +580,8 @@ def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
     OpenShift's restricted-v2 SCC (:func:`ensure_namespace`; as do missing watched
     namespaces) and the chart's ``podUser`` is ``assigned``; without, ``fixed``.
     Without ``install_crd`` the CRD is applied with kubectl first (:func:`ensure_crd`).
+    ``chart``/``chart_flags``: another chart, e.g. a release's ``oci://...`` with ``--version``
+    (its pinned images then stay: ``operator_image`` None).
     Returns the Ready operator pod. Raises ``AssertionError`` with the pod's state and logs
     if it is not Ready within ``timeout`` (e.g. a crash loop).
 
@@ -578,7 +602,7 @@ def install_operator(cp: ControlPlane, namespace: str, operator_image: str, *,
     vfile.write_text(json.dumps(vals, indent=1))
     t0 = time.monotonic()
     # No `--wait`: a crash-looping pod should fail fast with its logs, not after helm's timeout.
-    helm(cp, "upgrade", "--install", release, str(CHART), "--namespace", namespace,
+    helm(cp, "upgrade", "--install", release, chart, *chart_flags, "--namespace", namespace,
          "-f", str(vfile), "--timeout", f"{int(timeout)}s")
     pod = wait_operator_ready(cp, namespace, release, timeout=timeout)
     log(f"operator {pod['metadata']['name']} Ready in {time.monotonic() - t0:.1f}s")

@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""``make release`` and ``make mirror``: publish the operator and engine images and the Helm
+chart to an OCI registry, the chart pinned to the images' digests.
+
+    release.py release --registry registry.example.com/spyre [--version 0.1.0]
+    release.py mirror --from registry.example.com/spyre --to mirror.site.local/spyre \\
+        [--version 0.1.0]
+
+``release``:
+
+1. The operator image (operator/Containerfile) and the engine image: by default the CPU
+   image of ``tests/images/build.py`` (what the tests and ``make demo`` run); with
+   ``--engine-base IMAGE``, engine/Containerfile on that base (production: IBM's
+   spyre-runtime image, see the Containerfile's header).
+2. Both pushed with buildah: ``<registry>/spyre-model-operator:<version>`` as a manifest list
+   (one entry per built platform) and ``<registry>/spyre-engine:<version>``; their digests are
+   read back from the push.
+3. The chart packaged with ``version``/``appVersion`` = the version, ``image.repository`` +
+   ``image.digest`` and ``defaults.engineImage`` (``<registry>/spyre-engine@sha256:...``)
+   pinned, and pushed as ``oci://<registry>/charts/spyre-model-operator:<version>``.
+4. ``release-<version>.json`` (refs, digests, chart) in ``--out``.
+
+``mirror`` copies a release into a site's registry, digests unchanged (``buildah manifest
+push --all`` of the index, ``buildah push`` of the engine), and re-publishes the chart with the
+mirror's repositories (same digests) to ``oci://<to>/charts``.
+
+The version lives in one place, pyproject.toml; ``--version`` defaults to it and must equal it
+(the chart and both packages read it from there: tests/unit/test_version.py).
+
+``--plain-http`` talks HTTP to the registry (a loopback registry, as in the tests); otherwise
+HTTPS with the system's trust store. Log in beforehand when the registry needs it
+(``buildah login`` / ``helm registry login``). Only the standard library, buildah and helm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = ROOT / "charts" / "spyre-model-operator"
+CHART_NAME = "spyre-model-operator"
+OPERATOR_NAME = "spyre-model-operator"
+ENGINE_NAME = "spyre-engine"
+
+sys.path.insert(0, str(ROOT))
+from tests.images import build  # noqa: E402  (the project's image builder)
+
+
+def log(msg: str) -> None:
+    print(f"[release] {msg}", file=sys.stderr, flush=True)
+
+
+def project_version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    registry: str
+    operator: str  # repository@sha256:... (a manifest list)
+    operator_platforms: list[str]
+    engine: str  # repository@sha256:...
+    chart: str  # oci://registry/charts/spyre-model-operator
+    chart_digest: str
+
+
+# --- tools ---------------------------------------------------------------------------------
+
+
+def helm_bin() -> str:
+    """helm on PATH, else the one `make binaries` built."""
+    found = shutil.which("helm")
+    if found:
+        return found
+    from tests.cluster.controlplane import default_bin_dir
+
+    cached = default_bin_dir() / "helm"
+    if os.access(cached, os.X_OK):
+        return str(cached)
+    raise SystemExit("helm not found: `make binaries` builds it, or put helm on PATH")
+
+
+def run(argv: Sequence[str], env: dict[str, str] | None = None, capture: bool = False) -> str:
+    r = subprocess.run(list(argv), text=True, env=env, stdout=subprocess.PIPE if capture
+                       else sys.stderr, stderr=subprocess.PIPE)  # fmt: skip
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stderr.strip()}")
+    return (r.stdout or "").strip() if capture else ""
+
+
+def tls_flag(plain_http: bool) -> list[str]:
+    return ["--tls-verify=false"] if plain_http else []
+
+
+def _digest_of_push(args: Sequence[str]) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "digest"
+        run([*build.buildah_cmd(), *args[:1], "--digestfile", str(f), *args[1:]])
+        digest = f.read_text().strip()
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise SystemExit(f"no digest from buildah {args[0]}: {digest!r}")
+    return digest
+
+
+# --- images --------------------------------------------------------------------------------
+
+
+def push_operator(registry: str, version: str, plain_http: bool) -> tuple[str, list[str]]:
+    """The operator image as a manifest list at ``<registry>/spyre-model-operator:<version>``;
+    returns (repository@digest, platforms)."""
+    img = build.ensure_image("operator")
+    local = build.in_storage(img)
+    repo = f"{registry}/{OPERATOR_NAME}"
+    lst = f"{repo}:{version}"
+    bh = build.buildah_cmd()
+    subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)  # an earlier run's list
+    run([*bh, "manifest", "create", lst])
+    run([*bh, "manifest", "add", lst, f"containers-storage:{local}"])
+    platforms = [f"{m['platform']['os']}/{m['platform']['architecture']}"
+                 for m in json.loads(run([*bh, "manifest", "inspect", lst], capture=True))
+                 ["manifests"]]  # fmt: skip
+    log(f"pushing {lst} ({', '.join(platforms)})")
+    digest = _digest_of_push(["manifest", "push", "--all", *tls_flag(plain_http), lst,
+                              f"docker://{lst}"])  # fmt: skip
+    subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)
+    return f"{repo}@{digest}", platforms
+
+
+def build_engine(base: str | None, image: str | None = None) -> str:
+    """The engine image in buildah's storage: ``image`` as given (built elsewhere, e.g. a
+    site's own layered image: a name in buildah's storage or ``docker-archive:<path>``), the
+    CPU one (tests/images), or engine/Containerfile on ``base`` (production)."""
+    if image:
+        if image.split(":", 1)[0] in ("docker-archive", "oci-archive", "oci", "dir", "docker"):
+            return run([*build.buildah_cmd(), "pull", "-q", image], capture=True).splitlines()[-1]
+        return image
+    if base is None:
+        return build.in_storage(build.ensure_image("engine"))
+    ref = f"localhost/{ENGINE_NAME}:release"
+    log(f"building {ref} from engine/Containerfile on {base}")
+    run([*build.buildah_cmd(), "build", "--layers", "--build-arg", f"BASE={base}",
+         "-f", str(ROOT / "engine" / "Containerfile"), "-t", ref, str(ROOT)])  # fmt: skip
+    return ref
+
+
+def push_engine(local: str, registry: str, version: str, plain_http: bool) -> str:
+    repo = f"{registry}/{ENGINE_NAME}"
+    dest = f"{repo}:{version}"
+    # zstd: the 9 GB engine compresses in seconds (gzip takes minutes); containerd >= 1.5
+    # and CRI-O pull it.
+    log(f"pushing {dest} (zstd)")
+    digest = _digest_of_push(["push", *tls_flag(plain_http), "--compression-format", "zstd",
+                              local, f"docker://{dest}"])  # fmt: skip
+    return f"{repo}@{digest}"
+
+
+# --- the chart -----------------------------------------------------------------------------
+
+
+def _set_line(text: str, pattern: str, value: str, what: str) -> str:
+    new, n = re.subn(pattern, lambda m: m.group(1) + value, text, count=1, flags=re.M)
+    if n != 1:
+        raise SystemExit(f"chart: cannot set {what} (pattern {pattern!r} not found)")
+    return new
+
+
+def pin_chart(dest: Path, version: str, operator: str, engine: str) -> None:
+    """Rewrite the copied chart in ``dest``: versions, the operator image by digest, the
+    default engine image by digest (comments and every other value as they are)."""
+    chart = dest / "Chart.yaml"
+    text = chart.read_text()
+    text = _set_line(text, r"^(version: ).*$", version, "version")
+    text = _set_line(text, r"^(appVersion: ).*$", json.dumps(version), "appVersion")
+    chart.write_text(text)
+    repo, digest = operator.split("@", 1)
+    values = dest / "values.yaml"
+    text = values.read_text()
+    # Only the first occurrences: image.* at the top of values.yaml, defaults.engineImage.
+    text = _set_line(text, r"^(  repository: ).*$", repo, "image.repository")
+    text = _set_line(text, r"^(  digest: ).*$", json.dumps(digest), "image.digest")
+    text = _set_line(text, r"^(  engineImage: ).*$", json.dumps(engine), "defaults.engineImage")
+    values.write_text(text)
+
+
+def package_and_push_chart(version: str, operator: str, engine: str, registry: str,
+                           plain_http: bool, out: Path) -> tuple[str, str]:
+    helm = helm_bin()
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / CHART_NAME
+        shutil.copytree(CHART_DIR, src)
+        pin_chart(src, version, operator, engine)
+        run([helm, "lint", str(src)])
+        run([helm, "package", str(src), "-d", str(out)])
+    tgz = out / f"{CHART_NAME}-{version}.tgz"
+    ref = f"oci://{registry}/charts"
+    log(f"pushing {tgz.name} to {ref}")
+    r = subprocess.run([helm, "push", str(tgz), ref, *(["--plain-http"] if plain_http else [])],
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0:
+        raise SystemExit(f"helm push failed:\n{r.stderr.strip()}")
+    m = re.search(r"Digest:\s*(sha256:[0-9a-f]{64})", r.stdout + r.stderr)
+    if not m:
+        raise SystemExit(f"helm push printed no digest:\n{r.stdout}{r.stderr}")
+    return f"{ref}/{CHART_NAME}", m.group(1)
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def check_version(version: str | None) -> str:
+    have = project_version()
+    if version not in (None, "", have):
+        raise SystemExit(f"VERSION={version} but pyproject.toml says {have}: the version lives "
+                         "in pyproject.toml (bump it there, add a CHANGELOG.md entry)")
+    return have
+
+
+def release(registry: str, version: str | None, engine_base: str | None, plain_http: bool,
+            out: Path, engine_image: str | None = None) -> Release:
+    version = check_version(version)
+    registry = registry.rstrip("/")
+    out.mkdir(parents=True, exist_ok=True)
+    build.require_tools()
+    operator, platforms = push_operator(registry, version, plain_http)
+    engine = push_engine(build_engine(engine_base, engine_image), registry, version, plain_http)
+    chart, chart_digest = package_and_push_chart(version, operator, engine, registry,
+                                                 plain_http, out)
+    rel = Release(version, registry, operator, platforms, engine, chart, chart_digest)
+    (out / f"release-{version}.json").write_text(json.dumps(asdict(rel), indent=2) + "\n")
+    return rel
+
+
+def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path) -> Release:
+    """Copy a release from ``src`` to ``dest`` (both ``host[:port]/path``), digests kept."""
+    version = check_version(version)
+    src, dest = src.rstrip("/"), dest.rstrip("/")
+    out.mkdir(parents=True, exist_ok=True)
+    bh, tls = build.buildah_cmd(), tls_flag(plain_http)
+    helm = helm_bin()
+    hflags = ["--plain-http"] if plain_http else []
+    with tempfile.TemporaryDirectory() as tmp:
+        # The chart names the exact images of the release.
+        run([helm, "pull", f"oci://{src}/charts/{CHART_NAME}", "--version", version,
+             "--untar", "-d", tmp, *hflags])  # fmt: skip
+        values = (Path(tmp) / CHART_NAME / "values.yaml").read_text()
+        op_repo = re.search(r"^  repository: (.*)$", values, re.M)
+        op_digest = re.search(r'^  digest: "?(sha256:[0-9a-f]{64})"?$', values, re.M)
+        eng = re.search(r'^  engineImage: "?([^"\s]+@sha256:[0-9a-f]{64})"?$', values, re.M)
+        if not (op_repo and op_digest and eng):
+            raise SystemExit("the chart in the source registry pins no image digests")
+        op_src = f"{op_repo.group(1)}@{op_digest.group(1)}"
+        eng_src = eng.group(1)
+    lst = f"{dest}/{OPERATOR_NAME}:{version}"
+    subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)
+    run([*bh, "manifest", "create", lst])
+    run([*bh, "manifest", "add", "--all", *tls, lst, f"docker://{op_src}"])  # every platform
+    log(f"copying {op_src} -> {lst}")
+    op_digest_new = _digest_of_push(["manifest", "push", "--all", *tls, lst, f"docker://{lst}"])
+    subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)
+    eng_dest = f"{dest}/{ENGINE_NAME}:{version}"
+    log(f"copying {eng_src} -> {eng_dest}")
+    local = run([*bh, "pull", "-q", *tls, f"docker://{eng_src}"], capture=True).splitlines()[-1]
+    eng_digest = _digest_of_push(["push", *tls, "--compression-format", "zstd", local,
+                                  f"docker://{eng_dest}"])  # fmt: skip
+    operator = f"{dest}/{OPERATOR_NAME}@{op_digest_new}"
+    engine = f"{dest}/{ENGINE_NAME}@{eng_digest}"
+    chart, chart_digest = package_and_push_chart(version, operator, engine, dest, plain_http, out)
+    platforms = [f"{m['platform']['os']}/{m['platform']['architecture']}" for m in json.loads(
+        run([*bh, "manifest", "inspect", *tls, f"docker://{operator}"], capture=True))
+        ["manifests"]]  # fmt: skip
+    rel = Release(version, dest, operator, platforms, engine, chart, chart_digest)
+    (out / f"release-{version}.json").write_text(json.dumps(asdict(rel), indent=2) + "\n")
+    return rel
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("release", help="build, push, pin digests, push the chart")
+    r.add_argument("--registry", required=True, help="host[:port]/path, e.g. quay.io/acme")
+    r.add_argument("--engine-base", default=None,
+                   help="build engine/Containerfile on this base (production); default: the "
+                        "CPU engine image of tests/images")  # fmt: skip
+    r.add_argument("--engine-image", default=None,
+                   help="release this engine image as it is (buildah storage name or "
+                        "docker-archive:<path>) instead of building one")  # fmt: skip
+    m = sub.add_parser("mirror", help="copy a release into another registry")
+    m.add_argument("--from", dest="src", required=True, help="the release's registry/path")
+    m.add_argument("--to", dest="dest", required=True, help="the site's registry/path")
+    for p in (r, m):
+        p.add_argument("--version", default=None, help="default: pyproject.toml's version")
+        p.add_argument("--plain-http", action="store_true", help="HTTP, not HTTPS")
+        p.add_argument("--out", type=Path, default=ROOT / "dist",
+                       help="where the chart package and release-<version>.json go")
+    args = ap.parse_args(argv)
+    if args.command == "release":
+        rel = release(args.registry, args.version, args.engine_base, args.plain_http, args.out,
+                      args.engine_image)
+    else:
+        rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
+    print(json.dumps(asdict(rel), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
