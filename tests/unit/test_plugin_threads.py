@@ -12,6 +12,8 @@ test_spyre_pins.py (thread_drift).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -143,6 +145,30 @@ def test_the_previous_artifact_keeps_its_thread_count_while_the_new_one_compiles
     dep = next(o for o in decide(m2, obs2, NOW).apply if o.kind == "Deployment")
     assert dep.metadata.annotations["serving.spyre.dev/artifact-key"] != old_key
     assert env(dep.spec.template.spec.containers[0])[NUM_CPUS] == "16"
+
+
+def test_an_artifact_keyed_before_the_thread_count_keeps_its_servers_as_they_were() -> None:
+    """After the operator upgrade a model with a serving cpu has a new key and compiles anew;
+    its Deployment keeps serving the artifact the earlier operator keyed without the count,
+    and is not rolled to add SENDNN_INFERENCE_NUM_CPUS to it (it rolls once, at the switch)."""
+    m = model("m", BIG_COMPILE)
+    obs = Observed(cache_pvc=BOUND, job=job_obj(m, "Complete"))
+    live = deployment_obj(decide(m, obs, NOW), ready=1)
+    inputs = key_inputs(SpyreModelSpec.model_validate(BIG_COMPILE))
+    del inputs["engineCpus"]  # what the earlier operator hashed
+    doc = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+    earlier = hashlib.sha256(doc.encode()).hexdigest()[:32]
+    assert earlier != plan(BIG_COMPILE).key
+    now = plan(BIG_COMPILE).key
+    live = json.loads(json.dumps(live).replace(now, earlier).replace(now[:12], earlier[:12]))
+    for c in live["spec"]["template"]["spec"]["containers"]:
+        c["env"] = [e for e in c["env"] if e["name"] != NUM_CPUS]
+    obs2 = Observed(cache_pvc=BOUND, job=job_obj(m, None), deployment=live)
+    d = decide(m, obs2, NOW)
+    dep = next(o for o in d.apply if o.kind == "Deployment").to_dict()
+    assert dep["metadata"]["annotations"]["serving.spyre.dev/artifact-key"] == earlier
+    assert dep["spec"]["template"] == live["spec"]["template"], "no roll at the upgrade"
+    assert d.job is not None and env(d.job.spec.template.spec.containers[0])[NUM_CPUS] == "8"
 
 
 def test_the_thread_count_is_the_operators_and_its_switch_reaches_the_job() -> None:

@@ -175,12 +175,17 @@ def load_processes_env(spec: SpyreModelSpec) -> list[EnvVar]:
 
 def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
     """The Spyre plugin's cache settings for the artifact ``key``, its thread count, and for a
-    pod on the cards (``backend`` sendnn) the FLEX_DEVICE of its card resource."""
+    pod on the cards (``backend`` sendnn) the FLEX_DEVICE of its card resource.
+
+    The thread count only for an artifact whose key hashed it, ``plan.key``: a Deployment
+    still serving an artifact an earlier operator keyed (compiled without it) keeps the
+    environment it had, rather than roll at the upgrade and again at the switch.
+    """
     on_cards = backend == CARD_BACKEND
     flex = plan.spec.accelerator.resource_name or BUILTIN_RESOURCE_NAME
     return [
         *model_config_env(plan.spec),
-        *thread_env(plan.spec),
+        *(thread_env(plan.spec) if key == plan.key else []),
         *([EnvVar(name="FLEX_DEVICE", value=flex_device(flex))] if on_cards else []),
         EnvVar(name="TORCH_SENDNN_CACHE_ENABLE", value="1"),
         EnvVar(name="TORCH_SENDNN_CACHE_DIR", value=plan.artifact_dir(key)),
