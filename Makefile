@@ -122,18 +122,24 @@ bench-engine: install ## Engine benchmark: warm vs cold start, wrapper overhead,
 	$(PY) engine/bench/bench_engine.py $(BENCH_ARGS)
 
 # A release: REGISTRY=host[:port]/path (required), VERSION (default and only allowed value:
-# pyproject.toml's), ENGINE_BASE (production: engine/Containerfile on it; default: the CPU
-# engine image), PLAIN_HTTP=1 for a registry without TLS. Log in first if it needs it
-# (buildah login / helm registry login). See README "Install from a release".
+# pyproject.toml's), ENGINE_BASE (engine/Containerfile's base; default IBM's spyre-runtime
+# image), CPU_ENGINE=1 (the CPU engine image instead: no cards, as the tests and the demo),
+# PLATFORMS (the operator image's; default amd64,arm64,ppc64le,s390x), PLAIN_HTTP=1 for a
+# registry without TLS. Log in first if it needs it (buildah login / helm registry login).
+# See README "Get a release".
 REGISTRY ?=
 VERSION ?=
 ENGINE_BASE ?=
+CPU_ENGINE ?=
+PLATFORMS ?=
 PLAIN_HTTP ?=
 RELEASE_FLAGS = $(if $(VERSION),--version $(VERSION)) $(if $(PLAIN_HTTP),--plain-http)
 
 release: install binaries images ## Build, push and pin the images and push the chart: REGISTRY=host/path [VERSION=] [PLAIN_HTTP=1]
 	@test -n "$(REGISTRY)" || { echo "usage: make release REGISTRY=host[:port]/path [VERSION=x.y.z] [ENGINE_BASE=image] [PLAIN_HTTP=1]"; exit 2; }
-	$(PY) operator/scripts/release.py release --registry $(REGISTRY) $(RELEASE_FLAGS) $(if $(ENGINE_BASE),--engine-base $(ENGINE_BASE))
+	$(PY) operator/scripts/release.py release --registry $(REGISTRY) $(RELEASE_FLAGS) \
+		$(if $(ENGINE_BASE),--engine-base $(ENGINE_BASE)) $(if $(CPU_ENGINE),--cpu-engine) \
+		$(if $(PLATFORMS),--platforms $(PLATFORMS))
 
 mirror: install binaries ## Copy a release into a site's registry: FROM=host/path TO=host/path [VERSION=] [PLAIN_HTTP=1]
 	@test -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make mirror FROM=host/path TO=host/path [VERSION=x.y.z] [PLAIN_HTTP=1]"; exit 2; }

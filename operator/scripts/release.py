@@ -8,10 +8,13 @@ chart to an OCI registry, the chart pinned to the images' digests.
 
 ``release``:
 
-1. The operator image (operator/Containerfile) and the engine image: by default the CPU
-   image of ``tests/images/build.py`` (what the tests and ``make demo`` run); with
-   ``--engine-base IMAGE``, engine/Containerfile on that base (production: IBM's
-   spyre-runtime image, see the Containerfile's header).
+1. The operator image (operator/Containerfile) for linux/amd64, arm64, ppc64le and s390x (the
+   others than the host's built under qemu-user-static: tests/images/build.py ``--arch``),
+   and the engine image: engine/Containerfile on ``--engine-base`` (default: IBM's
+   spyre-runtime image, the production image for cards; see the Containerfile's header), or
+   with ``--cpu-engine`` the CPU image of ``tests/images/build.py`` (what the tests and ``make
+   demo`` run), or ``--engine-image`` as it is (e.g. built with engine/Containerfile.layer on
+   a site's own vLLM-Spyre image of another architecture).
 2. Both pushed with buildah: ``<registry>/spyre-model-operator:<version>`` as a manifest list
    (one entry per built platform) and ``<registry>/spyre-engine:<version>``; their digests are
    read back from the push.
@@ -20,16 +23,18 @@ chart to an OCI registry, the chart pinned to the images' digests.
    pinned, and pushed as ``oci://<registry>/charts/spyre-model-operator:<version>``.
 4. ``release-<version>.json`` (refs, digests, chart) in ``--out``.
 
-``mirror`` copies a release into a site's registry, digests unchanged (``buildah manifest
-push --all`` of the index, ``buildah push`` of the engine), and re-publishes the chart with the
-mirror's repositories (same digests) to ``oci://<to>/charts``.
+``mirror`` copies a release into a site's registry, digests unchanged (``skopeo copy --all
+--preserve-digests``, registry to registry: the index with every platform, the engine's
+compressed layers as they are), and re-publishes the chart with the mirror's repositories
+(same digests) to ``oci://<to>/charts``.
 
 The version lives in one place, pyproject.toml; ``--version`` defaults to it and must equal it
 (the chart and both packages read it from there: tests/unit/test_version.py).
 
 ``--plain-http`` talks HTTP to the registry (a loopback registry, as in the tests); otherwise
 HTTPS with the system's trust store. Log in beforehand when the registry needs it
-(``buildah login`` / ``helm registry login``). Only the standard library, buildah and helm.
+(``buildah login`` or ``skopeo login``, and ``helm registry login``). Only the standard
+library, buildah, skopeo (mirror) and helm.
 """
 
 from __future__ import annotations
@@ -117,17 +122,19 @@ def _digest_of_push(args: Sequence[str]) -> str:
 # --- images --------------------------------------------------------------------------------
 
 
-def push_operator(registry: str, version: str, plain_http: bool) -> tuple[str, list[str]]:
-    """The operator image as a manifest list at ``<registry>/spyre-model-operator:<version>``;
+def push_operator(registry: str, version: str, plain_http: bool,
+                  archs: Sequence[str] = build.OPERATOR_PLATFORMS) -> tuple[str, list[str]]:
+    """The operator image for each of ``archs`` (the host's natively, the others under
+    qemu-user-static), as one manifest list at ``<registry>/spyre-model-operator:<version>``;
     returns (repository@digest, platforms)."""
-    img = build.ensure_image("operator")
-    local = build.in_storage(img)
+    locals_ = [build.in_storage(build.ensure_image("operator", arch=a)) for a in archs]
     repo = f"{registry}/{OPERATOR_NAME}"
     lst = f"{repo}:{version}"
     bh = build.buildah_cmd()
     subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)  # an earlier run's list
     run([*bh, "manifest", "create", lst])
-    run([*bh, "manifest", "add", lst, f"containers-storage:{local}"])
+    for local in locals_:
+        run([*bh, "manifest", "add", lst, f"containers-storage:{local}"])
     platforms = [f"{m['platform']['os']}/{m['platform']['architecture']}"
                  for m in json.loads(run([*bh, "manifest", "inspect", lst], capture=True))
                  ["manifests"]]  # fmt: skip
@@ -136,6 +143,10 @@ def push_operator(registry: str, version: str, plain_http: bool) -> tuple[str, l
                               f"docker://{lst}"])  # fmt: skip
     subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)
     return f"{repo}@{digest}", platforms
+
+
+#: engine/Containerfile's production base (its ARG BASE default).
+PRODUCTION_ENGINE_BASE = "quay.io/ibm-aiu/spyre-runtime:latest"
 
 
 def build_engine(base: str | None, image: str | None = None) -> str:
@@ -228,12 +239,13 @@ def check_version(version: str | None) -> str:
 
 
 def release(registry: str, version: str | None, engine_base: str | None, plain_http: bool,
-            out: Path, engine_image: str | None = None) -> Release:
+            out: Path, engine_image: str | None = None,
+            archs: Sequence[str] = build.OPERATOR_PLATFORMS) -> Release:
     version = check_version(version)
     registry = registry.rstrip("/")
     out.mkdir(parents=True, exist_ok=True)
     build.require_tools()
-    operator, platforms = push_operator(registry, version, plain_http)
+    operator, platforms = push_operator(registry, version, plain_http, archs)
     engine = push_engine(build_engine(engine_base, engine_image), registry, version, plain_http)
     chart, chart_digest = package_and_push_chart(version, operator, engine, registry,
                                                  plain_http, out)
@@ -242,44 +254,48 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
     return rel
 
 
+def skopeo_bin() -> str:
+    found = shutil.which("skopeo")
+    if not found:
+        run([str(ROOT / "tests" / "cluster" / "apt-install.sh"), "skopeo"])
+        found = shutil.which("skopeo")
+    if not found:
+        raise SystemExit("skopeo not found (Debian: apt-get install skopeo)")
+    return found
+
+
 def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path) -> Release:
-    """Copy a release from ``src`` to ``dest`` (both ``host[:port]/path``), digests kept."""
+    """Copy a release from ``src`` to ``dest`` (both ``host[:port]/path``): both images
+    registry to registry with ``skopeo copy --all --preserve-digests`` (every platform, the
+    same digests), the chart re-pinned to the mirror's repositories and pushed there."""
     version = check_version(version)
     src, dest = src.rstrip("/"), dest.rstrip("/")
     out.mkdir(parents=True, exist_ok=True)
-    bh, tls = build.buildah_cmd(), tls_flag(plain_http)
-    helm = helm_bin()
+    helm, skopeo = helm_bin(), skopeo_bin()
     hflags = ["--plain-http"] if plain_http else []
+    tls = ["--src-tls-verify=false", "--dest-tls-verify=false"] if plain_http else []
     with tempfile.TemporaryDirectory() as tmp:
         # The chart names the exact images of the release.
         run([helm, "pull", f"oci://{src}/charts/{CHART_NAME}", "--version", version,
              "--untar", "-d", tmp, *hflags])  # fmt: skip
         values = (Path(tmp) / CHART_NAME / "values.yaml").read_text()
-        op_repo = re.search(r"^  repository: (.*)$", values, re.M)
-        op_digest = re.search(r'^  digest: "?(sha256:[0-9a-f]{64})"?$', values, re.M)
-        eng = re.search(r'^  engineImage: "?([^"\s]+@sha256:[0-9a-f]{64})"?$', values, re.M)
-        if not (op_repo and op_digest and eng):
-            raise SystemExit("the chart in the source registry pins no image digests")
-        op_src = f"{op_repo.group(1)}@{op_digest.group(1)}"
-        eng_src = eng.group(1)
-    lst = f"{dest}/{OPERATOR_NAME}:{version}"
-    subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)
-    run([*bh, "manifest", "create", lst])
-    run([*bh, "manifest", "add", "--all", *tls, lst, f"docker://{op_src}"])  # every platform
-    log(f"copying {op_src} -> {lst}")
-    op_digest_new = _digest_of_push(["manifest", "push", "--all", *tls, lst, f"docker://{lst}"])
-    subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)
-    eng_dest = f"{dest}/{ENGINE_NAME}:{version}"
-    log(f"copying {eng_src} -> {eng_dest}")
-    local = run([*bh, "pull", "-q", *tls, f"docker://{eng_src}"], capture=True).splitlines()[-1]
-    eng_digest = _digest_of_push(["push", *tls, "--compression-format", "zstd", local,
-                                  f"docker://{eng_dest}"])  # fmt: skip
-    operator = f"{dest}/{OPERATOR_NAME}@{op_digest_new}"
-    engine = f"{dest}/{ENGINE_NAME}@{eng_digest}"
+    op_repo = re.search(r"^  repository: (.*)$", values, re.M)
+    op_digest = re.search(r'^  digest: "?(sha256:[0-9a-f]{64})"?$', values, re.M)
+    eng = re.search(r'^  engineImage: "?([^"\s]+)@(sha256:[0-9a-f]{64})"?$', values, re.M)
+    if not (op_repo and op_digest and eng):
+        raise SystemExit(f"the chart in {src} pins no image digests")
+    copies = [(f"{op_repo.group(1)}@{op_digest.group(1)}", OPERATOR_NAME, op_digest.group(1)),
+              (f"{eng.group(1)}@{eng.group(2)}", ENGINE_NAME, eng.group(2))]
+    for image, name, _ in copies:
+        log(f"copying {image} -> {dest}/{name}:{version}")
+        run([skopeo, "copy", "--all", "--preserve-digests", "--quiet", *tls,
+             f"docker://{image}", f"docker://{dest}/{name}:{version}"])  # fmt: skip
+    operator, engine = (f"{dest}/{name}@{digest}" for _, name, digest in copies)
     chart, chart_digest = package_and_push_chart(version, operator, engine, dest, plain_http, out)
-    platforms = [f"{m['platform']['os']}/{m['platform']['architecture']}" for m in json.loads(
-        run([*bh, "manifest", "inspect", *tls, f"docker://{operator}"], capture=True))
-        ["manifests"]]  # fmt: skip
+    raw = run([skopeo, "inspect", "--raw", *(["--tls-verify=false"] if plain_http else []),
+               f"docker://{operator}"], capture=True)
+    platforms = [f"{m['platform']['os']}/{m['platform']['architecture']}"
+                 for m in json.loads(raw).get("manifests", [])]
     rel = Release(version, dest, operator, platforms, engine, chart, chart_digest)
     (out / f"release-{version}.json").write_text(json.dumps(asdict(rel), indent=2) + "\n")
     return rel
@@ -290,10 +306,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     r = sub.add_parser("release", help="build, push, pin digests, push the chart")
     r.add_argument("--registry", required=True, help="host[:port]/path, e.g. quay.io/acme")
-    r.add_argument("--engine-base", default=None,
-                   help="build engine/Containerfile on this base (production); default: the "
-                        "CPU engine image of tests/images")  # fmt: skip
-    r.add_argument("--engine-image", default=None,
+    eng = r.add_mutually_exclusive_group()
+    eng.add_argument("--engine-base", default=PRODUCTION_ENGINE_BASE,
+                     help="build engine/Containerfile on this base (default: %(default)s)")
+    eng.add_argument("--cpu-engine", action="store_true",
+                     help="release the CPU engine image of tests/images (no cards: tests, demo)")
+
+    r.add_argument("--platforms", default=",".join(build.OPERATOR_PLATFORMS),
+                   help="the operator image's architectures (default: %(default)s)")
+    eng.add_argument("--engine-image", default=None,
                    help="release this engine image as it is (buildah storage name or "
                         "docker-archive:<path>) instead of building one")  # fmt: skip
     m = sub.add_parser("mirror", help="copy a release into another registry")
@@ -306,8 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="where the chart package and release-<version>.json go")
     args = ap.parse_args(argv)
     if args.command == "release":
-        rel = release(args.registry, args.version, args.engine_base, args.plain_http, args.out,
-                      args.engine_image)
+        archs = [a.strip().removeprefix("linux/") for a in args.platforms.split(",") if a.strip()]
+        base = None if args.cpu_engine else args.engine_base
+        rel = release(args.registry, args.version, base, args.plain_http, args.out,
+                      args.engine_image, archs)
     else:
         rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
     print(json.dumps(asdict(rel), indent=2))

@@ -173,10 +173,25 @@ def _hash_update(h: hashlib._Hash, label: str, data: bytes) -> None:  # type: ig
     h.update(data)
 
 
-def base_key() -> str:
+#: Platforms the operator image is released for (one manifest list); the host's is amd64. The
+#: others are built and run under qemu-user-static (binfmt_misc), from Debian's packages.
+OPERATOR_PLATFORMS = ("amd64", "arm64", "ppc64le", "s390x")
+HOST_ARCH = "amd64"
+#: Debian architecture -> qemu's name (its binfmt_misc entry and /usr/lib/binfmt.d file).
+QEMU_ARCH = {"arm64": "aarch64", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def base_key(arch: str = HOST_ARCH) -> str:
     h = hashlib.sha256()
     _hash_update(h, "recipe", json.dumps([RECIPE_VERSION, BASE_RECIPE], sort_keys=True).encode())
+    if arch != HOST_ARCH:
+        _hash_update(h, "arch", arch.encode())
     return h.hexdigest()[:16]
+
+
+def base_ref(arch: str = HOST_ARCH) -> str:
+    suffix = "" if arch == HOST_ARCH else f"-{arch}"
+    return f"localhost/spyre-base{suffix}:{base_key(arch)}"
 
 
 def engine_cpu_key() -> str:
@@ -195,11 +210,11 @@ def _base_of(spec: ImageSpec) -> tuple[str, str]:
     return k, f"localhost/spyre-base:{k}"
 
 
-def image_key(name: str) -> str:
+def image_key(name: str, arch: str = HOST_ARCH) -> str:
     spec = SPECS[name]
     h = hashlib.sha256()
     _hash_update(h, "version", RECIPE_VERSION.encode())
-    _hash_update(h, "base", _base_of(spec)[0].encode())
+    _hash_update(h, "base", (_base_of(spec)[0] if arch == HOST_ARCH else base_key(arch)).encode())
     for rel in (spec.containerfile, *spec.extra_hashed):
         _hash_update(h, rel, (ROOT / rel).read_bytes())
     if spec.build_args:
@@ -213,11 +228,15 @@ def image_key(name: str) -> str:
     return h.hexdigest()[:16]
 
 
-def image(name: str) -> Image:
-    """Where ``name``'s image is (or will be): no build, no buildah call."""
+def image(name: str, arch: str = HOST_ARCH) -> Image:
+    """Where ``name``'s image is (or will be) for ``arch``: no build, no buildah call. Another
+    architecture than the host's has its own repository and archive (``operator.s390x-...``)."""
     spec = SPECS[name]
-    key = image_key(name)
-    return Image(name, f"{spec.repo}:{key}", cache_dir() / f"{name}-{key}.tar")
+    key = image_key(name, arch)
+    if arch == HOST_ARCH:
+        return Image(name, f"{spec.repo}:{key}", cache_dir() / f"{name}-{key}.tar")
+    return Image(f"{name}.{arch}", f"{spec.repo}-{arch}:{key}",
+                 cache_dir() / f"{name}.{arch}-{key}.tar")
 
 
 # --- running -------------------------------------------------------------------------------
@@ -277,11 +296,37 @@ path-exclude /usr/share/lintian/*
 """
 
 
-def _debootstrap(dest: Path) -> None:
+def ensure_binfmt(arch: str) -> None:
+    """Let this kernel run ``arch``'s binaries: qemu-user-static (Debian's package) registered
+    with binfmt_misc, with the F flag (the interpreter is opened once, so it works inside
+    chroots and containers). Global to the machine, like the kernel: left registered."""
+    qarch = QEMU_ARCH[arch]
+    misc = Path("/proc/sys/fs/binfmt_misc")
+    if (misc / f"qemu-{qarch}").exists():
+        return
+    if not (misc / "register").exists():
+        run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(misc)])
+    conf = Path(f"/usr/lib/binfmt.d/qemu-{qarch}.conf")
+    if not conf.exists():
+        run([str(ROOT / "tests" / "cluster" / "apt-install.sh"), "qemu-user-static"])
+    with contextlib.suppress(FileExistsError):  # registered meanwhile by another build
+        (misc / "register").write_text(conf.read_text().strip() + "\n")
+    if not (misc / f"qemu-{qarch}").exists():
+        raise SystemExit(f"could not register qemu-{qarch} with binfmt_misc")
+
+
+def _debootstrap(dest: Path, arch: str = HOST_ARCH) -> None:
     r = BASE_RECIPE
     include = ",".join(r["include"])  # type: ignore[call-overload]
-    run(["debootstrap", f"--variant={r['variant']}", f"--include={include}",
-         str(r["suite"]), str(dest), str(r["mirror"])])  # fmt: skip
+    if arch == HOST_ARCH:
+        run(["debootstrap", f"--variant={r['variant']}", f"--include={include}",
+             str(r["suite"]), str(dest), str(r["mirror"])])  # fmt: skip
+    else:
+        # Unpacked natively, configured under emulation (the second stage runs arch's dpkg).
+        ensure_binfmt(arch)
+        run(["debootstrap", "--foreign", f"--arch={arch}", f"--variant={r['variant']}",
+             f"--include={include}", str(r["suite"]), str(dest), str(r["mirror"])])  # fmt: skip
+        run(["chroot", str(dest), "/debootstrap/debootstrap", "--second-stage"])
     (dest / "etc/dpkg/dpkg.cfg.d/01-nodoc").write_text(_NODOC)
     (dest / "etc/apt/apt.conf.d/01-norecommends").write_text(
         'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n'
@@ -310,18 +355,18 @@ def _debootstrap(dest: Path) -> None:
     # Python's bytecode for the standard library is compiled by the python3.11 postinst already.
 
 
-def ensure_base() -> str:
-    """The debootstrapped base in buildah's storage; returns its reference."""
-    ref = f"localhost/spyre-base:{base_key()}"
+def ensure_base(arch: str = HOST_ARCH) -> str:
+    """The debootstrapped base (for ``arch``) in buildah's storage; returns its reference."""
+    ref = base_ref(arch)
     if has_image(ref):
         return ref
-    with locked("base"):
-        return _make_base()
+    with locked(f"base-{arch}" if arch != HOST_ARCH else "base"):
+        return _make_base(arch)
 
 
-def _make_base() -> str:
-    key = base_key()
-    ref = f"localhost/spyre-base:{key}"
+def _make_base(arch: str = HOST_ARCH) -> str:
+    key = base_key(arch)
+    ref = base_ref(arch)
     if has_image(ref):
         return ref
     rootfs_tar = cache_dir() / f"base-rootfs-{key}.tar"
@@ -330,8 +375,8 @@ def _make_base() -> str:
         work = _tmp() / f"rootfs-{key}"
         if work.exists():
             _rmtree_rootfs(work)
-        log(f"debootstrap {BASE_RECIPE['suite']} ({BASE_RECIPE['variant']}) into {work}")
-        _debootstrap(work)
+        log(f"debootstrap {BASE_RECIPE['suite']} ({BASE_RECIPE['variant']}, {arch}) into {work}")
+        _debootstrap(work, arch)
         partial = rootfs_tar.with_suffix(".partial")
         run(["tar", "--numeric-owner", "--xattrs", "-C", str(work), "-cf", str(partial), "."])
         os.replace(partial, rootfs_tar)
@@ -342,12 +387,12 @@ def _make_base() -> str:
         mnt = buildah("mount", ctr, capture=True)
         run(["tar", "--numeric-owner", "--xattrs", "-C", mnt, "-xf", str(rootfs_tar)])
         buildah("umount", ctr)
-        buildah("config", "--os", "linux", "--arch", "amd64",
+        buildah("config", "--os", "linux", "--arch", arch,
                 "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "--env", "LANG=C.UTF-8", "--cmd", "/bin/bash",
                 "--label", "org.opencontainers.image.title=spyre-base",
                 "--label", f"org.opencontainers.image.description=Debian {BASE_RECIPE['suite']} "
-                "minbase + python3.11 (debootstrap)", ctr)  # fmt: skip
+                f"minbase + python3.11 (debootstrap, {arch})", ctr)  # fmt: skip
         buildah("commit", "--quiet", ctr, ref, stdout=subprocess.DEVNULL)
     finally:
         subprocess.run([*buildah_cmd(), "rm", ctr], stdout=subprocess.DEVNULL)
@@ -421,26 +466,32 @@ def _build_volumes(spec: ImageSpec) -> list[str]:
     return [*out, "--volume", f"{uv_cache}:/var/cache/uv", "--build-arg", "UV_CACHE=/var/cache/uv"]
 
 
-def ensure_image(name: str, *, keep_in_storage: bool = True) -> Image:
-    """Build ``name`` unless its archive exists; returns where it is."""
-    img = image(name)
+def ensure_image(name: str, *, keep_in_storage: bool = True, arch: str = HOST_ARCH) -> Image:
+    """Build ``name`` (for ``arch``: the operator only, under qemu) unless its archive exists;
+    returns where it is."""
+    img = image(name, arch)
     if img.archive.exists():
         return img
     require_tools()
     spec = SPECS[name]
+    if arch != HOST_ARCH and (spec.base != "base" or arch not in QEMU_ARCH):
+        raise SystemExit(f"{name} is built for {HOST_ARCH} only here, not {arch}")
     with locked("build"):
         if img.archive.exists():
             return img
         start = time.monotonic()
         _drop_interrupted_build_containers()
-        base = ensure_engine_cpu_base() if spec.base == "engine-cpu" else ensure_base()
-        ctx = _tmp() / f"ctx-{name}"
+        if arch != HOST_ARCH:
+            ensure_binfmt(arch)
+        base = ensure_engine_cpu_base() if spec.base == "engine-cpu" else ensure_base(arch)
+        ctx = _tmp() / f"ctx-{img.name}"
         _stage_context(spec, ctx)
         log(f"building {img.ref} from {spec.containerfile} on {base}")
         t0 = time.monotonic()
         try:
             buildah(
                 "build", "--isolation", "chroot", "--pull=never", "--layers", "--force-rm",
+                "--arch", arch,
                 "--build-arg", f"{spec.base_arg}={base}", *_build_volumes(spec),
                 *(a for k, v in spec.build_args for a in ("--build-arg", f"{k}={v}")),
                 "-f", str(ctx / spec.containerfile), "-t", img.ref, str(ctx),
@@ -456,19 +507,21 @@ def ensure_image(name: str, *, keep_in_storage: bool = True) -> Image:
         size = img.archive.stat().st_size / 2**20
         log(f"{img.archive} ({size:.0f} MiB): build {t1 - t0:.0f}s, archive {t2 - t1:.0f}s, "
             f"total {t2 - start:.0f}s")  # fmt: skip
-        _cleanup(spec, keep=img.ref if keep_in_storage else None)
-        _drop_old_archives(name, keep=img.archive)
+        _cleanup(spec, keep=img.ref if keep_in_storage else None,
+                 repo=img.ref.rsplit(":", 1)[0])
+        _drop_old_archives(img.name, keep=img.archive)
     return img
 
 
-def _cleanup(spec: ImageSpec, keep: str | None) -> None:
+def _cleanup(spec: ImageSpec, keep: str | None, repo: str | None = None) -> None:
     """Leave no build container, no dangling layer, and one image per name in storage."""
-    current_bases = {f"localhost/spyre-base:{base_key()}",
+    repo = repo or spec.repo
+    current_bases = {*(base_ref(a) for a in OPERATOR_PLATFORMS),
                      f"localhost/spyre-base-engine-cpu:{engine_cpu_key()}"}  # fmt: skip
     out = buildah("images", "--format", "{{.Name}}:{{.Tag}}", "--noheading", capture=True)
     for ref in out.splitlines():
         outdated_base = ref.startswith("localhost/spyre-base") and ref not in current_bases
-        if (ref.startswith(spec.repo + ":") and ref != keep) or outdated_base:
+        if (ref.startswith(repo + ":") and ref != keep) or outdated_base:
             subprocess.run([*buildah_cmd(), "rmi", ref], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)  # fmt: skip
     # Dangling = untagged and no child: the old image's own layers go, one level per pass; the
@@ -503,13 +556,14 @@ def in_storage(img: Image) -> str:
 
 def prune() -> None:
     """Remove buildah's storage and every archive of ours but the current ones."""
-    current = {image(n).archive for n in SPECS}
+    current = {image(n).archive for n in SPECS} | {
+        image("operator", a).archive for a in OPERATOR_PLATFORMS}
     for n in SPECS:
-        for f in cache_dir().glob(f"{n}-*.tar"):
+        for f in [*cache_dir().glob(f"{n}-*.tar"), *cache_dir().glob(f"{n}.*-*.tar")]:
             if f not in current:
                 f.unlink()
     for f in cache_dir().glob("base-rootfs-*.tar"):
-        if f.name != f"base-rootfs-{base_key()}.tar":
+        if f.name not in {f"base-rootfs-{base_key(a)}.tar" for a in OPERATOR_PLATFORMS}:
             f.unlink()
     root = storage_root()
     if root.exists():
@@ -526,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = ap.add_mutually_exclusive_group()
     out.add_argument("--ref", action="store_true", help="print the image reference")
     out.add_argument("--json", action="store_true", help="print name, ref and archive as JSON")
+    ap.add_argument("--arch", default=HOST_ARCH, choices=OPERATOR_PLATFORMS,
+                    help="the operator for another architecture (built under qemu-user-static)")
     ap.add_argument("--path-only", action="store_true",
                     help="print where the archive is or will be; build nothing")  # fmt: skip
     args = ap.parse_args(argv)
@@ -537,7 +593,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(ensure_base())
         return 0
     names = list(SPECS) if args.what == "all" else [args.what]
-    imgs = [image(n) if args.path_only else ensure_image(n) for n in names]
+    imgs = [image(n, args.arch) if args.path_only else ensure_image(n, arch=args.arch)
+            for n in names]
     if args.json:
         print(json.dumps({i.name: i.as_dict() for i in imgs}, indent=2))
     else:

@@ -127,6 +127,17 @@ def crd(control_plane: ControlPlane) -> Path:
     return CRD_FILE
 
 
+@pytest.fixture(scope="session")
+def released(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, Any]:
+    """A release in the cluster's OCI registry, once per session (``make release``: both
+    images built or reused, pushed, the chart pinned to their digests and pushed):
+    release-<version>.json. tests/realpods/support.py ``publish_release``."""
+    from tests.realpods.support import publish_release
+
+    return publish_release(control_plane, tmp_path_factory.mktemp("release"))
+
+
 @pytest.fixture(scope="package")
 def operator(control_plane: ControlPlane, kubeconfig: Path, crd: Path) -> Iterator[OperatorProcess]:
     # Failed compiles are retried after 5 minutes here, so tests that watch a failed model see

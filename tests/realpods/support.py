@@ -142,12 +142,30 @@ def publish_release(cp: ControlPlane, out: Path, log: Log = _stderr) -> dict[str
     t0 = time.monotonic()
     res = subprocess.run(
         [sys.executable, str(ROOT / "operator" / "scripts" / "release.py"), "release",
-         "--registry", f"{cp.registry}/spyre", "--plain-http", "--out", str(out)],
+         "--registry", f"{cp.registry}/spyre", "--plain-http", "--cpu-engine",
+         "--out", str(out)],
         capture_output=True, text=True, env=helm_env(cp), timeout=3600)
     if res.returncode != 0:
         raise RuntimeError(f"release.py failed:\n{res.stderr[-4000:]}")
     rel: dict[str, Any] = json.loads(res.stdout)
     log(f"released {rel['version']} to {rel['registry']} in {time.monotonic() - t0:.1f}s")
+    return rel
+
+
+def mirror_release(cp: ControlPlane, release: Mapping[str, Any], dest: str, out: Path,
+                   log: Log = _stderr) -> dict[str, Any]:
+    """``make mirror`` of ``release`` into ``dest`` (``host:port/path``) of the same registry:
+    images copied by skopeo with their digests, the chart re-pinned to ``dest``. Returns the
+    mirror's release-<version>.json."""
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "operator" / "scripts" / "release.py"), "mirror",
+         "--from", release["registry"], "--to", dest, "--plain-http", "--out", str(out)],
+        capture_output=True, text=True, env=helm_env(cp), timeout=1800)
+    if res.returncode != 0:
+        raise RuntimeError(f"release.py mirror failed:\n{res.stderr[-4000:]}")
+    rel: dict[str, Any] = json.loads(res.stdout)
+    log(f"mirrored {release['registry']} to {dest} in {time.monotonic() - t0:.1f}s")
     return rel
 
 
