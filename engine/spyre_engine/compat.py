@@ -16,9 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import TextIO
 
 from spyre_engine import __version__
@@ -37,6 +39,20 @@ SUPPORTED: dict[str, str] = {
 #: ``1``: ``precompile`` and ``serve`` start on an unsupported base anyway (logged as an error).
 #: Unsupported: for trying a base out, never for production.
 SKIP_ENV = "SPYRE_ENGINE_SKIP_BASE_CHECK"
+
+
+def engine_version() -> str:
+    """This spyre-engine's version. Run from a source tree (the layer's build checks before it
+    installs anything; the base may hold an older spyre-engine whose metadata would answer),
+    the tree's pyproject.toml; installed, the distribution's metadata."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+        if project["name"] == "spyre-model-operator":
+            return str(project["version"])
+    except (OSError, KeyError, TypeError, ValueError):
+        pass
+    return __version__
 
 
 @dataclass(frozen=True)
@@ -63,7 +79,7 @@ class BaseCheck:
     def message(self) -> str:
         """One line: what this spyre-engine supports, what the image has, what is wrong."""
         needs, has, py = self._list(self.supported), self._list(self.found), self.python
-        text = f"spyre-engine {__version__} supports {needs}; this image has {has} (in {py})"
+        text = f"spyre-engine {engine_version()} supports {needs}; this image has {has} (in {py})"
         if self.ok:
             return text
         return (
@@ -150,7 +166,7 @@ def report(out: TextIO | None = None) -> int:
         print(f"{name} {found} (supported: {spec})", file=stdout)
     print(f"python {result.python}", file=stdout)
     if result.ok:
-        print(f"supported by spyre-engine {__version__}", file=stdout)
+        print(f"supported by spyre-engine {engine_version()}", file=stdout)
         return 0
     if skip_requested():
         print(f"unsupported, ignored ({SKIP_ENV}=1): {result.message}", file=sys.stderr)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-from spyre_engine import __version__, cli, compat
+from spyre_engine import cli, compat
 from spyre_engine.summary import (
     REASON_UNSUPPORTED_BASE,
     FailureSummary,
@@ -27,6 +27,8 @@ from spyre_engine.summary import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The version messages name (pyproject.toml's: the one place it is set).
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 SUPPORTED_VERSIONS = {"sendnn-inference": "2.6.3", "vllm": "0.28.0"}
 
 
@@ -133,7 +135,7 @@ def test_unsupported_versions_are_refused_naming_found_and_needed(
     assert not result.ok
     assert result.problems == (problem,) or problem in result.problems[0]
     assert result.message.startswith(
-        f"spyre-engine {__version__} supports sendnn-inference ==2.6.3 and vllm >=0.26.0,<0.28.1; "
+        f"spyre-engine {VERSION} supports sendnn-inference ==2.6.3 and vllm >=0.26.0,<0.28.1; "
         f"this image has sendnn-inference {versions['sendnn-inference']} and vllm "
         f"{versions['vllm'] or 'not installed'} (in /opt/vllm/bin/python): {problem}"
     )
@@ -161,13 +163,30 @@ def test_the_module_runs_from_the_source_tree_with_nothing_installed(tmp_path: P
     env.pop(compat.SKIP_ENV, None)
     proc = subprocess.run(
         [sys.executable, "-S", "-m", "spyre_engine.compat"],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "sendnn-inference not installed (supported: ==2.6.3)" in proc.stdout
     assert "vllm not installed (supported: >=0.26.0,<0.28.1)" in proc.stdout
-    assert "unsupported base: spyre-engine" in proc.stderr
+    # the source tree's version, not "0+unknown" (nothing installed) nor an older install's
+    assert f"unsupported base: spyre-engine {VERSION} supports" in proc.stderr
     assert "sendnn-inference is not installed; vllm is not installed" in proc.stderr
+
+
+def test_the_version_is_the_source_trees_then_the_installed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a source tree (the layer's build, before pip; the base may hold an older
+    spyre-engine) its pyproject.toml; installed (no pyproject.toml beside the package), the
+    distribution's metadata."""
+    assert compat.engine_version() == VERSION
+    site = tmp_path / "lib" / "python3" / "site-packages" / "spyre_engine"
+    site.mkdir(parents=True)
+    monkeypatch.setattr(compat, "__file__", str(site / "compat.py"))
+    monkeypatch.setattr(compat, "__version__", "9.9.9")
+    assert compat.engine_version() == "9.9.9"
+    (site.parents[1] / "pyproject.toml").write_text('[project]\nname = "other"\nversion = "1"\n')
+    assert compat.engine_version() == "9.9.9"
 
 
 # --- precompile and serve refuse before anything heavy ---------------------------------------
@@ -244,7 +263,7 @@ def test_check_base_prints_the_versions_and_exits_0(
         "sendnn-inference 2.6.3 (supported: ==2.6.3)",
         "vllm 0.28.0+empty (supported: >=0.26.0,<0.28.1)",
         f"python {sys.executable}",
-        f"supported by spyre-engine {__version__}",
+        f"supported by spyre-engine {VERSION}",
     ]
 
 
