@@ -61,7 +61,10 @@ BASE_RECIPE: dict[str, object] = {
 ENGINE_CPU_PACKAGES = ["g++", "libpython3.11-dev"]
 
 #: engine/Containerfile's build arguments for the CPU image (see SPECS["engine"]).
-ENGINE_CPU_BUILD_ARGS: tuple[tuple[str, str], ...] = (("TORCH_INDEX", ""), ("VLLM_TARGET", ""))
+ENGINE_CPU_BUILD_ARGS: tuple[tuple[str, str], ...] = (
+    ("TORCH_INDEX", ""), ("VLLM_TARGET", ""),
+    ("UPSTREAM_CONSTRAINTS", ""), ("UPSTREAM_OVERRIDES", ""),
+)
 
 OPERATOR_REPO = "localhost/spyre-model-operator"
 ENGINE_REPO = "localhost/spyre-engine"
@@ -99,6 +102,9 @@ SPECS: dict[str, ImageSpec] = {
             "engine/spyre_engine",
             "engine/senlib.json",
             "engine/entrypoint.sh",
+            # copied by the production and the CPU build alike, used by production only
+            "engine/upstream-constraints.txt",
+            "engine/upstream-overrides.txt",
         ),
         base_arg="BASE",
         base="engine-cpu",

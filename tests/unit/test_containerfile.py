@@ -185,11 +185,12 @@ def test_engine_installs_the_engine_extra_without_cuda_addons() -> None:
 
 
 def test_engine_dependencies_are_a_layer_of_their_own() -> None:
-    """The ~8 GB dependency layer depends on pyproject.toml alone, not on the engine's code."""
+    """The ~8 GB dependency layer depends on pyproject.toml and upstream's pins alone, not on
+    the engine's code."""
     ins = _instructions(ENGINE)
     heavy = next(i for i, (op, rest) in enumerate(ins) if op == "RUN" and "--extra engine" in rest)
     before = [rest for op, rest in ins[:heavy] if op == "COPY"]
-    assert before == ["pyproject.toml /src/"]
+    assert before == [f"pyproject.toml {' '.join(UPSTREAM_PINS)} /src/"]
     copies = " ".join(rest for op, rest in ins if op == "COPY")
     assert "engine/spyre_engine" in copies
     assert "operator/" not in copies  # the engine does not import the operator package
@@ -242,6 +243,9 @@ UPSTREAM_SENLIB = {
 }
 UPSTREAM_BASE = "quay.io/ibm-aiu/spyre-runtime:latest"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+#: sendnn-inference's own pins (tests/unit/test_upstream_lock.py), copied before the dependency
+#: step, used by the production build.
+UPSTREAM_PINS = ("engine/upstream-constraints.txt", "engine/upstream-overrides.txt")
 
 #: A stand-in for the base's python3 and the venv's python and uv: logs its argv, answers the
 #: version queries the dependency step makes, and creates the venv.
@@ -273,23 +277,30 @@ def _build_args_of_the_cpu_image() -> dict[str, str]:
 
 
 def render_dependency_step(
-    tmp_path: Path, overrides: dict[str, str], check: bool = True
+    tmp_path: Path, overrides: dict[str, str], check: bool = True,
+    stderr: list[str] | None = None,
 ) -> list[str]:
     """Run the engine's dependency RUN step with bash as a builder would (its ARGs in the
     environment), with stand-ins for python and uv; returns the commands it ran, in order
-    (``check``: raise when the step fails)."""
+    (``check``: raise when the step fails; ``stderr``: gets what the step wrote there)."""
     (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "--extra engine" in r]
     root = tmp_path / "root"
     (root / "src").mkdir(parents=True)
     (root / "src" / "pyproject.toml").write_text("")
+    for pins in UPSTREAM_PINS:  # what the COPY before the step puts there
+        (root / "src" / Path(pins).name).write_text((ROOT / pins).read_text())
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python3").write_text(_FAKE_TOOL)
     (bin_dir / "python3").chmod(0o755)
     script = step.replace("/opt/engine", f"{root}/opt/engine").replace("/src", f"{root}/src")
     log = tmp_path / "log"
-    env = {**_args(ENGINE), **overrides, "PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
-    subprocess.run(["bash", "-c", script], env=env, check=check)
+    env = {k: v.replace("/src/", f"{root}/src/") for k, v in {**_args(ENGINE), **overrides}.items()}
+    env |= {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)}
+    out = subprocess.run(["bash", "-c", script], env=env, check=check, stderr=subprocess.PIPE,
+                         text=True)  # fmt: skip
+    if stderr is not None:
+        stderr.append(out.stderr.replace(str(root), ""))
     return [line.replace(str(root), "") for line in log.read_text().splitlines()]
 
 
@@ -312,6 +323,11 @@ def test_production_builds_vllm_for_the_empty_device_on_the_bases_cpu_torch(
     # every later install is held to that torch; vLLM built from source, not PyPI's CUDA wheel
     assert "-c /src/constraints.txt" in ran[engine]
     assert "--no-binary vllm --no-build-isolation-package vllm" in ran[engine]
+    # ... and to the versions of sendnn-inference's own lock (tests/unit/test_upstream_lock.py),
+    # vLLM's build tools too; torch is the base's
+    upstream = "-c /src/upstream-constraints.txt --overrides /src/upstream-overrides.txt"
+    later = [c for c in ran[torch + 1:] if c.startswith("uv pip install")]
+    assert len(later) == 2 and [c for c in ran if upstream in c] == later
     assert not any("uninstall" in c and "torchvision" in c for c in ran)
     # VLLM_TARGET_DEVICE reaches the build of vLLM
     (step,) = [r for op, r in _instructions(ENGINE) if op == "RUN" and "--extra engine" in r]
@@ -330,12 +346,34 @@ def test_production_build_stops_on_a_base_without_torch(tmp_path: Path) -> None:
 
 def test_cpu_image_is_the_same_file_with_pypis_wheels(tmp_path: Path) -> None:
     overrides = _build_args_of_the_cpu_image()
-    assert overrides == {"TORCH_INDEX": "", "VLLM_TARGET": ""}
+    assert overrides == {"TORCH_INDEX": "", "VLLM_TARGET": "", "UPSTREAM_CONSTRAINTS": "",
+                         "UPSTREAM_OVERRIDES": ""}  # fmt: skip
     ran = render_dependency_step(tmp_path, overrides)
     assert not any("--default-index" in c or "--no-binary" in c for c in ran)
+    assert not any("upstream" in c for c in ran)  # PyPI's vLLM wheel pins another torch
     (engine,) = [c for c in ran if "--extra engine" in c]
     assert "-r /src/pyproject.toml --extra engine" in engine
     assert any("uninstall" in c and "torchvision torchaudio torchcodec" in c for c in ran)
+
+
+def test_production_warns_when_the_bases_torch_is_not_upstreams(tmp_path: Path) -> None:
+    """The base's torch is kept (torch_sendnn's); the build says when upstream's lock has
+    another (the stand-in base has 2.10.0, the lock 2.11.0), and not when they agree."""
+    errors: list[str] = []
+    render_dependency_step(tmp_path, {}, stderr=errors)
+    assert "WARNING: the base's torch 2.10.0+cpu is not sendnn-inference's (2.11.0+cpu)" in (
+        errors[0])
+    same = tmp_path / "same.txt"
+    same.write_text("# upstream: torch==2.10.0+cpu\n")
+    render_dependency_step(tmp_path / "same", {"UPSTREAM_CONSTRAINTS": str(same)}, stderr=errors)
+    assert "WARNING" not in errors[1]
+
+
+def test_upstreams_pins_are_staged_for_the_cpu_image_too() -> None:
+    """The COPY runs in both variants: the CPU build's context (and hash) has the files."""
+    from tests.images import build
+
+    assert set(UPSTREAM_PINS) <= set(build.SPECS["engine"].inputs)
 
 
 @pytest.mark.parametrize("path", [ENGINE, LAYER], ids=["engine", "layer"])
