@@ -7,6 +7,7 @@ tests skip with that hint (the server-side dry runs are in tests/integration/tes
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -388,18 +389,37 @@ def test_site_flags_that_cannot_work_stop_the_operator(args: list[str], error: s
 @needs_helm
 def test_the_readmes_site_values_render_and_reach_the_operator(tmp_path: Path) -> None:
     """README, "Install the operator with Helm": the values file for a Spyre site is valid
-    (schema, lint) and its defaults become the operator's."""
+    (schema, lint) on a release's chart (operator/scripts/release.py pins both images by
+    digest into a copy of the chart) and its defaults become the operator's."""
+    import importlib.util
     import re
+    import shutil
+
+    spec = importlib.util.spec_from_file_location(
+        "release_script", ROOT / "operator" / "scripts" / "release.py")
+    assert spec and spec.loader
+    release = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = release  # its dataclasses look their module up
+    spec.loader.exec_module(release)
+    chart = tmp_path / "spyre-model-operator"
+    shutil.copytree(CHART, chart)
+    operator = "registry.example.com/spyre/spyre-model-operator@sha256:" + "a" * 64
+    engine = "registry.example.com/spyre/spyre-engine@sha256:" + "b" * 64
+    release.pin_chart(chart, "0.1.0", operator, engine)
 
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"```yaml\n(# spyre-values\.yaml\n.*?)```", readme, re.S)
     assert block is not None, "the README's spyre-values.yaml block is gone"
     values = tmp_path / "spyre-values.yaml"
     values.write_text(block.group(1))
-    res = helm("lint", "--strict", str(CHART), "-f", str(values))
+    res = helm("lint", "--strict", str(chart), "-f", str(values))
     assert "0 chart(s) failed" in res.stdout, res.stdout
-    site = _site(render("-f", str(values), "--api-versions", MONITORING))
-    assert site.engine_image == "registry.example.com/spyre/spyre-engine:0.1.0"
+    out = helm("template", "spyre", str(chart), "--namespace", "spyre-system", "-f",
+               str(values), "--api-versions", MONITORING).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert operator_container(docs)["image"] == operator
+    site = _site(docs)
+    assert site.engine_image == engine
     assert site.allows(site.engine_image) and not site.allows("docker.io/library/busybox")
     assert site.storage_class_name and site.precompile_node_selector
 
