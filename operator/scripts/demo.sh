@@ -6,7 +6,8 @@
 #   compiles -> the serving pod loads the artifact from the read-only cache -> a completion
 #   through the Service, the same prompt again, /metrics, and the time each step took.
 #
-#   operator/scripts/demo.sh [up] [--backend eager|inductor]   # make demo
+#   operator/scripts/demo.sh [up] [--backend eager|inductor] [--scale-to-zero]   # make demo
+#     (--scale-to-zero: make demo DEMO_ARGS=--scale-to-zero, with KEDA + its HTTP add-on)
 #   operator/scripts/demo.sh down [--quiet]                    # make demo-down (make test too)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +27,7 @@ case "$cmd" in
     exec "$PY" -m tests.realpods.demo down "$@"
     ;;
   *)
-    echo "usage: $0 [up [--backend eager|inductor] | down [--quiet]]" >&2
+    echo "usage: $0 [up [--backend eager|inductor] [--scale-to-zero] | down [--quiet]]" >&2
     exit 2
     ;;
 esac

@@ -183,8 +183,10 @@ def _hash_update(h: hashlib._Hash, label: str, data: bytes) -> None:  # type: ig
 #: others are built and run under qemu-user-static (binfmt_misc), from Debian's packages.
 OPERATOR_PLATFORMS = ("amd64", "arm64", "ppc64le", "s390x")
 HOST_ARCH = "amd64"
-#: Debian architecture -> qemu's name (its binfmt_misc entry and /usr/lib/binfmt.d file).
+#: OCI architecture -> qemu's name (its binfmt_misc entry and /usr/lib/binfmt.d file).
 QEMU_ARCH = {"arm64": "aarch64", "ppc64le": "ppc64le", "s390x": "s390x"}
+#: OCI architecture -> Debian's, where they differ (debootstrap --arch).
+DEBIAN_ARCH = {"ppc64le": "ppc64el"}
 
 
 def base_key(arch: str = HOST_ARCH) -> str:
@@ -330,7 +332,8 @@ def _debootstrap(dest: Path, arch: str = HOST_ARCH) -> None:
     else:
         # Unpacked natively, configured under emulation (the second stage runs arch's dpkg).
         ensure_binfmt(arch)
-        run(["debootstrap", "--foreign", f"--arch={arch}", f"--variant={r['variant']}",
+        run(["debootstrap", "--foreign", f"--arch={DEBIAN_ARCH.get(arch, arch)}",
+             f"--variant={r['variant']}",
              f"--include={include}", str(r["suite"]), str(dest), str(r["mirror"])])  # fmt: skip
         run(["chroot", str(dest), "/debootstrap/debootstrap", "--second-stage"])
     (dest / "etc/dpkg/dpkg.cfg.d/01-nodoc").write_text(_NODOC)

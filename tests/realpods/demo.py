@@ -12,6 +12,13 @@ What stands in: the CPU backend ``eager`` for the Spyre cards (``sendnn``), a ti
 random-weight model (so the answer is gibberish) on a model PVC instead of a hub download, and
 Kubernetes' own admission policies for OpenShift's restricted-v2 SCC: both namespaces assign
 each pod its uid and fsGroup from an annotated range (the chart's ``podUser: assigned``).
+
+``up --scale-to-zero`` (``make demo DEMO_ARGS=--scale-to-zero``) also starts KEDA and its HTTP
+add-on (built from their Go modules, tests/cluster/keda.py: the same programs a site installs
+with their charts, here as processes with the cluster's kubeconfig), installs the chart with
+``scaleToZero.enabled``, gives the model ``autoscaling.minReplicas: 0`` with a 30 s idle
+time, and shows it going to zero once idle and waking for the next request, which waits in
+KEDA's interceptor meanwhile.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from tests.cluster.controlplane import wait_until
 from tests.realpods import support as s
 
 OPERATOR_NS = os.environ.get("SPYRE_DEMO_OPERATOR_NAMESPACE", "spyre-system")
@@ -35,6 +44,8 @@ WORDS = ("the quick brown fox jumps over a lazy dog while spyre accelerators ser
          "language models with vllm on kubernetes clusters operators reconcile custom resources "
          "and precompile graphs into artifacts so that servers start fast").split()
 PROMPT = " ".join(WORDS[i % len(WORDS)] for i in range(300))
+#: --scale-to-zero: the model's idle time before KEDA takes it to zero (the API's minimum).
+IDLE_SECONDS = 30
 METRICS = ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
            "vllm:prefix_cache_hits_total")
 
@@ -101,15 +112,29 @@ def up(args: argparse.Namespace) -> int:
     say(f"Operator: Helm chart into {OPERATOR_NS} (its image, RBAC, restricted pod), "
         f"watching {MODEL_NS}")
     t0 = time.monotonic()
+    values: dict[str, Any] = {}
+    if args.scale_to_zero:
+        say("KEDA and its HTTP add-on (built from their Go modules, run with the cluster's "
+            "kubeconfig)")
+        t0 = time.monotonic()
+        from tests.cluster.keda import KedaStack
+
+        KedaStack(cp).up()
+        steps.append(("KEDA + HTTP add-on up", time.monotonic() - t0))
+        values = {"scaleToZero": {"enabled": True}}
+        t0 = time.monotonic()
     pod = s.install_operator(cp, OPERATOR_NS, refs["operator"], watch_namespaces=[MODEL_NS],
-                             log=info)
+                             values=values, log=info)
     steps.append(("operator installed, pod Ready", time.monotonic() - t0))
     uid = pod["spec"].get("securityContext", {}).get("runAsUser")
     info(f"pod {pod['metadata']['name']} on {pod['spec'].get('nodeName')}, uid {uid} "
          f"(assigned by {OPERATOR_NS}'s range), "
          f"image {pod['spec']['containers'][0]['image']}")
 
-    spec = s.tiny_model_spec(refs["engine"], uri, backend=args.backend)
+    spec = s.tiny_model_spec(refs["engine"], uri, backend=args.backend, override={
+        "autoscaling": {"minReplicas": 0, "maxReplicas": 1, "scaleToZero": {
+            "idleSeconds": IDLE_SECONDS, "maxWaitSeconds": 300,
+            "responseTimeoutSeconds": 300}}} if args.scale_to_zero else None)
     say(f"Applying SpyreModel {MODEL}: backend {args.backend} (CPU, standing in for sendnn), "
         f"TP 1, maxModelLen {spec['compile']['maxModelLen']}, prefix caching on")
     s.apply_model(cp, MODEL_NS, MODEL, spec)
@@ -149,6 +174,25 @@ def up(args: argparse.Namespace) -> int:
     new_hits = hits - s.metric(before, "vllm:prefix_cache_hits_total")
     info(f"prefix cache hits from the repeat: {new_hits:.0f} tokens")
 
+    if args.scale_to_zero:
+        say(f"Idle for {IDLE_SECONDS}s: KEDA takes the model to zero (its card is free)")
+        t0 = time.monotonic()
+        replicas = lambda: int((s.get_model(cp, MODEL_NS, MODEL) or {})  # noqa: E731
+                               .get("spec", {}).get("replicas", 1))
+        wait_until(lambda: replicas() == 0, IDLE_SECONDS + 300, "KEDA scaled the model to 0", 2)
+        wait_until(lambda: not s.server_pods(cp, MODEL_NS, MODEL), 300,
+                   "the serving pods are gone", 2)
+        ready = s.condition(s.get_model(cp, MODEL_NS, MODEL), "Ready") or {}
+        steps.append(("idle -> zero (pods gone)", time.monotonic() - t0))
+        info(f"spec.replicas 0, no serving pod; Ready={ready.get('status')} "
+             f"{ready.get('reason')}; the Service keeps its address ({url})")
+        say("A request at zero: held by KEDA's interceptor while the model wakes")
+        t0 = time.monotonic()
+        woke = s.completion(cp, MODEL_NS, MODEL, "wake up", max_tokens=8, timeout=600)
+        steps.append(("request at zero -> answer", time.monotonic() - t0))
+        info(f"answered after {woke['_seconds']:.1f}s: {woke['choices'][0]['text']!r}; "
+             f"spec.replicas {replicas()}")
+
     say("How long each step took")
     for what, sec in steps:
         info(f"{what:<38} {sec:7.1f}s")
@@ -187,6 +231,12 @@ def down(args: argparse.Namespace) -> int:
     removed = s.uninstall_operator(cp, OPERATOR_NS)
     ns = _delete_namespace(cp, MODEL_NS)
     _delete_namespace(cp, KWOK_NS)
+    from tests.cluster.keda import KedaStack
+
+    keda = KedaStack(cp)
+    if keda.running():  # `up --scale-to-zero` started it
+        keda.down()
+        info("stopped KEDA and its HTTP add-on")
     if removed or ns or not args.quiet:
         info(f"demo stopped: operator release {'uninstalled' if removed else 'not installed'}, "
              f"namespace {MODEL_NS} {'deleted' if ns else 'absent'}")
@@ -199,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("up")
     u.add_argument("--backend", default="eager", choices=["eager", "inductor"])
     u.add_argument("--timeout", type=float, default=1800)
+    u.add_argument("--scale-to-zero", action="store_true",
+                   help="with KEDA + its HTTP add-on: the model goes to zero and wakes")
     d = sub.add_parser("down")
     d.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
