@@ -257,11 +257,15 @@ def _start_operator_image(cp: ControlPlane, image: str, platform: str, namespace
         arch = subprocess.run([*bh, "inspect", "--format", "{{.OCIv1.Architecture}}", ctr],
                               capture_output=True, text=True, check=True).stdout.strip()
         assert f"linux/{arch}" == platform, (arch, platform)
+        # The image's user (65532) reads it: a copy, readable (the original is root's 0600).
+        kubeconfig = work / "kubeconfig"
+        kubeconfig.write_bytes(cp.kubeconfig.read_bytes())
+        kubeconfig.chmod(0o644)
         health, metrics = free_ports(2)
         log = open(work / f"operator-{arch}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [*bh, "run", "--isolation", "chroot", "--volume",
-             f"{cp.kubeconfig}:/tmp/kubeconfig:ro", "--env", "KUBECONFIG=/tmp/kubeconfig", ctr,
+             f"{kubeconfig}:/tmp/kubeconfig:ro", "--env", "KUBECONFIG=/tmp/kubeconfig", ctr,
              "--", "spyre-operator", "run", f"--namespace={namespace}", "--no-leader-elect",
              "--no-scale-to-zero", "--pod-user=fixed", f"--metrics-port={metrics}",
              f"--liveness=http://127.0.0.1:{health}/healthz"],
