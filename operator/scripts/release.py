@@ -122,12 +122,46 @@ def _digest_of_push(args: Sequence[str]) -> str:
 # --- images --------------------------------------------------------------------------------
 
 
+def source_revision() -> tuple[str, int]:
+    """(commit, commit time) of the repository's HEAD, or ("unknown", 0) outside git."""
+    r = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H %ct"],
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0 or not r.stdout.strip():
+        return "unknown", 0
+    commit, when = r.stdout.split()
+    return commit, int(when)
+
+
+def labelled(local: str, name: str, version: str) -> str:
+    """``local`` with the release's OCI labels (version, source revision), created at the
+    commit's time so that the same commit gives the same image: a new image (a new config
+    digest, the same layers). Also what keeps a release apart from the test images it is built
+    from: containerd's CRI image store lost track of an image imported under one name once the
+    same image (same config digest) was pulled under another, and the kubelet then found
+    neither (seen on the real node with containerd 1.6)."""
+    commit, when = source_revision()
+    bh = build.buildah_cmd()
+    ctr = run([*bh, "from", "--pull=never", "--quiet", local], capture=True).splitlines()[-1]
+    arch = run([*bh, "inspect", "--format", "{{.OCIv1.Architecture}}", ctr], capture=True)
+    ref = f"localhost/{name}-release-{arch}:{version}"
+    try:
+        run([*bh, "config", "--label", f"org.opencontainers.image.version={version}",
+             "--label", f"org.opencontainers.image.revision={commit}",
+             "--label", "org.opencontainers.image.source=https://github.com/spyre-model-operator/"
+             "spyre-model-operator", ctr])  # fmt: skip
+        run([*bh, "commit", "--quiet", "--timestamp", str(when), ctr, ref])
+    finally:
+        subprocess.run([*bh, "rm", ctr], capture_output=True)
+    return ref
+
+
 def push_operator(registry: str, version: str, plain_http: bool,
                   archs: Sequence[str] = build.OPERATOR_PLATFORMS) -> tuple[str, list[str]]:
     """The operator image for each of ``archs`` (the host's natively, the others under
     qemu-user-static), as one manifest list at ``<registry>/spyre-model-operator:<version>``;
     returns (repository@digest, platforms)."""
-    locals_ = [build.in_storage(build.ensure_image("operator", arch=a)) for a in archs]
+    locals_ = [labelled(build.in_storage(build.ensure_image("operator", arch=a)),
+                        OPERATOR_NAME, version) for a in archs]
     repo = f"{registry}/{OPERATOR_NAME}"
     lst = f"{repo}:{version}"
     bh = build.buildah_cmd()
@@ -171,6 +205,7 @@ def push_engine(local: str, registry: str, version: str, plain_http: bool) -> st
     dest = f"{repo}:{version}"
     # zstd: the 9 GB engine compresses in seconds (gzip takes minutes); containerd >= 1.5
     # and CRI-O pull it.
+    local = labelled(local, ENGINE_NAME, version)
     log(f"pushing {dest} (zstd)")
     digest = _digest_of_push(["push", *tls_flag(plain_http), "--compression-format", "zstd",
                               local, f"docker://{dest}"])  # fmt: skip
