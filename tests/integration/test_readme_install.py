@@ -104,7 +104,8 @@ def test_the_install_guide_runs_as_written(
     subst = [("spyre-system", release_ns), ("team-a", namespace), ("team-b", second_namespace),
              ("registry.example.com/spyre", registry), ("--version 0.1.0",
                                                          f"--version {released['version']}"),
-             ("charts/spyre-model-operator", str(REPO_ROOT / "charts/spyre-model-operator")),
+             # a bare chart path (not the release's oci://.../charts/spyre-model-operator)
+             (" charts/spyre-model-operator", f" {REPO_ROOT / 'charts/spyre-model-operator'}"),
              ("-f spyre-values.yaml", f"-f {tmp_path / 'spyre-values.yaml'}"),
              ("-f granite.yaml", f"-f {tmp_path / 'granite.yaml'}"),
              ("spyremodels --all -A", f"spyremodels --all -n {namespace}"),
