@@ -80,6 +80,18 @@ class Release:
     chart: str  # oci://registry/charts/spyre-model-operator
     chart_digest: str
 
+    def write(self, out: Path) -> Release:
+        """``out``/release-<version>.json; returns itself."""
+        (out / f"release-{self.version}.json").write_text(json.dumps(asdict(self), indent=2)
+                                                          + "\n")
+        return self
+
+
+def index_platforms(index: str) -> list[str]:
+    """``os/architecture`` of each entry of an image index (manifest list) in JSON."""
+    return [f"{m['platform']['os']}/{m['platform']['architecture']}"
+            for m in json.loads(index).get("manifests", [])]
+
 
 # --- tools ---------------------------------------------------------------------------------
 
@@ -169,9 +181,7 @@ def push_operator(registry: str, version: str, plain_http: bool,
     run([*bh, "manifest", "create", lst])
     for local in locals_:
         run([*bh, "manifest", "add", lst, f"containers-storage:{local}"])
-    platforms = [f"{m['platform']['os']}/{m['platform']['architecture']}"
-                 for m in json.loads(run([*bh, "manifest", "inspect", lst], capture=True))
-                 ["manifests"]]  # fmt: skip
+    platforms = index_platforms(run([*bh, "manifest", "inspect", lst], capture=True))
     log(f"pushing {lst} ({', '.join(platforms)})")
     digest = _digest_of_push(["manifest", "push", "--all", *tls_flag(plain_http), lst,
                               f"docker://{lst}"])  # fmt: skip
@@ -284,9 +294,8 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
     engine = push_engine(build_engine(engine_base, engine_image), registry, version, plain_http)
     chart, chart_digest = package_and_push_chart(version, operator, engine, registry,
                                                  plain_http, out)
-    rel = Release(version, registry, operator, platforms, engine, chart, chart_digest)
-    (out / f"release-{version}.json").write_text(json.dumps(asdict(rel), indent=2) + "\n")
-    return rel
+    return Release(version, registry, operator, platforms, engine, chart,
+                   chart_digest).write(out)
 
 
 def skopeo_bin() -> str:
@@ -327,13 +336,9 @@ def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path
              f"docker://{image}", f"docker://{dest}/{name}:{version}"])  # fmt: skip
     operator, engine = (f"{dest}/{name}@{digest}" for _, name, digest in copies)
     chart, chart_digest = package_and_push_chart(version, operator, engine, dest, plain_http, out)
-    raw = run([skopeo, "inspect", "--raw", *(["--tls-verify=false"] if plain_http else []),
-               f"docker://{operator}"], capture=True)
-    platforms = [f"{m['platform']['os']}/{m['platform']['architecture']}"
-                 for m in json.loads(raw).get("manifests", [])]
-    rel = Release(version, dest, operator, platforms, engine, chart, chart_digest)
-    (out / f"release-{version}.json").write_text(json.dumps(asdict(rel), indent=2) + "\n")
-    return rel
+    platforms = index_platforms(run([skopeo, "inspect", "--raw", *(
+        ["--tls-verify=false"] if plain_http else []), f"docker://{operator}"], capture=True))
+    return Release(version, dest, operator, platforms, engine, chart, chart_digest).write(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

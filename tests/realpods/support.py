@@ -140,14 +140,8 @@ def publish_release(cp: ControlPlane, out: Path, log: Log = _stderr) -> dict[str
     (``operator``, ``engine``: repository@digest; ``chart``; ``version``). The node pulls
     them from there (its containerd's hosts.toml: tests/cluster/node.py)."""
     t0 = time.monotonic()
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "operator" / "scripts" / "release.py"), "release",
-         "--registry", f"{cp.registry}/spyre", "--plain-http", "--cpu-engine",
-         "--out", str(out)],
-        capture_output=True, text=True, env=helm_env(cp), timeout=3600)
-    if res.returncode != 0:
-        raise RuntimeError(f"release.py failed:\n{res.stderr[-4000:]}")
-    rel: dict[str, Any] = json.loads(res.stdout)
+    rel = _release_script(cp, ["release", "--registry", f"{cp.registry}/spyre", "--plain-http",
+                               "--cpu-engine", "--out", str(out)], timeout=3600)
     log(f"released {rel['version']} to {rel['registry']} in {time.monotonic() - t0:.1f}s")
     return rel
 
@@ -158,14 +152,20 @@ def mirror_release(cp: ControlPlane, release: Mapping[str, Any], dest: str, out:
     images copied by skopeo with their digests, the chart re-pinned to ``dest``. Returns the
     mirror's release-<version>.json."""
     t0 = time.monotonic()
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "operator" / "scripts" / "release.py"), "mirror",
-         "--from", release["registry"], "--to", dest, "--plain-http", "--out", str(out)],
-        capture_output=True, text=True, env=helm_env(cp), timeout=1800)
-    if res.returncode != 0:
-        raise RuntimeError(f"release.py mirror failed:\n{res.stderr[-4000:]}")
-    rel: dict[str, Any] = json.loads(res.stdout)
+    rel = _release_script(cp, ["mirror", "--from", release["registry"], "--to", dest,
+                               "--plain-http", "--out", str(out)], timeout=1800)
     log(f"mirrored {release['registry']} to {dest} in {time.monotonic() - t0:.1f}s")
+    return rel
+
+
+def _release_script(cp: ControlPlane, args: Sequence[str], timeout: float) -> dict[str, Any]:
+    """operator/scripts/release.py ``args`` with helm's environment; its JSON (the release)."""
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "operator" / "scripts" / "release.py"), *args],
+        capture_output=True, text=True, env=helm_env(cp), timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"release.py {args[0]} failed:\n{res.stderr[-4000:]}")
+    rel: dict[str, Any] = json.loads(res.stdout)
     return rel
 
 
