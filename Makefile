@@ -10,7 +10,7 @@ CLUSTER := $(PY) tests/cluster/controlplane.py
 PYTEST_ARGS ?=
 
 .PHONY: images images-platforms test-images images-prune release mirror
-.PHONY: help deps deps-host install lock binaries cluster-up cluster-down test test-unit test-integration \
+.PHONY: help deps install lock binaries cluster-up cluster-down test test-unit test-integration \
         demo demo-down demo-kwok bench bench-engine crds lint clean supported-configs
 
 help: ## Show the targets
@@ -70,12 +70,13 @@ lint: install ## ruff + mypy
 	$(VENV)/bin/ruff check operator engine tests
 	$(VENV)/bin/mypy operator/spyre_operator
 
-deps: ## install + binaries + images, in parallel (pip downloads and images overlap the Go build)
+deps: ## install + binaries + the host's images, in parallel (pip downloads and images overlap the Go build)
 	# Cold on 2 cores: the Go builds ~19.5 min (they keep both cores busy, so building KEDA
 	# beside the images instead measured the same), the images ~9.7 min beside them.
-	# The operator image's other architectures (images-platforms, under qemu) come after the
-	# host's images, which `make demo` needs alone.
-	$(MAKE) --no-print-directory -j2 binaries images-platforms
+	# The operator image's other architectures (images-platforms, ~15 min of qemu cold) are not
+	# here: `make test` builds them in the background at the lowest CPU priority while its
+	# sessions run (tests/streams.py), and `make release` depends on them.
+	$(MAKE) --no-print-directory -j2 binaries images
 
 images: install ## Build (or reuse) the operator and engine images (docker-archives in ~/.cache/spyre-model-operator/images)
 	tests/images/build.sh all >/dev/null
@@ -83,9 +84,8 @@ images: install ## Build (or reuse) the operator and engine images (docker-archi
 # The operator image for the release's other architectures, built under qemu-user-static (Debian's
 # package, registered with binfmt_misc): cold ~4 min (arm64) to ~6.5 min (s390x, ppc64le: a C
 # compiler builds msgspec) each, cached like the others.
-OTHER_PLATFORMS := arm64 ppc64le s390x
 images-platforms: images ## The operator image for arm64, ppc64le and s390x too (under qemu-user-static)
-	for a in $(OTHER_PLATFORMS); do tests/images/build.sh operator --arch $$a >/dev/null || exit 1; done
+	tests/images/build.sh platforms >/dev/null
 
 test-images: install ## Build (or reuse) the images and run them as their pods would, without Kubernetes
 	$(PY) -m pytest -m images tests/integration/test_images.py $(PYTEST_ARGS)
@@ -106,10 +106,7 @@ test: deps ## Everything: unit, golden, engine, integration (real control plane)
 test-unit: install ## Only the tests that need neither the cluster nor vLLM
 	$(PY) -m pytest -m 'not integration and not engine and not contract' $(PYTEST_ARGS)
 
-deps-host: ## install + binaries + the host's images, in parallel (what `make demo` needs)
-	$(MAKE) --no-print-directory -j2 binaries images
-
-demo: deps-host ## Real pods: chart-installed operator, tiny model compiled and served, a completion
+demo: deps ## Real pods: chart-installed operator, tiny model compiled and served, a completion
 	operator/scripts/demo.sh up $(DEMO_ARGS)
 
 demo-down: ## Stop the demo: helm uninstall the operator, delete namespace spyre-demo

@@ -12,6 +12,14 @@ and printed whole after it, so neither report is interleaved with the other; the
 session's FAILED/ERROR lines are repeated at the very end (where CI's excerpt of the output
 is). The exit status is the cluster session's when it is not 0, else the local session's.
 
+Beside them, at the lowest CPU priority, the operator image for the release's other
+architectures is built (``tests/images/build.sh platforms``, ~15 min of qemu on a cold machine,
+nothing once cached): the cluster session leaves a core idle for much of its run, and only its
+last tests (those publishing a release, ordered last by tests/integration/conftest.py) need
+those images; they wait for the build (its lock) or build what is missing themselves. The
+build is stopped if it is still running when the sessions end. ``SPYRE_BACKGROUND_BUILD``
+replaces its command (empty: none).
+
 With arguments (``make test PYTEST_ARGS=...``) it is one ordinary pytest session with them.
 
 Ctrl-C and ``.ci/run``'s budget signal the whole process group: both sessions get SIGINT,
@@ -22,7 +30,9 @@ ends uninterrupted (``.ci/run`` prints those still running when the run hits its
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -42,6 +52,9 @@ CLUSTER = ["-m", "integration", "--durations=30", *CLUSTER_DIRS]
 LOCAL = ["-m", "not integration", "--durations=15", "tests"]
 #: Niceness of the local session (the real engine on CPU is its heavy part).
 LOCAL_NICENESS = 10
+#: The background build: the operator for the other architectures, on CPU nobody else wants.
+BACKGROUND_BUILD = f"{shlex.quote(str(Path(__file__).resolve().parent))}/images/build.sh platforms"
+BACKGROUND_NICENESS = 19
 
 
 def _env(session: str) -> dict[str, str]:
@@ -70,6 +83,7 @@ def main(argv: list[str]) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="spyre-make-test-"))
     local_log = log_dir / "local.log"
     start = time.monotonic()
+    build = _background_build(log_dir / "build.log")
     with open(local_log, "wb") as out:
         local = subprocess.Popen(["nice", "-n", str(LOCAL_NICENESS), *_pytest(LOCAL)],
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -90,6 +104,7 @@ def main(argv: list[str]) -> int:
                 del pending[name]
         time.sleep(1)
     relay.join(timeout=30)
+    built = _stop(build, log_dir / "build.log", start)
     sys.stdout.flush()
     print(f"\n{'=' * 30} local tests (unit, golden, engine; their session's output) "
           f"{'=' * 30}", flush=True)
@@ -98,11 +113,49 @@ def main(argv: list[str]) -> int:
     print("\nmake test: " + ", ".join(
         f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
         for name in ("cluster", "local")), flush=True)
+    if built:
+        print(built, flush=True)
     if cluster_failures:  # the end of the output is the local report: repeat the cluster's
         print("cluster session's failures (its report is above the local one):", flush=True)
         sys.stdout.buffer.write(b"".join(cluster_failures))
         sys.stdout.flush()
     return codes["cluster"] or codes["local"]
+
+
+def _background_build(log: Path) -> subprocess.Popen[bytes] | None:
+    command = shlex.split(os.environ.get("SPYRE_BACKGROUND_BUILD", BACKGROUND_BUILD))
+    if not command:
+        return None
+    with open(log, "wb") as out:
+        # its own process group: stopped as a whole at the end, and not by the sessions' SIGINT
+        # (Ctrl-C, .ci/run's budget), which would leave a half-built image to clean up
+        return subprocess.Popen(["nice", "-n", str(BACKGROUND_NICENESS), *command],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def _stop(build: subprocess.Popen[bytes] | None, log: Path, start: float) -> str:
+    """Stop the background build if it still runs; one line saying how it went."""
+    if build is None:
+        return ""
+    code = build.poll()
+    if code is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(build.pid, signal.SIGTERM)
+        try:
+            build.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(build.pid, signal.SIGKILL)
+            build.wait()
+        return (f"background build (other architectures' operator image): still running after "
+                f"{(time.monotonic() - start) / 60:.1f} min, stopped")
+    if code == 0:
+        return ""
+    tail = log.read_text(errors="replace").splitlines()[-15:]
+    return "\n".join([f"background build (other architectures' operator image) failed "
+                      f"(exit {code}); the release tests built or reported it. Its last lines:",
+                      *tail])
 
 
 def _relay(proc: subprocess.Popen[bytes], failures: list[bytes]) -> None:

@@ -6,6 +6,7 @@
     python3 tests/images/build.py all --json      # {"operator": {...}, "engine": {...}}
     python3 tests/images/build.py engine --path-only   # the path, without building
     python3 tests/images/build.py prune          # drop old archives and buildah's storage
+    python3 tests/images/build.py platforms      # the operator for every other architecture
 
 1. A Debian bookworm base with bookworm's python3.11, made by ``debootstrap --variant=minbase``
    and imported with buildah (``localhost/spyre-base:<hash>``); the CPU engine gets one more
@@ -585,7 +586,7 @@ def prune() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("what", choices=[*SPECS, "all", "base", "prune"])
+    ap.add_argument("what", choices=[*SPECS, "all", "base", "prune", "platforms"])
     out = ap.add_mutually_exclusive_group()
     out.add_argument("--ref", action="store_true", help="print the image reference")
     out.add_argument("--json", action="store_true", help="print name, ref and archive as JSON")
@@ -601,9 +602,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         require_tools()
         print(ensure_base())
         return 0
-    names = list(SPECS) if args.what == "all" else [args.what]
-    imgs = [image(n, args.arch) if args.path_only else ensure_image(n, arch=args.arch)
-            for n in names]
+    if args.what == "platforms":  # the operator for the release's other architectures
+        builds = [("operator", a) for a in OPERATOR_PLATFORMS if a != HOST_ARCH]
+    else:
+        builds = [(n, args.arch) for n in (list(SPECS) if args.what == "all" else [args.what])]
+    imgs = [image(n, a) if args.path_only else ensure_image(n, arch=a) for n, a in builds]
     if args.json:
         print(json.dumps({i.name: i.as_dict() for i in imgs}, indent=2))
     else:

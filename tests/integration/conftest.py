@@ -26,6 +26,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+    # The modules that publish a release (fixture ``released``) run last, whole and in their
+    # order: on a cold machine the operator image for the other architectures is still being
+    # built in the background then (tests/streams.py), on CPU the earlier tests leave idle.
+    releasing = {item.module for item in items
+                 if "released" in getattr(item, "fixturenames", ())}
+    items[:] = ([i for i in items if getattr(i, "module", None) not in releasing]
+                + [i for i in items if getattr(i, "module", None) in releasing])
 
 
 class OperatorProcess:

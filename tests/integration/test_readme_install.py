@@ -37,7 +37,8 @@ from tests.realpods.support import helm_env
 
 from .conftest import Kube, OperatorProcess
 
-pytestmark = pytest.mark.integration
+# 3600 s: on a cold machine the release (conftest ``released``) may build images first
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
 README = REPO_ROOT / "README.md"
 CRD = "spyremodels.serving.spyre.dev"

@@ -40,6 +40,23 @@ def test_every_integration_test_is_in_the_cluster_session() -> None:
     assert outside == []
 
 
+def test_the_modules_publishing_a_release_run_last_in_the_cluster_session() -> None:
+    """They wait for the background build of the other architectures' operator image
+    (tests/streams.py) on a cold machine: every test before them runs first."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         *streams.CLUSTER], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    modules = [line.split("::")[0] for line in r.stdout.splitlines() if "::" in line]
+    releasing = ["tests/integration/test_chart_pod.py", "tests/integration/test_readme_install.py"]
+    last = list(dict.fromkeys(modules))[-len(releasing):]
+    assert last == releasing, last
+    # together at the end, each module whole (its module fixtures are set up once)
+    n = sum(m in releasing for m in modules)
+    assert modules[-n:] == sorted(modules[-n:], key=releasing.index), modules[-n:]
+    assert all(m in releasing for m in modules[-n:]), modules[-n:]
+
+
 def _tree(tmp_path: Path, cluster_test: str, local_test: str) -> None:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "conftest.py").write_text(CONFTEST)
@@ -49,8 +66,8 @@ def _tree(tmp_path: Path, cluster_test: str, local_test: str) -> None:
         (tmp_path / "tests" / folder / f"test_{folder}.py").write_text(body)
 
 
-def _run(tmp_path: Path, **kw: object) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT),
+def _run(tmp_path: Path, build: str = "", **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_BACKGROUND_BUILD": build,
            "SPYRE_CURRENT_TEST_FILE": str(tmp_path / "current")}
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "streams.py")], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -102,7 +119,7 @@ def test_ci_run_names_the_test_still_running_at_its_budget(tmp_path: Path) -> No
     # .ci/run changes to the repository's root: the sessions run in the toy tree
     command = f"env -C {tmp_path} {sys.executable} {ROOT / 'tests' / 'streams.py'}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_CI_BUDGET": "45s",
-           "SPYRE_CI_COMMAND": command}
+           "SPYRE_CI_COMMAND": command, "SPYRE_BACKGROUND_BUILD": ""}
     r = subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, env=env,
                        timeout=300)
     out = r.stdout + r.stderr
@@ -121,3 +138,28 @@ def test_the_cluster_sessions_failures_are_repeated_at_the_end(tmp_path: Path) -
     tail = out.partition("make test: ")[2]
     assert "local session exit 0" in tail and "cluster session exit 1" in tail, out
     assert "FAILED tests/integration/test_integration.py::test_i" in tail, out
+
+
+def test_the_background_build_is_stopped_with_the_sessions_and_said(tmp_path: Path) -> None:
+    """The other architectures' operator image builds beside the sessions (nice 19, a process
+    group of its own); still running when they end, it is stopped, and the run says so."""
+    _tree(tmp_path, "def test_i():\n    pass\n", "def test_u():\n    pass\n")
+    pidfile = tmp_path / "build.pid"
+    proc = _run(tmp_path, build=f"sh -c 'echo $$ > {pidfile}; exec sleep 600'")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "background build (other architectures' operator image): still running" in out, out
+    pid = int(pidfile.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+        f"/proc/{pid}/status").read_text(), "the background build was left running"
+
+
+def test_a_failed_background_build_is_reported_without_failing_the_run(tmp_path: Path) -> None:
+    """The release tests build what is missing themselves (and fail if it cannot be built):
+    the background build's own failure is shown, not counted twice."""
+    _tree(tmp_path, "def test_i():\n    pass\n", "def test_u():\n    pass\n")
+    proc = _run(tmp_path, build="sh -c 'echo no-qemu-here; exit 3'")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "background build (other architectures' operator image) failed (exit 3)" in out, out
+    assert "no-qemu-here" in out.partition("failed (exit 3)")[2], out
