@@ -51,6 +51,7 @@ from .reconcile import (
     write_error_message,
 )
 from .release import claims_to_release, mounted_claims, rollout_complete
+from .rollout import deployment_rolling
 
 log = logging.getLogger(__name__)
 
@@ -1209,21 +1210,6 @@ class Controller:
         for uid, when in list(self._deleted_jobs.items()):
             if when < cutoff:
                 del self._deleted_jobs[uid]
-
-
-def deployment_rolling(dep: Mapping[str, Any]) -> bool:
-    """A serving Deployment whose rollout holds a slot of the rollout budget: pods of an older
-    template left, not all asked replicas updated and available, or not observed since its
-    last change; one past its progress deadline (RolloutStalled) no longer does."""
-    st = dep.get("status") or {}
-    for c in st.get("conditions") or []:
-        if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded":
-            return False
-    want = (dep.get("spec") or {}).get("replicas")
-    want = 1 if want is None else int(want)
-    if not rollout_complete(dep):
-        return True
-    return (st.get("updatedReplicas") or 0) < want or (st.get("availableReplicas") or 0) < want
 
 
 def _rejected(e: ApiError) -> bool:

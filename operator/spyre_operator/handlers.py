@@ -30,7 +30,7 @@ from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .budget import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .coldstart import start_coldstart_server
-from .controller import Caches, Controller, deployment_rolling
+from .controller import Caches, Controller
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
 from .desired.routing import InferencePool
@@ -39,6 +39,7 @@ from .desired.site import SiteDefaults
 from .metrics import counting_client, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
+from .rollout import deployment_rolling
 
 log = logging.getLogger(__name__)
 

@@ -57,6 +57,7 @@ from .desired.scaletozero import (
 from .desired.service import build_pdb, build_service, wants_pdb
 from .desired.site import SiteDefaults, effective_status
 from .precompile_state import Stuck, job_attempt, job_stuck, superseded, template_changed
+from .rollout import mark_rolled_out
 from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 
 # Artifact phases (status.artifact.phase)
@@ -1909,7 +1910,8 @@ def decide(
     ):
         d.delete.append((Job, job_name))  # an earlier spec's compile: stop it, free its cards
     if serving.plan is not None and serving.key is not None:
-        d.apply.append(build_deployment(serving.plan, serving.key))
+        d.apply.append(mark_rolled_out(build_deployment(serving.plan, serving.key),
+                                       obs.deployment))
     # Deletes run before applies (controller.execute): the operator's HPA is gone before the
     # ScaledObject is written (KEDA refuses a target another HPA scales).
     d.delete += zero.delete

@@ -13,9 +13,10 @@ import pytest
 from spyre_operator import budget as B
 from spyre_operator import conditions as C
 from spyre_operator.cli import main as cli_main
-from spyre_operator.controller import Caches, Controller, deployment_rolling
+from spyre_operator.controller import Caches, Controller
 from spyre_operator.desired import names
 from spyre_operator.reconcile import Observed, decide, served_key
+from spyre_operator.rollout import deployment_rolling
 
 from .samples import GENERATE, model
 from .test_controller_failures import RecordingApplier
@@ -535,6 +536,84 @@ def test_rollouts_wait_for_a_slot_and_go_when_one_completes() -> None:
         assert serving(2) == plan_for(before[2][0]).key
 
     asyncio.run(run())
+
+
+def _rolled_out(m: dict[str, Any], dep: dict[str, Any]) -> dict[str, Any]:
+    """``m``'s Deployment after the reconcile that saw its rollout complete."""
+    obs = Observed(cache_pvc=bound(), job=live_job(m, "Complete"), deployment=dep)
+    return deployment_obj(decide(m, obs, NOW), ready=1)
+
+
+def _scaled(dep: dict[str, Any], replicas: int, available: int) -> dict[str, Any]:
+    """``dep`` scaled (by an HPA, KEDA or a user) to ``replicas``, ``available`` of them up:
+    every pod of its template; the Deployment controller leaves ``Progressing`` at
+    NewReplicaSetAvailable and never applies the progress deadline to a scale-up."""
+    out = copy.deepcopy(dep)
+    gen = out["metadata"]["generation"] + 1
+    out["metadata"]["generation"] = gen
+    out["spec"]["replicas"] = replicas
+    out["status"] = {"observedGeneration": gen, "replicas": replicas, "updatedReplicas": replicas,
+                     "readyReplicas": available, "availableReplicas": available,
+                     "conditions": [{"type": "Progressing", "status": "True",
+                                     "reason": "NewReplicaSetAvailable"}]}
+    return out
+
+
+def test_a_scale_up_waiting_for_cards_holds_no_rollout_slot() -> None:
+    """Issue 31, 2: a completed rollout scaled past the cluster's cards (an HPA at capacity)
+    counted as rolling for good, and with the budget full no model could switch artifacts."""
+    m, dep = served(model("m0", spec(0)))
+    assert names.ROLLED_OUT_ANNOTATION not in dep["metadata"]["annotations"]  # not up yet
+    done = _rolled_out(m, dep)
+    ident = f"{plan_for(m).key}/{plan_for(m).claim}"
+    assert done["metadata"]["annotations"][names.ROLLED_OUT_ANNOTATION] == ident
+    assert not deployment_rolling(_scaled(done, replicas=4, available=1))
+    # kept by the next reconciles, whatever the availability
+    again = _rolled_out(m, _scaled(done, replicas=4, available=1))
+    assert again["metadata"]["annotations"][names.ROLLED_OUT_ANNOTATION] == ident
+    # without the record (before the fix) the same Deployment held a slot
+    bare = _scaled(done, replicas=4, available=1)
+    del bare["metadata"]["annotations"][names.ROLLED_OUT_ANNOTATION]
+    assert deployment_rolling(bare)
+
+
+def test_a_switch_holds_its_slot_until_its_new_pods_are_available() -> None:
+    """The apply that switches the artifact drops the record: the new template's pods not yet
+    available hold the slot even once the old pods are gone (maxUnavailable > 0)."""
+    m, dep = served(model("m0", spec(0)))
+    done = _rolled_out(m, dep)
+    new = edited(m, "registry.local/engine:2")
+    obs = Observed(cache_pvc=bound(), job=live_job(new, "Complete"), deployment=done)
+    switched = next(o for o in decide(new, obs, NOW).apply if o.kind == "Deployment").to_dict()
+    assert served_key(switched) == plan_for(new).key
+    assert names.ROLLED_OUT_ANNOTATION not in switched["metadata"]["annotations"]
+    live = {**switched, "metadata": {**switched["metadata"], "generation": 2},
+            "status": {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1,
+                       "availableReplicas": 0}}
+    assert deployment_rolling(live)
+    # old pods left: rolling whatever the record says
+    assert deployment_rolling({**done, "status": {**done["status"], "replicas": 2}})
+
+
+def test_a_switch_goes_while_another_model_waits_for_cards_to_scale_up() -> None:
+    """Under a budget of one, a model scaled past the cluster's capacity does not stop
+    another model's artifact switch."""
+    m0, dep0 = served(model("m0", spec(0)))
+    m1, dep1 = served(model("m1", spec(1)))
+    scaled = _scaled(_rolled_out(m0, dep0), replicas=4, available=1)
+    new = edited(m1, "registry.local/engine:2")
+    c, _ = cluster([m0, new], compiles=0, rollouts=1,
+                   deployments={"m0": scaled, "m1": _rolled_out(m1, dep1)})
+    job = live_job(new, "Complete")
+    c.caches.indices["jobs"][("ns", job["metadata"]["name"])] = [job]
+
+    async def run() -> None:
+        c.enqueue([("ns", "m1")])
+        await drain(c)
+
+    asyncio.run(run())
+    dep = c.caches.one("deployments", ("ns", names.server_name("m1")))
+    assert served_key(dep) == plan_for(new).key, reason(c, "m1", C.PROGRESSING)
 
 
 def test_the_model_whose_artifact_was_ready_first_rolls_first() -> None:

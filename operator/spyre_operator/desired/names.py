@@ -20,6 +20,11 @@ COMPONENT_CACHE = "cache"
 
 #: Annotation on a Job with the full artifact key (labels hold only the short key).
 ARTIFACT_KEY_ANNOTATION = f"{GROUP}/artifact-key"
+#: On a serving Deployment: the artifact and claims (``<key>/<claim>,...``) whose rollout it
+#: completed once (every asked replica updated and available). Written by the operator when it
+#: sees that; a Deployment that serves what it names is not switching, whatever its
+#: availability now (a scale-up waiting for cards holds no rollout slot). See rollout.py.
+ROLLED_OUT_ANNOTATION = f"{GROUP}/rolled-out"
 #: On serving pods whose /metrics have a port of their own (serving.metricsPort): its number.
 #: The chart's PodMonitor skips such pods on the ``http`` port (there /metrics answers 404).
 METRICS_PORT_ANNOTATION = f"{GROUP}/metrics-port"
