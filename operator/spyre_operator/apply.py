@@ -139,6 +139,10 @@ def with_applied_hash(desired: dict[str, Any]) -> dict[str, Any]:
     return desired
 
 
+#: The field manager of the records the operator keeps on objects it also applies (``annotate``).
+RECORD_FIELD_MANAGER = f"{FIELD_MANAGER}-records"
+
+
 class Applier:
     """Writes desired objects, skipping no-ops, and counts what it wrote."""
 
@@ -248,6 +252,17 @@ class Applier:
         self._count("delete", resource.__name__, namespace)
         log.info("Deleted %s %s/%s", resource.__name__, namespace, name)
         return True
+
+    async def annotate(
+        self, resource: type, name: str, namespace: str, annotations: dict[str, str]
+    ) -> None:
+        """Server-side apply ``annotations`` on an existing object as a field manager of their
+        own (RECORD_FIELD_MANAGER): the operator's applies of the object, which leave them
+        out, do not remove them. A record the operator keeps on the cluster, not in memory."""
+        obj = resource(metadata=ObjectMeta(name=name, namespace=namespace,
+                                           annotations=annotations))
+        await self.client.apply(obj, field_manager=RECORD_FIELD_MANAGER, force=True)
+        self._count("apply", f"{resource.__name__}/annotations", namespace)
 
     async def apply_status(
         self, name: str, namespace: str, status: dict[str, Any], current: dict[str, Any] | None

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import PersistentVolumeClaim
 
 from . import jobs
 from .api.v1alpha1 import CacheRetention, SpyreModelSpec
@@ -205,6 +206,36 @@ SWEEP_MIN_PERIOD_SECONDS = 3600.0
 ModelKey = tuple[str, str]
 
 
+def removed_record(pvc: dict[str, Any] | None) -> dict[str, str]:
+    """The keys GC removed from this volume, with when (the PVC's record; see
+    ``names.REMOVED_ARTIFACTS_ANNOTATION``). Unreadable: empty."""
+    meta = (pvc or {}).get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(names.REMOVED_ARTIFACTS_ANNOTATION)
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {str(k): str(v) for k, v in doc.items() if k and isinstance(v, str) and v}
+
+
+def with_removed(record: dict[str, str], keys: Iterable[str], when: str,
+                 limit: int = names.REMOVED_ARTIFACTS_KEPT) -> dict[str, str]:
+    """``record`` with ``keys`` removed at ``when`` (the later time wins), the newest
+    ``limit`` kept (by time, then key)."""
+    out = dict(record)
+    for k in keys:
+        out[k] = max(out.get(k, ""), when)
+    newest = sorted(out.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:limit]
+    return dict(sorted(newest))
+
+
+def gone_keys(result: GcResult) -> set[str]:
+    """What a GC Job left absent from the volume: removed, or already absent."""
+    return set(result.removed) | {k for k, r in result.skipped.items() if r == "absent"}
+
+
 def still_listed(keys: set[str], claim: str, models: list[dict[str, Any]]) -> bool:
     """Some model's status.cache.artifacts lists one of ``keys`` on ``claim``."""
     return any(
@@ -269,17 +300,33 @@ class GarbageCollector:
         return None
 
     async def collected(self, ns: str, claim: str) -> dict[str, str]:
-        """Keys the claim's finished GC Jobs removed, with when (the latest such Job's
-        completion; "" if unknown). Their pods are read once per Job."""
-        out: dict[str, str] = {}
+        """Keys GC removed from the claim (or found absent), with when: the PVC's record, and
+        the finished GC Jobs' reports not recorded yet (the latest such Job's completion; ""
+        if unknown). Their pods are read once per Job."""
+        out = removed_record(self.c.caches.one("pvcs", (ns, claim)))
         for job in self.jobs(ns, claim):
             result = await self.result(ns, job)
             if result is None:
                 continue
             when = jobs.finished_at(job) or ""
-            for key in result.removed:
+            for key in gone_keys(result):
                 out[key] = max(out.get(key, ""), when)
         return out
+
+    async def _record_removed(self, ns: str, claim: str, job: dict[str, Any],
+                              result: GcResult) -> None:
+        """Write what the GC Job left absent onto the PVC (it outlives the Job)."""
+        gone = gone_keys(result)
+        pvc = self.c.caches.one("pvcs", (ns, claim))
+        if not gone or pvc is None:
+            return
+        record = removed_record(pvc)
+        when = jobs.finished_at(job) or self.c.clock()
+        new = with_removed(record, gone, when)
+        if new != record:
+            await self.c.applier.annotate(
+                PersistentVolumeClaim, claim, ns,
+                {names.REMOVED_ARTIFACTS_ANNOTATION: json.dumps(new, separators=(",", ":"))})
 
     def claim_artifact_bytes(self, ns: str, claim: str, users: list[Any]) -> int | None:
         """Size of the artifacts on the claim: those its users list, each key once, or what the
@@ -343,6 +390,7 @@ class GarbageCollector:
                 continue
             self._done[uid] = (ns, job["metadata"].get("name"))
             self._record_measured(ns, claim, job, result)
+            await self._record_removed(ns, claim, job, result)
             announce = not self._finished_before_start(job) or still_listed(
                 set(result.removed) - result.orphans_removed, claim, models
             )
@@ -667,5 +715,7 @@ __all__ = [
     "mounts_claim",
     "known_keys",
     "parse_gc_result",
+    "removed_record",
     "still_listed",
+    "with_removed",
 ]

@@ -751,7 +751,7 @@ def _known_on_claim(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome
         st = {**old, "jobName": plan.job_name}
         return ArtifactOutcome(st, _ready_condition(plan, st, remembered=True))
     known = _remembered_on_claim(model, plan, a.pvc_uid)
-    if known is None and a.pvc_uid and plan.key not in a.obs.collected:
+    if known is None and a.pvc_uid:
         known = next(
             (
                 e

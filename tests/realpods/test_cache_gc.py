@@ -12,6 +12,7 @@ the claim (``--keep`` every key still known) and, with a zero retention, the GC 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -84,6 +85,17 @@ def test_an_artifact_an_edit_left_unused_is_removed_from_the_claim_by_a_gc_job(
     assert support.condition(env.kube.model(MODEL), "Ready")["status"] == "True"
     answer = support.completion(env.cp, env.ns, MODEL, "hello", max_tokens=4, ignore_eos=True)
     assert answer["usage"]["completion_tokens"] == 4, answer
+
+    # What the GC Job removed is recorded on the claim, which outlives the Job (issue 31, 3:
+    # a model still listing the key and reverted to it after the Job's TTL was told "compiled
+    # earlier" and switched to nothing): written by the operator as a field manager of its own.
+    claim = first["status"]["artifact"]["claim"]
+    pvc = env.cp.kubectl_json("get", "pvc", "-n", env.ns, claim, "--show-managed-fields")
+    record = json.loads(pvc["metadata"]["annotations"][names.REMOVED_ARTIFACTS_ANNOTATION])
+    assert old_key in record, record
+    managers = {f["manager"] for f in pvc["metadata"]["managedFields"]
+                if names.REMOVED_ARTIFACTS_ANNOTATION in json.dumps(f.get("fieldsV1"))}
+    assert managers == {"spyre-model-operator-records"}, pvc["metadata"]["managedFields"]
 
 
 def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) -> None:

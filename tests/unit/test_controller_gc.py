@@ -27,6 +27,7 @@ class FakeApplier:
         self.deleted: list[str] = []
         self.events: list[tuple[str, str, str, str]] = []
         self.applied: list[Any] = []
+        self.annotated: list[tuple[str, str, str, dict[str, str]]] = []
 
     async def ensure_job(self, job: Any, live: Any) -> bool:
         self.jobs.append(job)
@@ -38,6 +39,10 @@ class FakeApplier:
 
     async def delete(self, resource: Any, name: str, ns: str) -> None:
         self.deleted.append(name)
+
+    async def annotate(self, resource: Any, name: str, ns: str,
+                       annotations: dict[str, str]) -> None:
+        self.annotated.append((resource.__name__, name, ns, annotations))
 
     async def event(self, model: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((model["metadata"]["name"], type_, reason, message))
@@ -443,3 +448,57 @@ def test_a_gc_job_never_runs_an_engine_image_the_allow_list_refuses() -> None:
     assert asyncio.run(run(())) == ["docker.io/evil/miner:1"], "no allow-list: as before"
     assert asyncio.run(run(("ghcr.io/*",))) == [default], "the oldest allowed user's image"
     assert asyncio.run(run(("quay.io/*",))) == [], "no user's image allowed: no GC Job"
+
+
+def test_what_gc_removed_is_recorded_on_the_claim_and_outlives_the_job() -> None:
+    """Issue 31, 3: what a GC Job removed was known only while the Job existed (its TTL); a
+    model still listing the key and reverted to it afterwards was told the artifact was there.
+    The removed keys, and those the engine found already absent (they stayed listed and got a
+    GC Job every hour), are written onto the PVC, which lives as long as the volume."""
+    async def run() -> None:
+        old_key, absent = _key("a", 2048), _key("a", 1024)
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-x", gc_labels, {GC_KEYS_ANNOTATION: f"{old_key},{absent}"}, True)
+        gc["status"]["completionTime"] = "2026-11-21T23:00:00Z"
+        c, fake, plan_a, _ = _setup([gc])
+        summary = {"removed": [{"key": old_key, "sizeBytes": 7}],
+                   "skipped": [{"key": absent, "reason": "absent"}], "freedBytes": 7}
+        c._job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+        when = "2026-11-21T23:00:00Z"
+        assert await c.gc.collected(NS, CLAIM) == {old_key: when, absent: when}
+        await c.collect_garbage((NS, "a"), plan_a)
+        await asyncio.gather(*c._pending)
+        [(kind, name, ns, annotations)] = fake.annotated
+        assert (kind, name, ns) == ("PersistentVolumeClaim", CLAIM, NS)
+        record = json.loads(annotations[names.REMOVED_ARTIFACTS_ANNOTATION])
+        assert record == {old_key: when, absent: when}
+        # the watch shows the PVC with it; the GC Job goes (TTL): still known
+        pvc = c.caches.indices["pvcs"][(NS, CLAIM)][0]
+        pvc["metadata"]["annotations"] = annotations
+        c.caches.indices["claim_jobs"][(NS, CLAIM)] = []
+        c.caches.indices["jobs"].clear()
+        assert await c.gc.collected(NS, CLAIM) == {old_key: when, absent: when}
+        # a restarted operator acting on the same Job again writes nothing new
+        c2, fake2, _, _ = _setup([gc])
+        c2.caches.indices["pvcs"][(NS, CLAIM)][0]["metadata"]["annotations"] = annotations
+        c2._job_messages[gc["metadata"]["uid"]] = c._job_messages[gc["metadata"]["uid"]]
+        await c2.collect_garbage((NS, "a"), plan_a)
+        await asyncio.gather(*c2._pending)
+        assert fake2.annotated == []
+        await c.stop()
+        await c2.stop()
+    asyncio.run(run())
+
+
+def test_the_claims_record_of_removed_keys_is_bounded_and_keeps_the_newest() -> None:
+    from spyre_operator.gc import removed_record, with_removed
+
+    record = with_removed({}, [f"k{i:03d}" for i in range(70)], "2026-11-21T00:00:00Z")
+    record = with_removed(record, ["late"], "2026-11-22T00:00:00Z")
+    assert len(record) == names.REMOVED_ARTIFACTS_KEPT and "late" in record
+    # the later removal wins; a garbled annotation reads as no record
+    assert with_removed({"k": "2026-11-22T00:00:00Z"}, ["k"], "2026-11-21T00:00:00Z") == {
+        "k": "2026-11-22T00:00:00Z"}
+    garbled = {"metadata": {"annotations": {names.REMOVED_ARTIFACTS_ANNOTATION: "{not json"}}}
+    assert removed_record(garbled) == {} and removed_record(None) == {}

@@ -302,8 +302,15 @@ def test_a_new_model_of_a_key_another_compiled_does_not_compile_once_the_job_exp
     # not on a claim created again since (another UID), nor once a GC Job removed it
     assert decide(b, Observed(cache_pvc=bound(uid="pvc-2"),
                               claim_artifacts=peers.claim_artifacts), NOW).job is not None
-    peers.collected = {plan_for(b).key: NOW}  # removed after it was compiled
+    compiled = a_status["artifact"]["completedAt"]  # 10:02:30
+    peers.collected = {plan_for(b).key: "2026-11-21T10:05:00Z"}  # removed after it was compiled
     assert decide(b, peers, NOW).job is not None
+    # a removal the claim recorded before the peer compiled it again is stale (the record
+    # outlives GC Jobs: issue 31, 3)
+    peers.collected = {plan_for(b).key: "2026-11-01T00:00:00Z"}
+    assert compiled > "2026-11-01T00:00:00Z"
+    d = decide(b, peers, NOW)
+    assert d.job is None and d.status["artifact"]["phase"] == "Ready", d.status["artifact"]
 
 
 # ---------------------------------------------------------------- one retry budget per key

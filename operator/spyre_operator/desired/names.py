@@ -25,6 +25,12 @@ ARTIFACT_KEY_ANNOTATION = f"{GROUP}/artifact-key"
 #: sees that; a Deployment that serves what it names is not switching, whatever its
 #: availability now (a scale-up waiting for cards holds no rollout slot). See rollout.py.
 ROLLED_OUT_ANNOTATION = f"{GROUP}/rolled-out"
+#: On a managed cache PVC: the artifact keys garbage collection removed from it (or found
+#: absent), ``{"<key>": "<removed at>"}`` as JSON, the newest ``REMOVED_ARTIFACTS_KEPT``. The
+#: GC Job's own report goes with the Job (its TTL); this record lives as long as the volume, so
+#: a revert to a removed key compiles it again whenever it comes. See gc.py.
+REMOVED_ARTIFACTS_ANNOTATION = f"{GROUP}/removed-artifacts"
+REMOVED_ARTIFACTS_KEPT = 64
 #: On serving pods whose /metrics have a port of their own (serving.metricsPort): its number.
 #: The chart's PodMonitor skips such pods on the ``http`` port (there /metrics answers 404).
 METRICS_PORT_ANNOTATION = f"{GROUP}/metrics-port"
