@@ -236,6 +236,16 @@ def gone_keys(result: GcResult) -> set[str]:
     return set(result.removed) | {k for k, r in result.skipped.items() if r == "absent"}
 
 
+def stale_compile(job: dict[str, Any], removed_at: str | None) -> bool:
+    """A precompile Job whose artifact a GC Job removed at ``removed_at``: it finished before
+    that (unknown times: finished). A Job of the same name that runs, or finished after, is a
+    recompile of the key: deleting it would kill or forget that compile."""
+    if not jobs.finished(job):
+        return False
+    done = jobs.finished_at(job)
+    return not (removed_at and done and done > removed_at)
+
+
 def still_listed(keys: set[str], claim: str, models: list[dict[str, Any]]) -> bool:
     """Some model's status.cache.artifacts lists one of ``keys`` on ``claim``."""
     return any(
@@ -394,7 +404,7 @@ class GarbageCollector:
             announce = not self._finished_before_start(job) or still_listed(
                 set(result.removed) - result.orphans_removed, claim, models
             )
-            await self._after(ns, claim, result, models, announce)
+            await self._after(ns, claim, result, models, announce, jobs.finished_at(job))
             if any(r.startswith("in use by") for r in result.skipped.values()):
                 # Its name is the decision's: while it exists the same keys are never tried
                 # again (a replica that was still draining then keeps a key for an hour).
@@ -632,16 +642,19 @@ class GarbageCollector:
         result: GcResult,
         models: list[dict[str, Any]],
         announce: bool = True,
+        removed_at: str | None = None,
     ) -> None:
-        """A GC Job finished: drop the removed keys' precompile Jobs (a revert compiles again),
+        """A GC Job finished (at ``removed_at``): drop the removed keys' precompile Jobs that
+        compiled them before (a revert compiles again; a recompile since is left alone),
         tell every user of the claim (``announce``: not again after an operator restart), and
         reconcile them (their status.cache drops the keys)."""
         for k in result.removed:
             name = names.precompile_job_name(k, claim)
             live = self.c.caches.one("jobs", (ns, name))
-            if live is not None:
-                self.c._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
-                await self.c.applier.delete(Job, name, ns)
+            if live is None or not stale_compile(live, removed_at):
+                continue
+            self.c._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
+            await self.c.applier.delete(Job, name, ns)
         self._announce_orphans(ns, claim, result, models if announce else [])
         in_use = {k: r for k, r in result.skipped.items() if r.startswith("in use by")}
         if in_use and announce:

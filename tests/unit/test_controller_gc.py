@@ -502,3 +502,33 @@ def test_the_claims_record_of_removed_keys_is_bounded_and_keeps_the_newest() -> 
         "k": "2026-11-22T00:00:00Z"}
     garbled = {"metadata": {"annotations": {names.REMOVED_ARTIFACTS_ANNOTATION: "{not json"}}}
     assert removed_record(garbled) == {} and removed_record(None) == {}
+
+
+def test_a_recompile_of_a_removed_key_is_not_killed_when_the_gc_job_finishes() -> None:
+    """Issue 31, 11: GC dropped the removed keys' precompile Jobs by name, so a recompile of
+    the key (a revert), started under the same name while the GC Job ran, was killed once.
+    Only a Job that finished before the removal goes."""
+    async def run() -> None:
+        old_key = _key("a", 2048)
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        summary = {"removed": [{"key": old_key, "sizeBytes": 7}], "skipped": [],
+                   "freedBytes": 7}
+        removed_at = "2026-11-21T23:00:00Z"
+        for state, kept in (("running", True), ("finished after", True),
+                            ("finished before", False)):
+            gc = _job("spyre-gc-x", gc_labels, {GC_KEYS_ANNOTATION: old_key}, True)
+            gc["status"]["completionTime"] = removed_at
+            pre = _precompile(old_key, state != "running")
+            if state != "running":
+                pre["status"]["completionTime"] = (
+                    "2026-11-21T23:05:00Z" if state == "finished after" else
+                    "2026-11-21T22:00:00Z")
+            c, fake, plan_a, _ = _setup([pre, gc])
+            c._job_messages[gc["metadata"]["uid"]] = [
+                {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+            await c.collect_garbage((NS, "a"), plan_a)
+            await asyncio.gather(*c._pending)
+            gone = names.precompile_job_name(old_key, CLAIM) in fake.deleted
+            assert gone is not kept, state
+            await c.stop()
+    asyncio.run(run())
