@@ -282,6 +282,9 @@ class GarbageCollector:
         self._done_limit = DONE_MIN_LIMIT
         #: Claims a SpyreModel left (deleted, or moved): sweep them for orphans soon.
         self.sweep_requested: set[tuple[str, str]] = set()
+        #: (namespace, claim) -> when a requested sweep last ran while a deleted model's
+        #: Deployment was still there (monotonic): asked for again an interval later.
+        self._lingering: dict[tuple[str, str], float] = {}
         #: (namespace, claim) -> when it was last swept (monotonic; set at the first look,
         #: so a restart makes no burst of sweeps).
         self._swept: dict[tuple[str, str], float] = {}
@@ -427,7 +430,8 @@ class GarbageCollector:
         clock = time.monotonic()
         checked = self._checked.get((ns, claim))
         interval = self.c.policy.gc_interval_seconds
-        if checked is not None and clock - checked < interval and not self._requested(ns, claim):
+        if (checked is not None and clock - checked < interval
+                and not self._requested(ns, claim, clock, interval)):
             if timer:
                 self.c.queue.add_after(key, interval - (clock - checked))
             return False
@@ -438,8 +442,15 @@ class GarbageCollector:
         self._checked[(ns, claim)] = clock
         return True
 
-    def _requested(self, ns: str, claim: str) -> bool:
-        return (ns, claim) in self.sweep_requested
+    def _requested(self, ns: str, claim: str, clock: float, interval: float) -> bool:
+        """A sweep was asked for (a model left the claim) and may run before the claim's next
+        evaluation: not while the last one found a deleted model's Deployment still there
+        (a finalizer): that one is asked for again every ``interval`` only, not at each GC
+        Job's completion (issue 31, 5: a GC Job after another as fast as their pods ran)."""
+        if (ns, claim) not in self.sweep_requested:
+            return False
+        lingered = self._lingering.get((ns, claim))
+        return lingered is None or clock - lingered >= interval
 
     def _uses(
         self, ns: str, models: list[dict[str, Any]], oldest_name: str, plan: Any
@@ -540,8 +551,11 @@ class GarbageCollector:
         await self.c.applier.ensure_job(gc_job, None)
         if due:
             self._swept[(ns, claim)] = clock
-            if not lingering:  # else sweep again once the deleted model's Deployment is gone
+            if lingering:  # sweep again (every interval) until the Deployment is gone
+                self._lingering[(ns, claim)] = clock
+            else:
                 self.sweep_requested.discard((ns, claim))
+                self._lingering.pop((ns, claim), None)
 
     def _sweep_due(self, ns: str, claim: str, retention: Any, now: str, clock: float) -> bool:
         """Sweep the claim for orphans: a SpyreModel left it, an orphan the last sweep found

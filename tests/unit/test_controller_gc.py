@@ -532,3 +532,40 @@ def test_a_recompile_of_a_removed_key_is_not_killed_when_the_gc_job_finishes() -
             assert gone is not kept, state
             await c.stop()
     asyncio.run(run())
+
+
+def test_a_lingering_deployment_of_a_deleted_model_does_not_make_gc_jobs_back_to_back() -> None:
+    """Issue 31, 5: while a deleted model's Deployment lingers (a finalizer), the requested
+    sweep stays requested; each GC Job's completion (which reconciles the claim's users) made
+    the next one at once. It is asked for again once per evaluation interval."""
+    async def run() -> None:
+        c, fake, plan_a, _ = _setup([])
+        c._claim_sigs[(NS, "gone")] = (CLAIM, _key("gone", 1024), "v")
+        served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
+            names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
+                {"kind": "SpyreModel", "name": "gone"}]}}
+        c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
+        c.claim_peers_if_changed((NS, "gone"), None)
+        for i in range(3):  # the GC Job finishes; its users are reconciled
+            c.clock = lambda i=i: f"2026-11-22T00:00:{10 + i:02d}Z"
+            await c.collect_garbage((NS, "a"), plan_a)
+            c.caches.indices["jobs"] = {(NS, j.metadata.name): [
+                {"metadata": {"name": j.metadata.name}, "status": {"conditions": [
+                    {"type": "Complete", "status": "True"}]}}] for j in fake.jobs}
+            c.caches.indices["claim_jobs"][(NS, CLAIM)] = [
+                {"metadata": {"name": j.metadata.name, "uid": f"u-{j.metadata.name}",
+                              "labels": {names.COMPONENT: "gc"}},
+                 "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+                for j in fake.jobs]
+            for j in fake.jobs:  # what each GC pod said: nothing removed
+                c._job_messages[f"u-{j.metadata.name}"] = [{"name": "p", "terminated": {
+                    "exitCode": 0, "message": json.dumps({"removed": [], "skipped": []})}}]
+        assert len(fake.jobs) == 1, [j.metadata.name for j in fake.jobs]
+        assert (NS, CLAIM) in c.gc.sweep_requested  # still asked for ...
+        c.gc._checked.clear()
+        c.gc._lingering = {k: v - 3600 for k, v in c.gc._lingering.items()}  # an interval on
+        c.clock = lambda: "2026-11-22T00:05:10Z"
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert len(fake.jobs) == 2  # ... once per interval
+        await c.stop()
+    asyncio.run(run())
