@@ -149,23 +149,52 @@ class WorkQueue:
 
 @dataclass
 class Caches:
-    """Views of kopf's indices (name -> index); each index maps a key to a store of values."""
+    """Views of kopf's indices (name -> index); each index maps a key to a store of values.
+
+    kopf drops a value only on a DELETED event: after a watch gap its re-list adds and updates
+    but never removes what was deleted meanwhile. ``ghosts`` holds the UIDs the operator's own
+    re-list (resync.py) found gone while an index still holds them: every read skips them."""
 
     indices: Mapping[str, Any] = field(default_factory=dict)
+    ghosts: frozenset[str] = frozenset()
+
+    def _live(self, value: Any) -> bool:
+        return not self.ghosts or uid_of(value) not in self.ghosts
 
     def one(self, index: str, key: Any) -> Any | None:
         idx = self.indices.get(index)
         if idx is None or key not in idx:
             return None
         for value in idx[key]:
-            return value
+            if self._live(value):
+                return value
         return None
 
     def all(self, index: str, key: Any) -> list[Any]:
         idx = self.indices.get(index)
         if idx is None or key not in idx:
             return []
-        return list(idx[key])
+        return [v for v in idx[key] if self._live(v)]
+
+    def keys(self, index: str) -> list[Any]:
+        """The keys of ``index`` with a value that is not a ghost."""
+        idx = self.indices.get(index) or {}
+        return [k for k in list(idx.keys()) if self.one(index, k) is not None]
+
+    def values(self, index: str) -> dict[Any, Any]:
+        """``index`` as a plain mapping of key -> first value, ghosts left out."""
+        return {k: v for k in list((self.indices.get(index) or {}).keys())
+                if (v := self.one(index, k)) is not None}
+
+
+def uid_of(value: Any) -> str | None:
+    """The UID of an index value: an object's (a dict), or its SpyreModel's (an OwnerRef, a
+    ClaimUser)."""
+    if isinstance(value, Mapping):
+        return (value.get("metadata") or {}).get("uid")
+    owner = getattr(value, "owner", value)
+    uid = getattr(owner, "uid", None)
+    return str(uid) if uid else None
 
 
 @dataclass
@@ -446,8 +475,7 @@ class Controller:
         self._rollout_reserved.clear()
         if leading:
             self.active.set()
-            models = self.caches.indices.get("models") or {}
-            self.enqueue(list(models.keys()))
+            self.enqueue(self.caches.keys("models"))
         else:
             self.active.clear()
             # Another replica writes now: what this one wrote last is not the newest status.
@@ -478,7 +506,7 @@ class Controller:
         """An InferencePool changed: its owners, or the same-named model (a foreign pool)."""
         keys = self.models_for_owner_refs(namespace, body)
         name = str((body.get("metadata") or {}).get("name") or "")
-        if not keys and (namespace, name) in (self.caches.indices.get("models") or {}):
+        if not keys and self.caches.one("models", (namespace, name)) is not None:
             keys = [(namespace, name)]
         return keys
 
@@ -1081,11 +1109,7 @@ class Controller:
         a uid is never seen again. Checked when the map doubled, so amortised O(1)."""
         if len(self._job_messages) < self._job_messages_limit:
             return
-        live = {
-            j["metadata"].get("uid")
-            for store in list((self.caches.indices.get("jobs") or {}).values())
-            for j in list(store)
-        }
+        live = {j["metadata"].get("uid") for j in self.caches.values("jobs").values()}
         for uid in [u for u in self._job_messages if u not in live]:
             del self._job_messages[uid]
         self._job_messages_limit = max(JOB_MESSAGES_MIN_LIMIT, 2 * len(self._job_messages))

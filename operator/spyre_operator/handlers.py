@@ -39,6 +39,7 @@ from .desired.site import SiteDefaults
 from .metrics import counting_client, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
+from .resync import DEFAULT_PERIOD_SECONDS, Resync
 from .rollout import deployment_rolling
 
 log = logging.getLogger(__name__)
@@ -270,6 +271,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     controller.install = peers.install_id(lease_namespace, OperatorConfig.leader_election_lease)
     controller.identity = OperatorConfig.identity
     controller.start()
+    # Re-list what the indices hold: nothing deleted during a watch gap stays (resync.py).
+    resync = Resync(controller, client, OperatorConfig.namespaces or None,
+                    period=float(os.environ.get("SPYRE_RESYNC_SECONDS", DEFAULT_PERIOD_SECONDS)))
+    memo["resync"] = resync
+    resync.start()
     if OperatorConfig.leader_election:
         from .leader import LeaderElector
 
@@ -331,6 +337,8 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     """Stop workers, the leader elector and the metrics server."""
     if "elector" in memo:
         await memo["elector"].stop()
+    if "resync" in memo:
+        await memo["resync"].stop()
     for watch in ("inference_pools", "scaled_objects", "http_scaled_objects", "interceptor"):
         if watch in memo:
             await memo[watch].stop()
@@ -421,7 +429,7 @@ def index_named_children(
     if labels.get(names.MANAGED_BY) == names.MANAGED_BY_VALUE:
         return {(namespace, name): slim(body)}
     meta = body.get("metadata") or {}
-    stub = {k: meta.get(k) for k in ("name", "namespace", "labels", "ownerReferences")}
+    stub = {k: meta.get(k) for k in ("name", "namespace", "uid", "labels", "ownerReferences")}
     return {(namespace, name): {"kind": body.get("kind"), "metadata": stub}}
 
 
@@ -476,8 +484,7 @@ async def on_child(
 async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A same-named object that is not ours appeared, changed or went: re-check the model."""
     c = _controller(memo)
-    models = c.caches.indices.get("models") or {}
-    if (namespace, name) in models:
+    if c.caches.one("models", (namespace, name)) is not None:
         c.enqueue([(namespace, name)])
 
 

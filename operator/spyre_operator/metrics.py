@@ -108,7 +108,7 @@ class ControllerCollector:
                      " another install writes them.", len(c.yielded))
         yield _gauge("max_rss_bytes", "Peak resident set size.",
                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-        yield from model_families(c.caches.indices.get("models") or {})
+        yield from model_families({k: [v] for k, v in c.caches.values("models").items()})
 
 
 def model_families(models: Mapping[Any, Any]) -> Iterator[Metric]:
