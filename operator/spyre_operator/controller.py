@@ -506,9 +506,12 @@ class Controller:
         """An InferencePool changed: its owners, or the same-named model (a foreign pool)."""
         keys = self.models_for_owner_refs(namespace, body)
         name = str((body.get("metadata") or {}).get("name") or "")
-        if not keys and self.caches.one("models", (namespace, name)) is not None:
-            keys = [(namespace, name)]
-        return keys
+        return keys or self.models_for_child_name(namespace, name)
+
+    def models_for_child_name(self, namespace: str, name: str) -> list[ModelKey]:
+        """SpyreModels one of whose children is named ``name`` (a foreign object of that name
+        conflicts with them): by the derived names, not the model's own."""
+        return [(namespace, m) for m in self.caches.all("child_names", (namespace, name))]
 
     def models_wanting_routing(self) -> list[ModelKey]:
         """Models that ask for an InferencePool or still report on one (RoutingReady)."""

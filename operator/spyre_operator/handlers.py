@@ -33,7 +33,7 @@ from .coldstart import start_coldstart_server
 from .controller import Caches, Controller
 from .desired import names
 from .desired.plan import OwnerRef, plan_model
-from .desired.routing import InferencePool
+from .desired.routing import InferencePool, inference_pool_name
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
 from .metrics import counting_client, start_metrics_server
@@ -60,6 +60,7 @@ INDEX_NAMES = (
     "networkpolicies",
     "pvcs",
     "endpointslices",
+    "child_names",
 )
 
 
@@ -312,7 +313,9 @@ def start_scale_to_zero_watches(controller: Controller, client: AsyncClient, mem
             client,
             resource,
             OperatorConfig.namespaces or None,
-            on_object=lambda ns, obj: controller.enqueue(controller.models_for_owner_refs(ns, obj)),
+            on_object=lambda ns, obj: controller.enqueue(
+                controller.models_for_owner_refs(ns, obj) + controller.models_for_child_name(
+                    ns, str((obj.get("metadata") or {}).get("name") or ""))),
             on_state=lambda: controller.enqueue(controller.models_wanting_scale_to_zero()),
             recheck_seconds=recheck,
         )
@@ -382,6 +385,25 @@ def index_model_claim_users(body: kopf.Body, **_: Any) -> dict[Any, Any]:
     if plan is None or plan.model_claim is None:
         return {}
     return {(plan.namespace, plan.model_claim): plan.owner}
+
+
+def child_names(model: str) -> set[str]:
+    """The names of a SpyreModel's children that a same-named foreign object can take:
+    derived from the model's name (equal to it only for short DNS-1035 names)."""
+    return {
+        names.server_name(model),
+        names.engine_service_name(model),
+        names.coldstart_service_name(model),
+        names.mirror_slice_name(model),
+        inference_pool_name(model),
+    }
+
+
+@kopf.index(GROUP, VERSION, PLURAL, id="child_names")
+def index_child_names(namespace: str, name: str, **_: Any) -> dict[Any, Any]:
+    """SpyreModels by their children's names: an event of a foreign object of such a name
+    (it appeared, changed, went) wakes the model it conflicts with (NameConflict)."""
+    return {(namespace, child): name for child in child_names(name)}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="claim_jobs")
@@ -484,8 +506,7 @@ async def on_child(
 async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A same-named object that is not ours appeared, changed or went: re-check the model."""
     c = _controller(memo)
-    if c.caches.one("models", (namespace, name)) is not None:
-        c.enqueue([(namespace, name)])
+    c.enqueue(c.models_for_child_name(namespace, name))
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")
