@@ -388,6 +388,14 @@ def _volume_differences(a: CacheVolumeSpec, b: CacheVolumeSpec) -> list[str]:
         out.append(f"storageClassName {a.storage_class_name} vs {b.storage_class_name}")
     if sorted(a.access_modes) != sorted(b.access_modes):
         out.append(f"accessModes {a.access_modes} vs {b.access_modes}")
+    if a.retain_policy != b.retain_policy:
+        out.append(f"retainPolicy {a.retain_policy} vs {b.retain_policy}")
+    ra, rb = a.retention, b.retention
+    for field, x, y in (("enabled", ra.enabled, rb.enabled), ("keepLast", ra.keep_last,
+                        rb.keep_last), ("unusedForSeconds", ra.unused_for_seconds,
+                        rb.unused_for_seconds)):  # fmt: skip
+        if x != y:  # GC applies the first user's: this one's would be ignored silently
+            out.append(f"retention.{field} {x} vs {y}")
     return out
 
 

@@ -254,6 +254,21 @@ def test_later_model_with_other_volume_settings_gets_a_condition() -> None:
     assert cond(d_a, C.DEGRADED)["status"] == "False"
 
 
+def test_a_sharer_whose_retention_or_retain_policy_differs_is_told_it_is_ignored() -> None:
+    """Issue 31, 7: GC applies the first user's retention, the PVC its retainPolicy; a later
+    model's own were ignored silently."""
+    first = (OwnerRef("a", "uid-a"), CacheVolumeSpec())
+    for volume, said in (({"retention": {"keepLast": 5}}, "retention.keepLast 5 vs 2"),
+                         ({"retention": {"enabled": False}}, "retention.enabled False vs True"),
+                         ({"retainPolicy": "Delete"}, "retainPolicy Delete vs Retain")):
+        mine = CacheVolumeSpec.model_validate(volume)
+        m = model("b", {**GENERATE, "cache": {"volume": volume}}, uid="uid-b")
+        d = decide(m, Observed(cache_pvc=bound(), cache_users=[
+            first, (OwnerRef("b", "uid-b"), mine)]), NOW)
+        deg = cond(d, C.DEGRADED)
+        assert deg["reason"] == C.CLAIM_CONFLICT and said in deg["message"], deg["message"]
+
+
 def test_immutable_pvc_edits_get_a_condition_not_a_write() -> None:
     spec = {**GENERATE, "cache": {"volume": {"storageClassName": "fast", "size": "10Gi"}}}
     d = decide(model("m", spec), Observed(cache_pvc=bound(size="50Gi")), NOW)
