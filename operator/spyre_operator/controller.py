@@ -50,7 +50,7 @@ from .reconcile import (
     waiting_since,
     write_error_message,
 )
-from .release import claims_to_release, mounted_claims, rollout_complete
+from .release import claim_named_by, claims_to_release, mounted_claims, rollout_complete
 from .rollout import deployment_rolling
 
 log = logging.getLogger(__name__)
@@ -959,6 +959,10 @@ class Controller:
         users = self.caches.indices.get("claim_users") or {}
         named = {k[1] for k in list(users.keys()) if k[0] == ns and self.caches.all(
             "claim_users", k)}
+        # every model's spec as written, valid or not: a spec the API models refuse now still
+        # names its claim (it is no claim user above), which must outlive the Delete users
+        named |= {c for k in self.caches.keys("models") if k[0] == ns and (c := claim_named_by(
+            (self.caches.one("models", k) or {}).get("spec")))}
         mounted = mounted_claims(deployment)
         for r in claims_to_release(
             uid, plan.claim, owned, mounted, self._claims_in_use(ns), named

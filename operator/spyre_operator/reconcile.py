@@ -391,11 +391,11 @@ def _volume_differences(a: CacheVolumeSpec, b: CacheVolumeSpec) -> list[str]:
     if a.retain_policy != b.retain_policy:
         out.append(f"retainPolicy {a.retain_policy} vs {b.retain_policy}")
     ra, rb = a.retention, b.retention
-    for field, x, y in (("enabled", ra.enabled, rb.enabled), ("keepLast", ra.keep_last,
+    for setting, x, y in (("enabled", ra.enabled, rb.enabled), ("keepLast", ra.keep_last,
                         rb.keep_last), ("unusedForSeconds", ra.unused_for_seconds,
                         rb.unused_for_seconds)):  # fmt: skip
         if x != y:  # GC applies the first user's: this one's would be ignored silently
-            out.append(f"retention.{field} {x} vs {y}")
+            out.append(f"retention.{setting} {x} vs {y}")
     return out
 
 

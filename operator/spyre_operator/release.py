@@ -46,6 +46,26 @@ def mounted_claims(deployment: Mapping[str, Any] | None) -> set[str]:
     }
 
 
+#: The PVC a spec without ``cache`` uses (CacheVolumeSpec's default name).
+DEFAULT_CLAIM = "spyre-compile-cache"
+
+
+def claim_named_by(spec: Mapping[str, Any] | None) -> str | None:
+    """The cache claim a SpyreModel's spec names, read without validating it: a spec that
+    fails validation now (stricter rules after an operator upgrade) still names its claim,
+    and that claim must not be deleted under it."""
+    cache = (spec or {}).get("cache")
+    if cache is not None and not isinstance(cache, Mapping):
+        return None
+    cache = cache or {}
+    if cache.get("claimName"):
+        return str(cache["claimName"])
+    volume = cache.get("volume")
+    if volume is not None and not isinstance(volume, Mapping):
+        return None
+    return str((volume or {}).get("name") or DEFAULT_CLAIM)
+
+
 def rollout_complete(deployment: Mapping[str, Any] | None) -> bool:
     """No pod of an older ReplicaSet is left (they may mount a claim the template no longer
     names); a Deployment not observed since its last edit is not complete."""

@@ -69,9 +69,12 @@ def test_mounts_and_rollouts() -> None:
 
 
 def controller(pvcs: list[dict[str, Any]], deployments: dict[str, Any],
-               users: dict[str, list[str]], jobs: dict[str, list[Any]] | None = None
+               users: dict[str, list[str]], jobs: dict[str, list[Any]] | None = None,
+               models: dict[str, dict[str, Any]] | None = None,
                ) -> tuple[Controller, RecordingApplier]:
     indices = {
+        "models": {("ns", n): [{"metadata": {"name": n, "namespace": "ns", "uid": f"uid-{n}"},
+                                "spec": spec}] for n, spec in (models or {}).items()},
         "pvcs": {("ns", p["metadata"]["name"]): [p] for p in pvcs},
         "deployments": {("ns", n): [d] for n, d in deployments.items()},
         "claim_users": {("ns", c): [ClaimUser(OwnerRef(n, f"uid-{n}"), None) for n in ns_]
@@ -113,6 +116,24 @@ def test_moving_off_a_delete_claim_releases_it_once_the_old_pods_are_gone() -> N
                             {"new": ["m"], "old": ["b"]})
     asyncio.run(c.release_claims(Plan(), deployment("new")))
     assert applier.writes == [("release", "old", [])]
+
+
+def test_a_claim_a_model_with_an_invalid_spec_names_is_never_deleted() -> None:
+    """Issue 31, 8: a model whose spec fails validation now (stricter rules after an
+    operator upgrade) is no claim user, so only the Delete users counted: the claim it names
+    (retainPolicy Retain) was deleted when they moved off it."""
+    from spyre_operator.release import claim_named_by
+
+    old = pvc("old", "m")
+    invalid = {"model": {"uri": "not a uri"},
+               "cache": {"volume": {"name": "old", "retainPolicy": "Retain"}}}
+    c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"]},
+                            models={"legacy": invalid})
+    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    assert applier.writes == [("release", "old", [])], applier.writes  # dropped from only
+    assert claim_named_by({}) == "spyre-compile-cache"
+    assert claim_named_by({"cache": {"claimName": "mine"}}) == "mine"
+    assert claim_named_by({"cache": "garbage"}) is None
 
 
 def test_a_claim_another_model_names_has_no_owners() -> None:
