@@ -143,6 +143,37 @@ def with_applied_hash(desired: dict[str, Any]) -> dict[str, Any]:
 RECORD_FIELD_MANAGER = f"{FIELD_MANAGER}-records"
 
 
+#: Key of a cached SpyreModel (handlers.index_models): the top-level status fields the
+#: operator's field manager owns on the live object (None: unknown), from its managedFields.
+STATUS_FIELDS_KEY = "x-spyre-status-fields"
+
+
+def status_fields_owned(metadata: Mapping[str, Any]) -> list[str] | None:
+    """The top-level ``status`` fields FIELD_MANAGER applied (its managedFields entry on the
+    status subresource); None when the object carries no managedFields."""
+    entries = metadata.get("managedFields")
+    if entries is None:
+        return None
+    out: set[str] = set()
+    for e in entries or []:
+        if e.get("manager") != FIELD_MANAGER or e.get("subresource") != "status":
+            continue
+        status = ((e.get("fieldsV1") or {}).get("f:status")) or {}
+        out |= {k[2:] for k in status if k.startswith("f:")}
+    return sorted(out)
+
+
+def comparable_status(live: Mapping[str, Any] | None, desired: Mapping[str, Any],
+                      owned: list[str] | None) -> dict[str, Any] | None:
+    """The live status as far as the operator's apply of ``desired`` decides it: fields
+    another field manager set alone (not in ``desired``, not the operator's) are left out. A
+    status apply never removes them, so comparing with them wrote on every reconcile."""
+    if live is None or owned is None:
+        return None if live is None else dict(live)
+    keep = set(desired) | set(owned)
+    return {k: v for k, v in live.items() if k in keep}
+
+
 class Applier:
     """Writes desired objects, skipping no-ops, and counts what it wrote."""
 

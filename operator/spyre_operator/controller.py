@@ -30,7 +30,7 @@ from . import conditions as C
 from . import jobs as job_status
 from . import peers
 from .api.v1alpha1 import SpyreModelSpec
-from .apply import Applier
+from .apply import STATUS_FIELDS_KEY, Applier, comparable_status
 from .desired import names
 from .desired.plan import plan_model
 from .desired.routing import inference_pool_name
@@ -1200,7 +1200,8 @@ class Controller:
             d.status = peers.stamped(
                 d.status, model.get("status"), self.install, self.identity, self.clock()
             )
-        rv = await self.applier.apply_status(name, ns, d.status, model.get("status"))
+        current = comparable_status(model.get("status"), d.status, model.get(STATUS_FIELDS_KEY))
+        rv = await self.applier.apply_status(name, ns, d.status, current)
         if rv is not None:
             self._remember_status((ns, name), model, d.status)
             for type_, reason, message in d.events:

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
+from .apply import STATUS_FIELDS_KEY, status_fields_owned
 from .budget import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .coldstart import start_coldstart_server
 from .controller import Caches, Controller
@@ -357,7 +358,9 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index(GROUP, VERSION, PLURAL, id="models")
 def index_models(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, name): slim(body)}
+    model = slim(body)
+    model[STATUS_FIELDS_KEY] = status_fields_owned(body.get("metadata") or {})
+    return {(namespace, name): model}
 
 
 @kopf.index(GROUP, VERSION, PLURAL, id="artifact_users")

@@ -301,6 +301,19 @@ def test_idle_period_makes_no_writes(kube: Kube, operator: OperatorProcess) -> N
         f"the operator wrote {written:.0f} times to {kube.ns} during an idle period "
         f"(all namespaces: {kinds})\n{operator.log_tail(15)}")
 
+    # A status field another field manager set alone (the operator writes no scaleToZero for
+    # this model): a status apply never removes it, so comparing with it wrote the status on
+    # every reconcile (issue 31, 10).
+    kube.kubectl("patch", "spyremodel", "idle", "--subresource=status", "--type=merge",
+                 "--field-manager=by-hand", "-p",
+                 '{"status": {"scaleToZero": {"lastActiveTime": "2026-11-27T00:00:00Z"}}}')
+    writes_before = operator.namespace_writes(kube.ns)
+    reconcile_now(kube, operator, "idle")
+    written = operator.namespace_writes(kube.ns) - writes_before
+    assert written == 0, (f"the operator wrote {written:.0f} times to {kube.ns} after another "
+                          f"manager set a status field\n{operator.log_tail(15)}")
+    assert kube.model("idle")["status"]["scaleToZero"]["lastActiveTime"]  # left as it is
+
 
 def write_counts(operator: OperatorProcess) -> dict[str, float]:
     return {k: v for k, v in operator.metrics().items() if k.startswith("spyre_operator_writes")}
