@@ -174,6 +174,22 @@ def comparable_status(live: Mapping[str, Any] | None, desired: Mapping[str, Any]
     return {k: v for k, v in live.items() if k in keep}
 
 
+def pruned(sent: Mapping[str, Any], got: Mapping[str, Any], parent: str = "status") -> list[str]:
+    """Fields of ``sent`` (nested objects too) that the API server's answer lacks: it pruned
+    them, because the installed CRD's schema does not know them (a CRD older than the
+    operator: helm keeps CRDs on upgrade)."""
+    out = []
+    for k, v in sent.items():
+        if v is None:
+            continue
+        path = f"{parent}.{k}"
+        if k not in got:
+            out.append(path)
+        elif isinstance(v, Mapping) and isinstance(got[k], Mapping):
+            out += pruned(v, got[k], path)
+    return out
+
+
 class Applier:
     """Writes desired objects, skipping no-ops, and counts what it wrote."""
 
@@ -184,6 +200,10 @@ class Applier:
         #: writes per namespace: a test counts the writes for its own models only
         self.namespace_writes: Counter[str] = Counter()
         self.skipped = 0
+        #: status fields the API server dropped from the operator's writes: its CRD is older
+        #: than this operator's (structural pruning), see ``pruned``
+        self.pruned: set[str] = set()
+        self.last_pruned: tuple[str, str, list[str]] | None = None
 
     def _count(self, verb: str, kind: str, namespace: str | None) -> None:
         self.writes[f"{verb} {kind}"] += 1
@@ -315,6 +335,12 @@ class Applier:
         )
         written = await self.client.apply(obj, field_manager=FIELD_MANAGER, force=True)
         self._count("apply", "SpyreModel/status", namespace)
+        got = getattr(written, "status", None)
+        if isinstance(got, Mapping):
+            lost = pruned(status, got)
+            if lost:
+                self.pruned.update(lost)
+                self.last_pruned = (namespace, name, lost)
         meta = getattr(written, "metadata", None)
         return str(getattr(meta, "resourceVersion", None) or "")
 

@@ -72,6 +72,8 @@ SERVER_PODS_TTL = 5.0
 EVENT_CONCURRENCY = 8
 #: While another install writes a model, repeat its OperatorConflict Event this often.
 CONFLICT_EVENT_SECONDS = 600.0
+#: Warning Event reason: the installed CRD prunes status fields the operator writes.
+CRD_OUTDATED = "CRDOutdated"
 #: Terminal Jobs whose pods are remembered before the gone ones are forgotten.
 JOB_MESSAGES_MIN_LIMIT = 256
 #: Default concurrent reconciles: a reconcile mostly waits on the API server, so many cheap
@@ -302,6 +304,7 @@ class Controller:
         self._event_slots = asyncio.Semaphore(EVENT_CONCURRENCY)
         #: key -> (uid, resourceVersion decided from, status written): see _with_written_status.
         self._written_status: dict[ModelKey, tuple[str | None, str | None, dict[str, Any]]] = {}
+        self._pruned_reported = False
         self._server_pods: dict[ModelKey, tuple[float, list[dict[str, Any]]]] = {}
         self._claim_sigs: dict[ModelKey, tuple[str, str, str | None]] = {}
         self._pvc_phases: dict[tuple[str, str], str] = {}
@@ -1007,6 +1010,25 @@ class Controller:
         self._server_pods[key] = (now, pods)
         return pods
 
+    def _report_pruned(self, model: Mapping[str, Any]) -> None:
+        """The API server dropped status fields this write sent: the installed CRD is older
+        than the operator, and what those fields record (the served spec, the waiting order,
+        the install stamp) is lost at every write. Said once per process: an error in the log
+        and a Warning Event on the model (then spyre_operator_status_fields_pruned)."""
+        last = getattr(self.applier, "last_pruned", None)
+        if not last or self._pruned_reported:
+            return
+        self._pruned_reported = True
+        ns, name, lost = last
+        message = (
+            f"the API server dropped status fields the operator wrote ({', '.join(lost[:8])}): "
+            "the installed SpyreModel CRD is older than this operator. Apply the CRD of this "
+            "release (crds/serving.spyre.dev_spyremodels.yaml; helm upgrade does not update "
+            "CRDs): until then rollbacks, budget order and install conflicts are unreliable"
+        )
+        log.error("%s/%s: %s", ns, name, message)
+        self._background(self.applier.event(dict(model), "Warning", CRD_OUTDATED, message))
+
     def _with_written_status(self, key: ModelKey, model: dict[str, Any]) -> dict[str, Any]:
         """``model`` with the status this operator last wrote, if the cache has not caught up.
 
@@ -1204,6 +1226,7 @@ class Controller:
         rv = await self.applier.apply_status(name, ns, d.status, current)
         if rv is not None:
             self._remember_status((ns, name), model, d.status)
+            self._report_pruned(model)
             for type_, reason, message in d.events:
                 self._background(self.applier.event(dict(model), type_, reason, message))
         self._expire_deleted_jobs()

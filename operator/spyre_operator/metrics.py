@@ -104,6 +104,9 @@ class ControllerCollector:
         yield _counter("conflicts", "Times another operator install was found writing a"
                        " SpyreModel this one watches (overlapping watch scopes; see the"
                        " OperatorConflict Events).", s.conflicts)
+        yield _gauge("status_fields_pruned", "Status fields the API server dropped from the "
+                     "operator's writes (an installed CRD older than the operator).",
+                     len(getattr(c.applier, "pruned", ()) or ()))
         yield _gauge("conflicting_models", "SpyreModels this install leaves alone because"
                      " another install writes them.", len(c.yielded))
         yield _gauge("max_rss_bytes", "Peak resident set size.",

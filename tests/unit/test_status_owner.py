@@ -38,3 +38,52 @@ def test_a_field_only_another_manager_set_is_left_out_of_the_comparison() -> Non
     assert comparable_status({**live, "conditions": [0]}, desired, owned) != desired
     assert comparable_status(live, desired, None) == live  # unknown: as before
     assert comparable_status(None, desired, owned) is None
+
+
+def test_status_fields_an_older_crd_prunes_are_noticed_on_the_write() -> None:
+    """Issue 31, 10: a CRD left at an older version (helm keeps CRDs on upgrade) prunes the
+    status fields it does not know, silently: the answer to the write shows which."""
+    import asyncio
+    from types import SimpleNamespace
+    from typing import Any
+
+    from spyre_operator.apply import Applier, pruned
+
+    sent = {"servedSpec": "{}", "artifact": {"key": "k", "waitingSince": "t"},
+            "conditions": [], "operator": {"install": "a/b"}, "replicas": None}
+    kept = {"artifact": {"key": "k"}, "conditions": []}
+    assert pruned(sent, kept) == ["status.servedSpec", "status.artifact.waitingSince",
+                                  "status.operator"]
+    assert pruned(sent, {**sent}) == []
+
+    class Client:
+        async def apply(self, obj: Any, **_: Any) -> Any:
+            return SimpleNamespace(status=kept, metadata=SimpleNamespace(resourceVersion="9"))
+
+    a = Applier(Client())  # type: ignore[arg-type]
+    assert asyncio.run(a.apply_status("m", "ns", sent, None)) == "9"
+    assert a.pruned == {"status.servedSpec", "status.artifact.waitingSince", "status.operator"}
+    assert a.last_pruned is not None and set(a.last_pruned[2]) == a.pruned
+
+
+def test_a_pruning_crd_is_one_warning_event_and_an_error_in_the_log() -> None:
+    import asyncio
+
+    from .samples import model
+    from .test_budget import cluster, drain, spec
+
+    m = model("m", spec(1))
+    c, applier = cluster([m], compiles=3)
+    applier.last_pruned = ("ns", "m", ["status.servedSpec"])  # type: ignore[attr-defined]
+
+    async def run() -> None:
+        c.enqueue([("ns", "m")])
+        await drain(c)
+        c.queue.add(("ns", "m"))
+        await drain(c)
+        await asyncio.gather(*c._pending)
+        await c.stop()
+
+    asyncio.run(run())
+    warned = [e for e in applier.events if e[1] == "CRDOutdated"]
+    assert len(warned) == 1 and "status.servedSpec" in warned[0][2], applier.events
