@@ -368,6 +368,7 @@ class GarbageCollector:
         """
         if not self.c.may_write():
             return
+        self._forget_gone_claims()
         ns, claim = plan.namespace, plan.claim
         gc_jobs = self.jobs(ns, claim)
         users = self.c.caches.all("claim_users", (ns, claim))
@@ -412,6 +413,18 @@ class GarbageCollector:
                 # Its name is the decision's: while it exists the same keys are never tried
                 # again (a replica that was still draining then keeps a key for an hour).
                 await self.c.applier.delete(Job, job["metadata"]["name"], ns)
+
+    def _forget_gone_claims(self) -> None:
+        """Drop what is remembered per claim once its PVC is gone and no model uses it (the
+        maps grew with every claim ever seen, issue 31, 12)."""
+        known = (set(self._checked) | set(self._swept) | set(self._orphans)
+                 | set(self._claim_measured) | set(self._lingering) | self.sweep_requested)
+        for k in known:
+            if self.c.caches.one("pvcs", k) is None and not self.c.caches.all("claim_users", k):
+                for m in (self._checked, self._swept, self._orphans, self._claim_measured,
+                          self._lingering):
+                    m.pop(k, None)
+                self.sweep_requested.discard(k)
 
     def _forget_gone_jobs(self) -> None:
         """Bound ``_done``: a uid whose Job is gone (TTL, deleted) is never seen again."""

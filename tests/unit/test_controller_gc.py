@@ -569,3 +569,21 @@ def test_a_lingering_deployment_of_a_deleted_model_does_not_make_gc_jobs_back_to
         assert len(fake.jobs) == 2  # ... once per interval
         await c.stop()
     asyncio.run(run())
+
+
+def test_what_is_remembered_per_claim_goes_with_the_claim() -> None:
+    """Issue 31, 12: the per-claim maps grew with every claim ever seen."""
+    async def run() -> None:
+        c, fake, plan_a, _ = _setup([])
+        await c.collect_garbage((NS, "a"), plan_a)
+        gone = (NS, "old-claim")
+        c.gc._checked[gone] = 1.0
+        c.gc._swept[gone] = 1.0
+        c.gc._orphans[gone] = {"k": 1}
+        c.gc.sweep_requested.add(gone)
+        await c.collect_garbage((NS, "a"), plan_a)
+        assert gone not in c.gc._checked and gone not in c.gc._swept
+        assert gone not in c.gc._orphans and gone not in c.gc.sweep_requested
+        assert (NS, CLAIM) in c.gc._checked  # the live claim's stays
+        await c.stop()
+    asyncio.run(run())
