@@ -22,7 +22,6 @@ import secrets
 from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -34,6 +33,7 @@ from lightkube.resources.core_v1 import Event, PersistentVolumeClaim
 from lightkube.types import CascadeType, PatchType
 
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from .quantity import parse_quantity
 
 #: Hash of the desired object last applied (see the module docstring).
 APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
@@ -41,28 +41,6 @@ APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
 log = logging.getLogger(__name__)
 
 SpyreModelResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
-
-_SUFFIX = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}  # fmt: skip
-
-
-def parse_quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity as a number ("1Gi" == "1024Mi", "500m" == "0.5")."""
-    s = str(value).strip()
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if s.endswith(suffix) and s[: -len(suffix)]:
-            try:
-                return Decimal(s[: -len(suffix)]) * Decimal(str(_SUFFIX[suffix]))
-            except InvalidOperation:
-                return None
-    try:
-        return Decimal(s)
-    except InvalidOperation:
-        return None
-
 
 def build_event(
     model: dict[str, Any], type_: str, reason: str, message: str, instance: str

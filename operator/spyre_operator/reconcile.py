@@ -27,7 +27,6 @@ from . import GROUP, jobs
 from . import conditions as C
 from . import pods as P
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
-from .apply import parse_quantity
 from .budget import FREE, WAITING_RECHECK_SECONDS, Slot
 from .desired import names
 from .desired.autoscaling import build_hpa, targets, wants_hpa
@@ -57,6 +56,7 @@ from .desired.scaletozero import (
 from .desired.service import build_pdb, build_service, wants_pdb
 from .desired.site import SiteDefaults, effective_status
 from .precompile_state import Stuck, job_attempt, job_stuck, superseded, template_changed
+from .quantity import parse_quantity
 from .rollout import mark_rolled_out
 from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 
