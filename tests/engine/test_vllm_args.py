@@ -12,6 +12,7 @@ import pytest
 from spyre_engine.launch import vllm_command
 from spyre_engine.settings import ServeSettings
 from spyre_engine.vllm_args import MANAGED, ParseResult, parse_with_vllm, refusal
+from spyre_operator.api.v1alpha1 import MANAGED_ARG_ABBREVIATIONS, MANAGED_ARG_PATTERN
 
 # Each vLLM setting the engine manages: its option and a value it accepts.
 MANAGED_OPTIONS = {
@@ -49,6 +50,12 @@ CASES: dict[str, list[str]] = {
     for dest, (option, value) in MANAGED_OPTIONS.items()
     for form, args in forms(option, value).items()
     if not (dest == "model" and form == "abbreviated")  # --mode is ambiguous in vLLM
+}
+CASES |= {  # the shortest abbreviation the admission rule refuses (MANAGED_ARG_ABBREVIATIONS)
+    f"{dest} shortest abbreviation": [option[:MANAGED_ARG_ABBREVIATIONS[option]],
+                                      *([value] if value is not None else [])]
+    for dest, (option, value) in MANAGED_OPTIONS.items()
+    if option in MANAGED_ARG_ABBREVIATIONS
 }
 CASES |= {
     "tensor_parallel_size -tp": ["-tp", "2"],
@@ -150,3 +157,36 @@ def test_the_engine_refuses_before_it_starts(tmp_path: Path, command: str) -> No
     assert "'--max_model_len=4096' sets vLLM's max_model_len" in doc["message"]
     assert "--max-model-len (SpyreModel spec.compile.maxModelLen)" in doc["message"]
     assert not (tmp_path / "art").exists()
+
+
+OPTIONS_SCRIPT = """
+import json
+from spyre_engine.vllm_args import _serve_parser
+_, serve = _serve_parser()
+print("OPTIONS " + json.dumps({o: a.dest for a in serve._actions for o in a.option_strings}))
+"""
+
+
+def test_the_admission_rule_refuses_the_managed_options_abbreviated_and_nothing_else() -> None:
+    """The CRD's extraArgs rule (MANAGED_ARG_PATTERN) against the installed vLLM's options:
+    each prefix of a managed option it refuses is a prefix of that option alone (vLLM reads it
+    as that option), and no option of another setting is refused (issue 31, 12: abbreviations
+    were refused only when the serving pod started, after the rollout began)."""
+    import re
+
+    out = subprocess.run([sys.executable, "-c", OPTIONS_SCRIPT], capture_output=True,
+                         text=True, timeout=600, check=True).stdout
+    options: dict[str, str] = json.loads(out.split("OPTIONS ", 1)[1].splitlines()[0])
+    managed = set(MANAGED)
+    wrongly = [o for o, dest in options.items()
+               if dest not in managed and re.match(MANAGED_ARG_PATTERN, o)]
+    assert wrongly == [], wrongly
+    for option, shortest in MANAGED_ARG_ABBREVIATIONS.items():
+        assert options.get(option) in managed, option
+        for n in range(shortest, len(option) + 1):
+            prefix = option[:n]
+            assert re.match(MANAGED_ARG_PATTERN, prefix), prefix
+            assert re.match(MANAGED_ARG_PATTERN, prefix.replace("-", "_").replace("__", "--", 1))
+            assert [o for o in options if o.startswith(prefix)] == [option], prefix
+        shorter = option[:shortest - 1]
+        assert not re.match(MANAGED_ARG_PATTERN, shorter) or shorter in options, shorter

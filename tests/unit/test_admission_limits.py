@@ -91,9 +91,11 @@ def test_positive_quantity_pattern(value: str, positive: bool) -> None:
 REFUSED = ["--max_model_len=4096", "--max-model-len", "-tp", "-tp=2", "--tensor_parallel_size=2",
            "--served_model_name=x", "--served-model-name", "--no_enable_prefix_caching",
            "--max_num_batched_tokens", "--model", "--model=/x", "--port=9000", "--runner",
-           "--shutdown_timeout=1"]  # fmt: skip
+           "--shutdown_timeout=1", "--max-model-l=4096", "--max_num_seq", "--tensor_par=2",
+           "--ser=x", "--no-enable-prefix"]  # fmt: skip (abbreviations: issue 31, 12)
 ALLOWED = ["--model-impl", "--seed", "--enforce_eager", "--max-num-scheduled-tokens=4",
-           "--portal", "-tpx", "--dtype=float16", "--hostname"]  # fmt: skip
+           "--portal", "-tpx", "--dtype=float16", "--hostname", "--mode", "--max-num",
+           "--se", "--model-impl=x"]  # fmt: skip
 
 
 @pytest.mark.parametrize("arg", REFUSED)

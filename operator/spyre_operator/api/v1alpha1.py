@@ -412,9 +412,9 @@ class RolloutSpec(ApiModel):
 
 
 #: vLLM options the engine sets from spec. The admission rule refuses them as vLLM reads them:
-#: underscores for dashes, ``=VALUE`` or not, and ``-tp``. Abbreviations (``--max-num-seq``) and
-#: ``--config FILE`` are beyond a pattern: the engine refuses those with vLLM's own parser
-#: (engine/spyre_engine/vllm_args.py), which the pod's status then shows.
+#: underscores for dashes, ``=VALUE`` or not, ``-tp``, and abbreviations (``--max-num-seq``,
+#: MANAGED_ARG_ABBREVIATIONS). ``--config FILE`` is beyond a pattern: the engine refuses it with
+#: vLLM's own parser (engine/spyre_engine/vllm_args.py), which the pod's status then shows.
 MANAGED_ARGS = (
     "--model",
     "--served-model-name",
@@ -431,14 +431,46 @@ MANAGED_ARGS = (
     "--convert",
     "--shutdown-timeout",
 )
+#: vLLM accepts any unambiguous abbreviation of a long option (``--max-model-l``): the shortest
+#: one of each managed option among the installed vLLM's ``serve`` options (``--model`` has none:
+#: every prefix is shared with ``--model-impl`` and others). Every longer prefix is refused too.
+#: tests/engine/test_vllm_args.py checks them against vLLM's parser: each refused prefix sets
+#: the managed option or is ambiguous, and no other vLLM option is refused.
+MANAGED_ARG_ABBREVIATIONS = {
+    "--served-model-name": len("--ser"),
+    "--tensor-parallel-size": len("--te"),
+    "--max-model-len": len("--max-m"),
+    "--max-num-seqs": len("--max-num-se"),
+    "--max-num-batched-tokens": len("--max-num-b"),
+    "--port": len("--por"),
+    "--host": len("--ho"),
+    "--enable-prefix-caching": len("--enable-pre"),
+    "--no-enable-prefix-caching": len("--no-enable-pre"),
+    "--runner": len("--ru"),
+    "--convert": len("--conv"),
+    "--shutdown-timeout": len("--shu"),
+}
+
+
+def _spelled(option: str) -> str:
+    """``option`` as vLLM reads it: ``_`` for ``-`` after the leading dashes, and (for a long
+    option with an abbreviation) any prefix at least that long."""
+    if not option.startswith("--"):
+        return option
+    shortest = MANAGED_ARG_ABBREVIATIONS.get(option, len(option))
+
+    def chars(text: str) -> list[str]:
+        return ["[-_]" if c == "-" else c for c in text]
+
+    head = "--" + "".join(chars(option[2:shortest]))
+    tail = ""
+    for c in reversed(chars(option[shortest:])):
+        tail = f"({c}{tail})?"
+    return head + tail
+
+
 #: An argument that sets one of MANAGED_ARGS (RE2 and Python alike).
-MANAGED_ARG_PATTERN = (
-    "^("
-    + "|".join(
-        a if not a.startswith("--") else "--" + a[2:].replace("-", "[-_]") for a in MANAGED_ARGS
-    )
-    + ")(=.*)?$"
-)
+MANAGED_ARG_PATTERN = "^(" + "|".join(_spelled(a) for a in MANAGED_ARGS) + ")(=.*)?$"
 
 
 #: Environment the operator sets on engine containers; users may not override it. The one list
