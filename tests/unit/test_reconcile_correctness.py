@@ -336,6 +336,32 @@ def test_read_write_once_cache_keeps_pods_on_one_node() -> None:
     assert job.spec.template.metadata.labels[names.CLAIM_LABEL] == "spyre-compile-cache"
 
 
+def test_an_existing_read_write_once_claim_keeps_pods_on_one_node_too() -> None:
+    """Issue 31, 9: a cache.claimName whose PVC only one node mounts got no co-location: the
+    second pod's Multi-Attach error showed as "Compiling" until the Job's deadline. Its access
+    modes come from the live PVC (the spec does not say them)."""
+    spec = {**GENERATE, "cache": {"claimName": "team-cache"}}
+    m = model("m", spec)
+    foreign = bound(modes=["ReadWriteOnce"])
+    foreign["metadata"]["labels"] = {}  # the team's own PVC
+    job = decide(m, Observed(cache_pvc=foreign), NOW).job
+    affinity = job.spec.template.spec.affinity.podAffinity
+    term = affinity.requiredDuringSchedulingIgnoredDuringExecution[0]
+    assert term.topologyKey == "kubernetes.io/hostname"
+    assert term.labelSelector.matchLabels == {names.CLAIM_LABEL: "team-cache"}
+    assert job.spec.template.metadata.labels[names.CLAIM_LABEL] == "team-cache"
+    m2, obs = serving_model(spec)
+    obs.cache_pvc = foreign
+    dep = next(o for o in decide(m2, obs, NOW).apply if o.kind == "Deployment")
+    assert dep.spec.template.spec.affinity.podAffinity is not None
+    assert dep.spec.template.metadata.labels[names.CLAIM_LABEL] == "team-cache"
+    # ReadWriteMany (or a PVC not seen yet): no affinity
+    for pvc in (bound(modes=["ReadWriteMany"]), None):
+        job = decide(m, Observed(cache_pvc=pvc), NOW).job
+        assert job is None or job.spec.template.spec.affinity is None or \
+            job.spec.template.spec.affinity.podAffinity is None
+
+
 def test_operator_env_is_one_list() -> None:
     """What the operator sets is OPERATOR_ENV (the CRD refuses it in serving.env), and on the
     precompile container PRECOMPILE_ENV too (from precompile fields; servers may set it)."""

@@ -19,7 +19,7 @@ from ..desired import names
 from ..desired.autoscaling import build_hpa, wants_hpa
 from ..desired.deployment import build_deployment, served_spec_json
 from ..desired.networkpolicy import build_network_policy, wants_network_policy
-from ..desired.plan import ModelPlan, plan_model
+from ..desired.plan import ModelPlan, plan_model, with_live_claim
 from ..desired.routing import InferencePool, inference_pool_name
 from ..desired.scaletozero import build_interceptor_service, wants_scale_to_zero
 from ..desired.service import build_pdb, build_service, wants_pdb
@@ -101,7 +101,8 @@ def decide(
         spec = SpyreModelSpec.model_validate(model.get("spec") or {})
     except ValidationError as e:
         return _invalid_status(model, e, generation, now)
-    plan = plan_model(name, ns, meta.get("uid", ""), spec, policy.site)
+    plan = with_live_claim(plan_model(name, ns, meta.get("uid", ""), spec, policy.site),
+                           obs.cache_pvc)
     effective = effective_status(plan.spec, plan.from_defaults, plan.storage_class(obs.cache_pvc))
     if plan.image_refusal:
         return _refused_status(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api.v1alpha1 import POOLING_TASKS, CacheVolumeSpec, SpyreModelSpec, Task
@@ -61,6 +61,10 @@ class ModelPlan:
     #: them too), and the spec fields that were unset and follow them.
     site: SiteDefaults = field(default_factory=SiteDefaults)
     from_defaults: tuple[str, ...] = ()
+    #: An existing claim (cache.claimName) whose live accessModes lack ReadWriteMany: one node
+    #: mounts it, so its users share that node like a managed ReadWriteOnce volume's users
+    #: (set from the observed PVC: ``with_live_claim``).
+    claim_single_node: bool = False
 
     @property
     def image_refusal(self) -> str | None:
@@ -159,3 +163,13 @@ def plan_model(
         site=site,
         from_defaults=tuple(from_defaults),
     )
+
+
+def with_live_claim(plan: ModelPlan, live_pvc: dict[str, Any] | None) -> ModelPlan:
+    """``plan`` knowing whether its existing claim (cache.claimName) can be mounted by one
+    node only (its accessModes, which the spec does not say). Managed claims: as is."""
+    if plan.claim_managed or live_pvc is None:
+        return plan
+    modes = ((live_pvc.get("spec") or {}).get("accessModes")) or []
+    single = bool(modes) and "ReadWriteMany" not in modes
+    return replace(plan, claim_single_node=single) if single else plan

@@ -324,10 +324,11 @@ def volumes(plan: ModelPlan, *, read_only: bool) -> tuple[list[Volume], list[Vol
 
 
 def single_node_cache(plan: ModelPlan) -> bool:
-    """A ReadWriteOnce cache claim the operator manages: its users must share one node."""
-    return plan.volume is not None and plan.claim_managed and (
-        "ReadWriteMany" not in plan.volume.access_modes
-    )
+    """A cache claim one node mounts (ReadWriteOnce): its users must share one node. A managed
+    volume's access modes are in the spec; an existing claim's come from the live PVC."""
+    if not plan.claim_managed:
+        return plan.claim_single_node
+    return plan.volume is not None and "ReadWriteMany" not in plan.volume.access_modes
 
 
 def cache_claim_labels(plan: ModelPlan) -> dict[str, str]:
