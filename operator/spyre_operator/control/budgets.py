@@ -1,0 +1,181 @@
+"""The cluster-wide budgets (budget.py) as the Controller keeps them: the slots compiles and
+rollouts use, the models waiting for one, and waking them when a slot frees."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import budget as B
+from .. import conditions as C
+from .. import jobs as job_status
+from ..desired import names
+from ..reconcile import Decision, Observed, served_key, waiting_since
+from ..release import mounted_claims
+from ..rollout import deployment_rolling
+from .base import ControllerBase
+from .common import ModelKey
+
+
+class BudgetsMixin(ControllerBase):
+    """Budgets for compiles and rollouts: slots in use, waiting lists, waking waiters."""
+
+    def _seed_waiting(self) -> None:
+        """Rebuild who waits for a slot, in order, from the models' status (the watch cache
+        is complete before any reconcile): a restarted operator or a new leader keeps the
+        order of the models that waited before it."""
+        self._budget_seeded = True
+        self.compile_waiting.clear()
+        self.rollout_waiting.clear()
+        models = self.caches.indices.get("models") or {}
+        for key in list(models.keys()):
+            st = (self.caches.one("models", key) or {}).get("status") or {}
+            conds = st.get("conditions")
+            art = st.get("artifact") or {}
+            ready = C.find(conds, C.ARTIFACT_READY) or {}
+            if ready.get("reason") == C.WAITING_FOR_COMPILE_SLOT and art.get("waitingSince"):
+                self.compile_waiting.add(key, str(art["waitingSince"]))
+            progressing = C.find(conds, C.PROGRESSING) or {}
+            if progressing.get("reason") == C.WAITING_FOR_ROLLOUT_SLOT:
+                self.rollout_waiting.add(key, str(art.get("completedAt") or ""))
+
+    def compiles_in_use(self) -> int:
+        """Precompile Jobs of this operator that have not finished, in every watched namespace
+        (from the Job cache; a Job shared by several models is one), plus the ones just created
+        that the cache does not show yet."""
+        running: set[tuple[str, str]] = set()
+        seen: set[tuple[str, str]] = set()  # Jobs in the cache that are not deleted ones
+        index = self.caches.indices.get("jobs") or {}
+        for k in list(index.keys()):
+            job = self.caches.one("jobs", k)
+            if job is None:
+                continue
+            meta = job.get("metadata") or {}
+            if meta.get("uid") in self._deleted_jobs:
+                continue  # e.g. a failed Job removed for its retry, under the same name
+            seen.add(k)
+            labels = meta.get("labels") or {}
+            if (
+                labels.get(names.COMPONENT) == names.COMPONENT_PRECOMPILE
+                and not job_status.finished(job)
+            ):
+                running.add(k)
+        for k in self._compile_reserved.live():
+            if k in seen:
+                self._compile_reserved.drop(*k)  # the cache shows the new Job now
+            else:
+                running.add(k)
+        return len(running)
+
+    def rollouts_in_use(self, exclude: tuple[str, str] | None = None) -> int:
+        """Serving Deployments of this operator whose rollout is not complete (pods of an
+        older template left, or fewer available than asked) and has not exceeded its progress
+        deadline, plus the ones just switched that the cache does not show yet."""
+        rolling: set[tuple[str, str]] = set()
+        index = self.caches.indices.get("deployments") or {}
+        reserved = self._rollout_reserved.live()
+        for k in list(index.keys()):
+            dep = self.caches.one("deployments", k)
+            if dep is None:
+                continue
+            labels = (dep.get("metadata") or {}).get("labels") or {}
+            if labels.get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
+                continue
+            if k in reserved and served_key(dep) == reserved[k]:
+                self._rollout_reserved.drop(*k)  # the cache shows the switch now
+                reserved.pop(k)
+            if deployment_rolling(dep):
+                rolling.add(k)
+        rolling |= set(reserved)
+        rolling.discard(exclude)  # type: ignore[arg-type]
+        return len(rolling)
+
+    def _observe_budgets(
+        self, key: ModelKey, model: Mapping[str, Any], plan: Any, obs: Observed
+    ) -> None:
+        """The budgets' answers for this model (Observed.compile_slot, rollout_slot): asked
+        only when it may need a slot (no Job of its own yet; a Deployment serving another
+        artifact or claim)."""
+        if not self._budget_seeded:
+            self._seed_waiting()
+        ns = key[0]
+        now = self.clock()
+        if (
+            self.max_concurrent_compiles > 0
+            and obs.job is None
+            and self._compile_reserved.get(ns, plan.job_name) is None  # a sharer just made it
+        ):
+            obs.compile_slot = B.slot(
+                self.max_concurrent_compiles,
+                self.compiles_in_use(),
+                self.compile_waiting,
+                key,
+                waiting_since(dict(model), plan, now),
+            )
+        dep = obs.deployment
+        if (
+            self.max_concurrent_rollouts > 0
+            and dep is not None
+            and (served_key(dep) != plan.key or plan.claim not in mounted_claims(dep))
+        ):
+            own = (ns, names.server_name(key[1]))
+            if deployment_rolling(dep):
+                return  # already rolling: it holds its slot, switching it adds no rollout
+            # Order: when the new artifact was compiled (status, else its Job's completion).
+            artifact = (model.get("status") or {}).get("artifact") or {}
+            done = artifact.get("completedAt") if artifact.get("key") == plan.key else None
+            obs.rollout_slot = B.slot(
+                self.max_concurrent_rollouts,
+                self.rollouts_in_use(exclude=own),
+                self.rollout_waiting,
+                key,
+                str(done or job_status.finished_at(obs.job) or now),
+            )
+
+    def _track_budgets(
+        self, key: ModelKey, plan: Any, obs: Observed, d: Decision
+    ) -> None:
+        """After decide(): hold the slot a new Job or a switch takes until the caches show it,
+        and keep the waiting lists; a model that stops waiting lets the next ones go."""
+        ns = key[0]
+        conds = d.status.get("conditions")
+        artifact = d.status.get("artifact") or {}
+        if d.job is not None and obs.job is None and d.job.metadata is not None:
+            self._compile_reserved.hold(ns, str(d.job.metadata.name))
+        if (C.find(conds, C.ARTIFACT_READY) or {}).get("reason") == C.WAITING_FOR_COMPILE_SLOT:
+            self.compile_waiting.add(key, str(artifact.get("waitingSince") or ""))
+        elif self.compile_waiting.discard(key):
+            self.wake_compile_waiters()
+        switched = next(
+            (o for o in d.apply if o.kind == "Deployment" and o.metadata is not None), None
+        )
+        if switched is not None and obs.deployment is not None and plan is not None:
+            new_key = served_key({"metadata": switched.metadata.to_dict()})
+            if new_key and new_key != served_key(obs.deployment):
+                self._rollout_reserved.hold(ns, names.server_name(key[1]), new_key)
+        if (C.find(conds, C.PROGRESSING) or {}).get("reason") == C.WAITING_FOR_ROLLOUT_SLOT:
+            self.rollout_waiting.add(key, str(artifact.get("completedAt") or ""))
+        elif self.rollout_waiting.discard(key):
+            self.wake_rollout_waiters()
+
+    def _stop_waiting(self, key: ModelKey) -> None:
+        """A deleted model leaves both waiting lists (the next ones may go)."""
+        if self.compile_waiting.discard(key):
+            self.wake_compile_waiters()
+        if self.rollout_waiting.discard(key):
+            self.wake_rollout_waiters()
+
+    def wake_compile_waiters(self) -> None:
+        """A precompile slot may have freed (a Job finished or went, a waiting model left):
+        reconcile as many of the longest-waiting models as there are free slots."""
+        if not self.compile_waiting:
+            return
+        free = self.max_concurrent_compiles - self.compiles_in_use()
+        self.enqueue(self.compile_waiting.first(free))
+
+    def wake_rollout_waiters(self) -> None:
+        """Same for the rollout budget (a rollout completed, a Deployment went)."""
+        if not self.rollout_waiting:
+            return
+        free = self.max_concurrent_rollouts - self.rollouts_in_use()
+        self.enqueue(self.rollout_waiting.first(free))

@@ -1,0 +1,145 @@
+"""Execution of a decision: the Controller's writes (deletes, children, the Job, status,
+Events) through the apply layer, rejected writes folded back into status."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from lightkube import ApiError
+
+from .. import peers
+from ..apply import STATUS_FIELDS_KEY, comparable_status
+from ..desired import names
+from ..reconcile import Decision, Observed, WriteError, decide, write_error_message
+from .base import ControllerBase
+from .common import NotLeader, RejectedWrites, _rejected, _terminating
+
+
+class ExecuteMixin(ControllerBase):
+    """Execution of decisions: the writes, and the background Events."""
+
+    async def execute(self, model: Mapping[str, Any], obs: Observed, d: Decision) -> None:
+        """Hand a decision to the apply layer; rejected writes end up in status.
+
+        A write the API server rejects (invalid, forbidden, over quota) or a same-named object
+        that is not ours is folded back into the decision, so the status and an Event say what
+        happened, with the server's message; then the worker backs off and tries again.
+        """
+        ns = model["metadata"]["namespace"]
+        name = model["metadata"]["name"]
+        live_by_kind = {
+            "PersistentVolumeClaim": obs.cache_pvc,
+            "Deployment": obs.deployment,
+            "Service": obs.service,
+            "PodDisruptionBudget": obs.pdb,
+            "NetworkPolicy": obs.network_policy,
+            "HorizontalPodAutoscaler": obs.hpa,
+            "InferencePool": obs.inference_pool,
+            "HTTPScaledObject": obs.http_scaled_object,
+            "ScaledObject": obs.scaled_object,
+            "EndpointSlice": obs.mirror_slice,
+        }
+        # Services other than the model's own (scale to zero), by name.
+        other_services = {
+            names.engine_service_name(name): obs.engine_service,
+            names.coldstart_service_name(name): obs.coldstart_service,
+        }
+        if not self.may_write():
+            raise NotLeader("leader lease not held; not writing")
+        for resource, obj_name in d.delete:
+            live = None
+            if resource.__name__ == "Job":  # the spec's Job, or one an earlier spec left
+                live = next(
+                    (
+                        j
+                        for j in [obs.job, *obs.owned_jobs]
+                        if j is not None and j["metadata"].get("name") == obj_name
+                    ),
+                    None,
+                )
+            if live is not None:
+                self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
+            await self.applier.delete(resource, obj_name, ns)
+        # The children do not depend on each other: write them concurrently, so a reconcile
+        # costs one API round trip rather than one per child (the benchmark is bound by
+        # round trips, not CPU). The Job goes first: it is the slow path (the compile).
+        # Same-named children that are not ours were found in observe() (obs.foreign); decide()
+        # writes none of them.
+        targets: list[tuple[str, str]] = []
+        writes: list[Coroutine[Any, Any, Any]] = []
+        if d.job is not None:
+            targets.append(("Job", str(d.job.metadata.name if d.job.metadata else "")))
+            writes.append(self._ensure_job(ns, name, d.job, obs.job))
+        for obj in d.apply:
+            targets.append((obj.kind, obj.metadata.name))
+            live = live_by_kind.get(obj.kind)
+            if obj.kind == "Service" and obj.metadata.name in other_services:
+                live = other_services[obj.metadata.name]
+            writes.append(self.applier.apply(obj, live))
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        for (kind, obj_name), r in zip(targets, results, strict=True):
+            if isinstance(r, ApiError) and _rejected(r):
+                if kind == "Job":  # not created: the slot it held is free again
+                    self._compile_reserved.drop(ns, obj_name)
+                obs.write_errors.append(
+                    WriteError(kind, obj_name, r.status.code or 0, r.status.message or str(r))
+                )
+            elif isinstance(r, BaseException):
+                raise r
+        if obs.write_errors and all(_terminating(e.message) for e in obs.write_errors):
+            raise RejectedWrites(write_error_message(obs.write_errors) or "")  # nothing to tell
+        if obs.foreign or obs.write_errors:
+            again = decide(dict(model), obs, self.clock(), self.policy)
+            d.status, d.events = again.status, again.events
+        if not self.may_write():
+            raise NotLeader("leader lease not held; not writing")
+        if self.install is not None:
+            d.status = peers.stamped(
+                d.status, model.get("status"), self.install, self.identity, self.clock()
+            )
+        current = comparable_status(model.get("status"), d.status, model.get(STATUS_FIELDS_KEY))
+        rv = await self.applier.apply_status(name, ns, d.status, current)
+        if rv is not None:
+            self._remember_status((ns, name), model, d.status)
+            self._report_pruned(model)
+            for type_, reason, message in d.events:
+                self._background(self.applier.event(dict(model), type_, reason, message))
+        self._expire_deleted_jobs()
+        if obs.write_errors:
+            raise RejectedWrites(write_error_message(obs.write_errors) or "")
+
+    async def _ensure_job(
+        self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None
+    ) -> None:
+        if job is None:
+            return
+        try:
+            await self.applier.ensure_job(job, live)
+        except ApiError as e:
+            # 409: the watch will bring the new version. 422 "field is immutable" on a Job
+            # the cache did not show: a model sharing the key created it an instant ago from
+            # its own pod template; the next reconcile sees it and only adds this owner.
+            created_by_sharer = (live is None and e.status.code == 422
+                                 and "field is immutable" in (e.status.message or ""))
+            if e.status.code != 409 and not created_by_sharer:
+                raise
+            self.queue.add_after((ns, name), 1.0)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a best-effort write (an Event) without holding up the worker."""
+        task = asyncio.create_task(self._bounded(coro))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _bounded(self, coro: Coroutine[Any, Any, None]) -> None:
+        async with self._event_slots:
+            await coro
+
+    def _expire_deleted_jobs(self) -> None:
+        cutoff = time.monotonic() - 600
+        for uid, when in list(self._deleted_jobs.items()):
+            if when < cutoff:
+                del self._deleted_jobs[uid]

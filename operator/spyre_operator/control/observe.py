@@ -1,0 +1,254 @@
+"""Observation: the Controller gathers one model's observed state (reconcile.Observed) from
+the caches, and the few pods and Events it reads from the API server."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube import ApiError
+from lightkube.resources.core_v1 import Event, Pod
+
+from .. import jobs as job_status
+from ..desired import names
+from ..desired.routing import inference_pool_name
+from ..desired.scaletozero import SLICE_SERVICE_NAME
+from ..reconcile import API_UNKNOWN, Observed
+from .base import ControllerBase
+from .common import (
+    JOB_MESSAGES_MIN_LIMIT,
+    NOT_READY_RECHECK_SECONDS,
+    SERVER_PODS_TTL,
+    ModelKey,
+    compact_pod,
+    foreign_owner,
+)
+
+log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+
+
+class ObserveMixin(ControllerBase):
+    """Observation of the caches (and of the pods and Events no watch covers)."""
+
+    def observe(
+        self,
+        model: Mapping[str, Any],
+        plan_claim: str,
+        key: str,
+        job_name: str,
+        model_claim: str | None,
+    ) -> Observed:
+        """Gather the observed state of one model from the caches."""
+        ns, name = model["metadata"]["namespace"], model["metadata"]["name"]
+        job = self.caches.one("jobs", (ns, job_name))
+        if job is not None and job["metadata"].get("uid") in self._deleted_jobs:
+            job = None  # we deleted it; the watch has not caught up yet
+        users = sorted(
+            self.caches.all("claim_users", (ns, plan_claim)),
+            key=lambda u: (u.created, u.owner.name),
+        )
+        obs = Observed(
+            cache_pvc=self.caches.one("pvcs", (ns, plan_claim)),
+            model_pvc_exists=model_claim is None
+            or self.caches.one("pvcs", (ns, model_claim)) is not None,
+            job=job,
+            deployment=self.caches.one("deployments", (ns, names.server_name(name))),
+            service=self.caches.one("services", (ns, names.server_name(name))),
+            pdb=self.caches.one("pdbs", (ns, names.server_name(name))),
+            hpa=self.caches.one("hpas", (ns, names.server_name(name))),
+            network_policy=self.caches.one("networkpolicies", (ns, names.server_name(name))),
+            job_owners=sorted(
+                {o for o in self.caches.all("artifact_users", (ns, plan_claim, key))},
+                key=lambda o: (o.name, o.uid),
+            ),
+            cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
+            claim_name_users=[u.owner for u in users if u.volume is None],
+            claim_artifact_bytes=self.gc.claim_artifact_bytes(ns, plan_claim, users),
+        )
+        self._observe_inference_pool(obs, ns, name)
+        self._observe_scale_to_zero(obs, ns, name)
+        self._observe_jobs(obs, ns, name, plan_claim, job_name)
+        for kind, attr in (
+            ("Deployment", "deployment"),
+            ("Service", "service"),
+            ("PodDisruptionBudget", "pdb"),
+            ("HorizontalPodAutoscaler", "hpa"),
+            ("NetworkPolicy", "network_policy"),
+        ):
+            live = getattr(obs, attr)
+            why = foreign_owner(kind, live, name) if live is not None else None
+            if why:
+                obs.foreign[kind] = why
+                setattr(obs, attr, None)  # not ours: neither written nor read as ours
+        return obs
+
+    def _observe_inference_pool(self, obs: Observed, ns: str, name: str) -> None:
+        """The model's InferencePool from the optional watch (no API request)."""
+        watch = self.inference_pools
+        if watch is None:
+            obs.inference_pool_api = API_UNKNOWN
+            return
+        obs.inference_pool_api, obs.inference_pool_api_message = watch.state, watch.message
+        live = watch.get(ns, inference_pool_name(name))
+        why = foreign_owner("InferencePool", live, name) if live is not None else None
+        if why:
+            obs.foreign_inference_pool = why
+        else:
+            obs.inference_pool = live
+
+    def _observe_scale_to_zero(self, obs: Observed, ns: str, name: str) -> None:
+        """KEDA's objects, the engine/cold-start Services and the mirror, from the caches.
+
+        A same-named object that is not the operator's is never read as ours nor written over:
+        the model reports it (ScaleToZeroUnavailable) and writes none of them.
+        """
+        cfg = obs.keda = self.scale_to_zero
+        server = names.server_name(name)
+        foreign: list[str] = []
+
+        def ours(kind: str, live: dict[str, Any] | None) -> dict[str, Any] | None:
+            why = foreign_owner(kind, live, name) if live is not None else None
+            if why:
+                foreign.append(why)
+                return None
+            return live
+
+        for watch, state, message, attr, kind in (
+            (self.scaled_objects, "scaled_object_api", "scaled_object_api_message",
+             "scaled_object", "ScaledObject"),
+            (self.http_scaled_objects, "http_scaled_object_api",
+             "http_scaled_object_api_message", "http_scaled_object", "HTTPScaledObject"),
+        ):  # fmt: skip
+            if watch is None:
+                continue
+            setattr(obs, state, watch.state)
+            setattr(obs, message, watch.message)
+            setattr(obs, attr, ours(kind, watch.get(ns, server)))
+        obs.engine_service = ours(
+            "Service", self.caches.one("services", (ns, names.engine_service_name(name)))
+        )
+        obs.coldstart_service = ours(
+            "Service", self.caches.one("services", (ns, names.coldstart_service_name(name)))
+        )
+        obs.mirror_slice = ours(
+            "EndpointSlice", self.caches.one("endpointslices", (ns, names.mirror_slice_name(name)))
+        )
+        obs.foreign_scale_to_zero = "; ".join(foreign) or None
+        if self.interceptor_slices is not None:
+            obs.interceptor_slices = [
+                body
+                for (slice_ns, _), body in self.interceptor_slices.cache.items()
+                if slice_ns == cfg.interceptor_namespace
+                and ((body.get("metadata") or {}).get("labels") or {}).get(SLICE_SERVICE_NAME)
+                == cfg.interceptor_service
+            ]
+
+    async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        pods = []
+        labels: dict[str, Any] = dict(selector)
+        async for p in self.client.list(Pod, namespace=namespace, labels=labels):
+            pods.append(compact_pod(p.to_dict()))
+        return pods
+
+    async def _recent_server_pods(self, key: ModelKey) -> list[dict[str, Any]]:
+        """The model's serving pods, listed at most every SERVER_PODS_TTL seconds.
+
+        Only needed to explain a rollout that does not become available (crash loops, engine
+        exits); while hundreds of Deployments roll out, listing on every Deployment event
+        made a LIST per reconcile.
+        """
+        now = time.monotonic()
+        cached = self._server_pods.get(key)
+        if cached is not None and now - cached[0] < SERVER_PODS_TTL:
+            return cached[1]
+        pods = await self._pods(key[0], names.server_selector(key[1]))
+        self._server_pods[key] = (now, pods)
+        return pods
+
+    def _observe_jobs(
+        self, obs: Observed, ns: str, name: str, claim: str, job_name: str
+    ) -> None:
+        """The precompile Jobs the model owns besides its own, and which of them some model
+        needs; the artifacts the claim's other users recorded (a Job is removed after a
+        while: what one of them compiled on this claim is not compiled again)."""
+        for job in self.caches.all("owned_jobs", (ns, name)):
+            meta = job.get("metadata") or {}
+            if meta.get("uid") in self._deleted_jobs or meta.get("name") == job_name:
+                continue
+            obs.owned_jobs.append(job)
+            job_claim = (meta.get("labels") or {}).get(names.CLAIM_LABEL)
+            job_key = (meta.get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
+            if self.caches.all("artifact_users", (ns, job_claim, job_key)):
+                obs.needed_jobs.add((str(job_claim), str(job_key)))
+        for user in self.caches.all("claim_users", (ns, claim)):
+            if user.owner.name == name:
+                continue
+            m = self.caches.one("models", (ns, user.owner.name)) or {}
+            for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []:
+                if a.get("claim") == claim:
+                    obs.claim_artifacts.append(a)
+
+    async def _observe_precompile(self, key: ModelKey, obs: Observed) -> None:
+        """The precompile Job's pods: a finished Job's termination messages (read once), and
+        while the Job runs but none of its pods does, what holds it up (unschedulable, image,
+        Secret; with no pod at all its FailedCreate Events). The scheduler and the kubelet
+        write only the pod, which is not watched: look again every NOT_READY_RECHECK_SECONDS
+        until it runs (a Job whose pod is ready makes progress; it is not read)."""
+        job = obs.job
+        if job is None:
+            return
+        if job_status.finished(job):
+            obs.job_pods = await self._job_pods(key[0], job)
+            return
+        if ((job.get("status") or {}).get("ready") or 0) > 0:
+            return
+        now = time.monotonic()
+        for uid, (t, _, _) in list(self._starting_jobs.items()):
+            if now - t >= SERVER_PODS_TTL:
+                del self._starting_jobs[uid]  # bounded: only reads of the last seconds stay
+        uid = job["metadata"]["uid"]
+        if uid not in self._starting_jobs:
+            pods = await self._pods(key[0], {"batch.kubernetes.io/controller-uid": uid})
+            live = [p for p in pods if not p.get("terminated")]
+            events = [] if live else await self._job_events(key[0], uid)
+            self._starting_jobs[uid] = (now, pods, events)
+        _, obs.job_pods, obs.job_events = self._starting_jobs[uid]
+        self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
+
+    async def _job_events(self, ns: str, uid: str) -> list[dict[str, Any]]:
+        """Warning Events of a Job (the Job controller's FailedCreate when a pod is refused)."""
+        out = []
+        try:
+            async for e in self.client.list(
+                Event, namespace=ns, fields={"involvedObject.uid": uid, "type": "Warning"}
+            ):
+                d = e.to_dict()
+                out.append({k: d.get(k) for k in ("reason", "message", "lastTimestamp")})
+        except ApiError as err:
+            if err.status.code != 403:
+                raise
+            log.warning("cannot list Events in %s (grant list on events): %s", ns, err)
+        return out
+
+    async def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """Pods of a finished Job (read once per Job: their termination messages)."""
+        uid = job["metadata"]["uid"]
+        if not job_status.finished(job):
+            return []
+        if uid not in self._job_messages:
+            pods = await self._pods(ns, {"batch.kubernetes.io/controller-uid": uid})
+            self._forget_gone_job_messages()
+            self._job_messages[uid] = pods
+        return self._job_messages[uid]
+
+    def _forget_gone_job_messages(self) -> None:
+        """Bound ``_job_messages``: drop the Jobs that are gone (TTL, deleted, superseded);
+        a uid is never seen again. Checked when the map doubled, so amortised O(1)."""
+        if len(self._job_messages) < self._job_messages_limit:
+            return
+        live = {j["metadata"].get("uid") for j in self.caches.values("jobs").values()}
+        for uid in [u for u in self._job_messages if u not in live]:
+            del self._job_messages[uid]
+        self._job_messages_limit = max(JOB_MESSAGES_MIN_LIMIT, 2 * len(self._job_messages))

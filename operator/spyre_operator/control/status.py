@@ -1,0 +1,118 @@
+"""Status reporting: the Controller reports an unexpected failure, yields to another install
+that writes a model, tells a CRD that prunes status, and remembers the status it wrote."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .. import conditions as C
+from .. import peers
+from .base import ControllerBase
+from .common import CONFLICT_EVENT_SECONDS, CRD_OUTDATED, ModelKey
+
+log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+
+
+class StatusMixin(ControllerBase):
+    """Status reporting and the status last written."""
+
+    async def _report_failure(self, key: ModelKey, error: BaseException) -> None:
+        """An unexpected error: Reconciling=True ReconcileError with its message and a Warning
+        Event; every other field of status, and every child, stays as it is.
+
+        Best effort: a failure to report is logged, the worker backs off either way.
+        """
+        model = self.caches.one("models", key)
+        if model is None or model["metadata"].get("deletionTimestamp") or not self.may_write():
+            return
+        model = self._with_written_status(key, model)
+        meta, old = model["metadata"], model.get("status") or {}
+        message = f"reconcile failed, retrying: {type(error).__name__}: {error}"[:1024]
+        cond = C.Cond(C.RECONCILING, C.TRUE, C.RECONCILE_ERROR, message)
+        generation = meta.get("generation", 1)
+        conds = C.set_condition(old.get("conditions"), cond, generation, self.clock())
+        status = {**old, "conditions": conds}
+        try:
+            rv = await self.applier.apply_status(key[1], key[0], status, old)
+            if rv is not None:
+                self._remember_status(key, model, status)
+                await self.applier.event(dict(model), "Warning", C.RECONCILE_ERROR, message)
+        except Exception as e:  # noqa: BLE001 - reporting must not hide the original error
+            log.warning("could not report the failure of %s/%s: %s", *key, e)
+
+    def _written_elsewhere(self, key: ModelKey, model: dict[str, Any]) -> bool:
+        """Whether another install wrote this model's status within peer_window (peers.py):
+        then nothing here writes to it (children, status, GC) until it looks again after the
+        window; the conflict is logged, counted and told in a Warning Event on the model."""
+        other = peers.foreign_writer(
+            model.get("status"), self.install or "", self.clock(), self.peer_window
+        )
+        if other is None:
+            if self.yielded.pop(key, None) is not None:
+                log.info("%s/%s: no other install wrote it lately; reconciling it again", *key)
+            return False
+        self.queue.add_after(key, self.peer_window)
+        self.yielded[key] = other.install
+        now = time.monotonic()
+        last = self._conflicts_reported.get(key)
+        if last is not None and last[0] == other.install and now - last[1] < CONFLICT_EVENT_SECONDS:
+            return True
+        self._conflicts_reported[key] = (other.install, now)
+        self.stats.conflicts += 1
+        message = peers.conflict_message(other, self.install or "")
+        log.warning("%s/%s: %s: %s", *key, peers.CONFLICT_REASON, message)
+        if self.may_write():  # an Event is a write: a standby replica leaves it to its leader
+            self._background(
+                self.applier.event(dict(model), "Warning", peers.CONFLICT_REASON, message)
+            )
+        return True
+
+    def _report_pruned(self, model: Mapping[str, Any]) -> None:
+        """The API server dropped status fields this write sent: the installed CRD is older
+        than the operator, and what those fields record (the served spec, the waiting order,
+        the install stamp) is lost at every write. Said once per process: an error in the log
+        and a Warning Event on the model (then spyre_operator_status_fields_pruned)."""
+        last = getattr(self.applier, "last_pruned", None)
+        if not last or self._pruned_reported:
+            return
+        self._pruned_reported = True
+        ns, name, lost = last
+        message = (
+            f"the API server dropped status fields the operator wrote ({', '.join(lost[:8])}): "
+            "the installed SpyreModel CRD is older than this operator. Apply the CRD of this "
+            "release (crds/serving.spyre.dev_spyremodels.yaml; helm upgrade does not update "
+            "CRDs): until then rollbacks, budget order and install conflicts are unreliable"
+        )
+        log.error("%s/%s: %s", ns, name, message)
+        self._background(self.applier.event(dict(model), "Warning", CRD_OUTDATED, message))
+
+    def _with_written_status(self, key: ModelKey, model: dict[str, Any]) -> dict[str, Any]:
+        """``model`` with the status this operator last wrote, if the cache has not caught up.
+
+        Until the watch delivers our last write, that write is the newest status: deciding
+        from the older cached status would rewrite the same status and post its transition
+        Events a second time (it did under load, with concurrent reconciles). The cache has
+        caught up once it holds any other version of the model than the one that write was
+        decided from: from then on the live status is compared, so a status field another
+        field manager changed is written back (it was not while the operator compared with
+        its own last write).
+        """
+        meta = model["metadata"]
+        written = self._written_status.get(key)
+        if written is None:
+            return model
+        uid, decided_from, status = written
+        if uid != meta.get("uid") or meta.get("resourceVersion") != decided_from:
+            del self._written_status[key]
+            return model
+        return {**model, "status": status}
+
+    def _remember_status(
+        self, key: ModelKey, model: Mapping[str, Any], status: dict[str, Any]
+    ) -> None:
+        """Decide from ``status`` until the cache holds a newer version than ``model``."""
+        meta = model["metadata"]
+        self._written_status[key] = (meta.get("uid"), meta.get("resourceVersion"), status)
