@@ -129,7 +129,9 @@ def _background_build(log: Path) -> subprocess.Popen[bytes] | None:
     with open(log, "wb") as out:
         # its own process group: stopped as a whole at the end, and not by the sessions' SIGINT
         # (Ctrl-C, .ci/run's budget), which would leave a half-built image to clean up
-        return subprocess.Popen(["nice", "-n", str(BACKGROUND_NICENESS), *command],
+        # idle I/O too: a cold build writes bases and layers while the node imports images
+        idle_io = ["ionice", "-c", "3"] if shutil.which("ionice") else []
+        return subprocess.Popen(["nice", "-n", str(BACKGROUND_NICENESS), *idle_io, *command],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 

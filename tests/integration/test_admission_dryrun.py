@@ -72,7 +72,8 @@ REFUSED = {
 EXTRA_ARGS_REFUSED = ["--max_model_len=4096", "--max-model-len=4096", "-tp", "-tp=2",
                       "--tensor_parallel_size=2", "--served_model_name=x",
                       "--no_enable_prefix_caching", "--max_num_seqs", "--runner=pooling",
-                      "--port=9000"]  # fmt: skip
+                      "--port=9000", "--max-num-seq=2", "--tensor_par", "--max-model-l=4096",
+                      "--max-model-len=" + "4" * 1000]  # fmt: skip (abbreviations, long)
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -114,7 +115,8 @@ def test_at_the_limits_the_model_its_children_and_its_events_are_accepted(
                          "tolerations": [{"key": "example.com/spyre", "operator": "Exists"}]},
          "precompile": {"podAnnotations": {"example.com/note": "any value at all"}},
          "serving": {"resources": {"requests": {"cpu": "500m"}, "limits": {"memory": 1}},
-                     "extraArgs": ["--model-impl", "vllm", "--seed", "3", "--max-num-seq", "2"]}},
+                     "extraArgs": ["--model-impl", "vllm", "--seed", "3", "--max-logprobs", "2",
+                                   *[f"--override-generation-config={'x' * 990}"] * 58]}},
         {"cache": {"claimName": LONG_63}},
     ]  # fmt: skip
     for spec in specs:

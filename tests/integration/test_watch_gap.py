@@ -43,7 +43,8 @@ def test_a_model_and_its_job_deleted_during_a_watch_gap_leave_no_ghost(
                          env={"SPYRE_RESYNC_SECONDS": "5"})
     op.start()
     try:
-        kube.apply_model("gone", spec(podAnnotations=HOLD))  # its compile runs until deleted
+        # its compile runs until deleted (kwok holds the precompile pod)
+        kube.apply_model("gone", spec(precompile={"backoffLimit": 0, "podAnnotations": HOLD}))
         held = kube.wait(lambda: _job_of(kube, "gone"), 60, "the first model's Job")
         kube.apply_model("next", spec(compile={"maxModelLen": 4096}))
         kube.wait_condition("next", "ArtifactReady", "False", reason="WaitingForCompileSlot")

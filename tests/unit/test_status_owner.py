@@ -87,3 +87,18 @@ def test_a_pruning_crd_is_one_warning_event_and_an_error_in_the_log() -> None:
     asyncio.run(run())
     warned = [e for e in applier.events if e[1] == "CRDOutdated"]
     assert len(warned) == 1 and "status.servedSpec" in warned[0][2], applier.events
+
+
+def test_a_field_another_manager_set_does_not_renew_the_install_stamp() -> None:
+    """The stamp (peers.stamped) is kept when nothing else changes; compared with the live
+    status and its foreign field, it was renewed, and so written, on every reconcile."""
+    from spyre_operator import peers
+
+    stamp = {"install": "ns/op", "identity": "a", "writtenAt": "2026-11-27T00:00:00Z"}
+    desired = {"conditions": [1]}
+    live = {"conditions": [1], "operator": stamp, "scaleToZero": {"lastActiveTime": "t"}}
+    owned = ["conditions", "operator"]
+    seen = comparable_status(live, {**desired, peers.STAMP_FIELD: None}, owned)
+    out = peers.stamped(desired, seen, "ns/op", "a", "2026-11-27T01:00:00Z")
+    assert out[peers.STAMP_FIELD] == stamp
+    assert comparable_status(live, out, owned) == out  # no write

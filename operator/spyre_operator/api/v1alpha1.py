@@ -471,6 +471,16 @@ def _spelled(option: str) -> str:
 
 #: An argument that sets one of MANAGED_ARGS (RE2 and Python alike).
 MANAGED_ARG_PATTERN = "^(" + "|".join(_spelled(a) for a in MANAGED_ARGS) + ")(=.*)?$"
+#: The admission rule matches the pattern on an argument's first MANAGED_ARG_HEAD characters
+#: only: longer than every managed option, so the answer is the same (a managed option matches
+#: only followed by the end or ``=``), and CEL's cost of a regex grows with the length of the
+#: string times the pattern's: 64 arguments of 1024 characters neared the API server's per-call
+#: limit. tests/unit/test_admission_limits.py checks both.
+MANAGED_ARG_HEAD = 48
+EXTRA_ARGS_RULE = (
+    f"self.all(a, !(size(a) > {MANAGED_ARG_HEAD} ? a.substring(0, {MANAGED_ARG_HEAD}) : a)"
+    f".matches('{MANAGED_ARG_PATTERN}'))"
+)
 
 
 #: Environment the operator sets on engine containers; users may not override it. The one list
@@ -591,7 +601,7 @@ class ServingSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    f"self.all(a, !a.matches('{MANAGED_ARG_PATTERN}'))",
+                    EXTRA_ARGS_RULE,
                     "serving.extraArgs must not set flags derived from spec (model, shape, port, "
                     "prefix caching, task), in any spelling (--max_model_len=N, -tp N): set the "
                     "spec field instead",

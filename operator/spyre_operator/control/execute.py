@@ -96,11 +96,15 @@ class ExecuteMixin(ControllerBase):
             d.status, d.events = again.status, again.events
         if not self.may_write():
             raise NotLeader("leader lease not held; not writing")
+        owned = model.get(STATUS_FIELDS_KEY)
         if self.install is not None:
-            d.status = peers.stamped(
-                d.status, model.get("status"), self.install, self.identity, self.clock()
+            # the stamp is kept when nothing else changes: compared without the status fields
+            # another field manager set alone (they made a new stamp, so a write, every time)
+            live = comparable_status(
+                model.get("status"), {**d.status, peers.STAMP_FIELD: None}, owned
             )
-        current = comparable_status(model.get("status"), d.status, model.get(STATUS_FIELDS_KEY))
+            d.status = peers.stamped(d.status, live, self.install, self.identity, self.clock())
+        current = comparable_status(model.get("status"), d.status, owned)
         rv = await self.applier.apply_status(name, ns, d.status, current)
         if rv is not None:
             self._remember_status((ns, name), model, d.status)
