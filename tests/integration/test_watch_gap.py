@@ -36,7 +36,7 @@ def _job_of(kube: Kube, model: str) -> dict[str, Any] | None:
 
 
 def test_a_model_and_its_job_deleted_during_a_watch_gap_leave_no_ghost(
-    kube: Kube, control_plane: ControlPlane, kubeconfig: Any
+    kube: Kube, control_plane: ControlPlane, kubeconfig: Any, crd: Any
 ) -> None:
     op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
                          args=["--all-namespaces", "--max-concurrent-compiles", "1"],
