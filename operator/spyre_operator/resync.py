@@ -35,6 +35,7 @@ from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from .apply import SpyreModelResource
+from .control.common import uid_of
 from .desired import names
 
 log = logging.getLogger(__name__)
@@ -144,8 +145,6 @@ class Resync:
 
     async def once(self) -> list[Ghost]:
         """One round: list every source, recompute the ghosts; returns the new ones."""
-        from .controller import uid_of
-
         new: list[Ghost] = []
         for source in SOURCES:
             kind = source.resource.__name__
