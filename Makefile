@@ -10,7 +10,7 @@ CLUSTER := $(PY) tests/cluster/controlplane.py
 PYTEST_ARGS ?=
 
 .PHONY: images images-platforms test-images images-prune release mirror
-.PHONY: help deps install lock binaries cluster-up cluster-down test test-unit test-integration \
+.PHONY: help deps install lock binaries binaries-core node-deps node-images cluster-up cluster-down test test-unit test-integration \
         demo demo-down demo-kwok bench bench-engine crds lint clean supported-configs
 
 help: ## Show the targets
@@ -37,11 +37,15 @@ lock: install ## Regenerate requirements.lock (make install's versions) from pyp
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
 		--custom-compile-command 'make lock' --quiet -o requirements.lock $(LOCK_ARGS)
 
-binaries: ## Build (or reuse) the pinned control-plane binaries (cache outside the repo)
-	tests/cluster/build.sh
-	tests/cluster/node-deps.sh
-	tests/cluster/metrics-deps.sh >/dev/null
+binaries: binaries-core ## Build (or reuse) the pinned control-plane binaries, KEDA too (cache outside the repo)
 	tests/cluster/keda-deps.sh >/dev/null
+
+# What every cluster session needs. KEDA (~7 min cold, for the scale-to-zero tests only) is not
+# in it: `make test` builds it in the background while the tests run (tests/streams.py) and the
+# tests that use it wait for that build or build it themselves (keda-deps.sh holds a lock).
+binaries-core: node-deps
+	tests/cluster/build.sh
+	tests/cluster/metrics-deps.sh >/dev/null
 	tests/cluster/registry-deps.sh >/dev/null
 	tests/cluster/crds.sh >/dev/null
 
@@ -71,12 +75,21 @@ lint: install ## ruff + mypy
 	$(VENV)/bin/mypy operator/spyre_operator
 
 deps: ## install + binaries + the host's images, in parallel (pip downloads and images overlap the Go build)
-	# Cold on 2 cores: the Go builds ~19.5 min (they keep both cores busy, so building KEDA
-	# beside the images instead measured the same), the images ~9.7 min beside them.
-	# The operator image's other architectures (images-platforms, ~15 min of qemu cold) are not
-	# here: `make test` builds them in the background at the lowest CPU priority while its
-	# sessions run (tests/streams.py), and `make release` depends on them.
-	$(MAKE) --no-print-directory -j2 binaries images
+	# Cold on 2 cores: the Go builds ~14 min without KEDA (they keep both cores busy), the
+	# images ~9.7 min beside them. KEDA (~7 min) and the operator image's other architectures
+	# (images-platforms, ~15 min of qemu cold) are not here: `make test` builds them in the
+	# background at the lowest CPU and I/O priority while its sessions run (tests/streams.py);
+	# `make demo DEMO_ARGS=--scale-to-zero` builds KEDA when it starts it, and `make release`
+	# depends on the other architectures.
+	# The images then go into the real node's containerd (node-images) while the Go builds run:
+	# the first real-node test no longer waits for the engine's 9 GB (2-6 min cold).
+	$(MAKE) --no-print-directory -j2 binaries-core node-images
+
+node-deps: ## The Debian packages the real node runs on (containerd, runc, CNI plugins, ...)
+	tests/cluster/node-deps.sh
+
+node-images: images node-deps ## Import the images into the real node's containerd (before it starts)
+	$(PY) tests/cluster/controlplane.py prime-images
 
 images: install ## Build (or reuse) the operator and engine images (docker-archives in ~/.cache/spyre-model-operator/images)
 	tests/images/build.sh all >/dev/null

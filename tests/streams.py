@@ -12,13 +12,16 @@ and printed whole after it, so neither report is interleaved with the other; the
 session's FAILED/ERROR lines are repeated at the very end (where CI's excerpt of the output
 is). The exit status is the cluster session's when it is not 0, else the local session's.
 
-Beside them, at the lowest CPU priority, the operator image for the release's other
-architectures is built (``tests/images/build.sh platforms``, ~15 min of qemu on a cold machine,
-nothing once cached): the cluster session leaves a core idle for much of its run, and only its
-last tests (those publishing a release, ordered last by tests/integration/conftest.py) need
-those images; they wait for the build (its lock) or build what is missing themselves. The
-build is stopped if it is still running when the sessions end. ``SPYRE_BACKGROUND_BUILD``
-replaces its command (empty: none).
+Beside them, at the lowest CPU and I/O priority, what only the cluster session's last tests
+need is built: KEDA and its HTTP add-on (``tests/cluster/keda-deps.sh``, ~7 min on a cold
+machine; the scale-to-zero modules) and then the operator image for the release's other
+architectures (``tests/images/build.sh platforms``, ~15 min of qemu cold); nothing once cached.
+The cluster session leaves a core idle for much of its run, and tests/integration/conftest.py
+orders the modules that need these last (KEDA's, then those publishing a release); they wait
+for the build (each script holds a lock) or build what is missing themselves. Keeping KEDA out
+of ``make deps`` takes its ~7 minutes off a cold run's set-up, where the Go builds hold both
+cores. The build is stopped if it is still running when the sessions end.
+``SPYRE_BACKGROUND_BUILD`` replaces its command (empty: none).
 
 With arguments (``make test PYTEST_ARGS=...``) it is one ordinary pytest session with them.
 
@@ -52,9 +55,14 @@ CLUSTER = ["-m", "integration", "--durations=30", *CLUSTER_DIRS]
 LOCAL = ["-m", "not integration", "--durations=15", "tests"]
 #: Niceness of the local session (the real engine on CPU is its heavy part).
 LOCAL_NICENESS = 10
-#: The background build: the operator for the other architectures, on CPU nobody else wants.
-BACKGROUND_BUILD = f"{shlex.quote(str(Path(__file__).resolve().parent))}/images/build.sh platforms"
+#: The background build, on CPU nobody else wants: KEDA, then the operator for the other
+#: architectures (in the order the cluster session's last modules need them).
+_TESTS = Path(__file__).resolve().parent
+BACKGROUND_BUILD = shlex.join([
+    "sh", "-c", f"{shlex.quote(str(_TESTS / 'cluster/keda-deps.sh'))} >/dev/null; keda=$?; "
+                f"{shlex.quote(str(_TESTS / 'images/build.sh'))} platforms && exit $keda"])
 BACKGROUND_NICENESS = 19
+BUILT = "background build (KEDA, other architectures' operator image)"
 
 
 def _env(session: str) -> dict[str, str]:
@@ -150,13 +158,13 @@ def _stop(build: subprocess.Popen[bytes] | None, log: Path, start: float) -> str
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(build.pid, signal.SIGKILL)
             build.wait()
-        return (f"background build (other architectures' operator image): still running after "
-                f"{(time.monotonic() - start) / 60:.1f} min, stopped")
+        return (f"{BUILT}: still running after {(time.monotonic() - start) / 60:.1f} min, "
+                "stopped")
     if code == 0:
         return ""
     tail = log.read_text(errors="replace").splitlines()[-15:]
-    return "\n".join([f"background build (other architectures' operator image) failed "
-                      f"(exit {code}); the release tests built or reported it. Its last lines:",
+    return "\n".join([f"{BUILT} failed (exit {code}); the tests that need them built or "
+                      "reported it. Its last lines:",
                       *tail])
 
 

@@ -24,6 +24,10 @@ log() { echo "[keda-deps] $*" >&2; }
 cache_root="${SPYRE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spyre-model-operator/bin}"
 out="$cache_root/keda-$KEDA_VERSION-http-$KEDA_HTTP_ADDON_VERSION"
 mkdir -p "$out"
+# One build at a time: `make test` builds KEDA in the background (tests/streams.py) while the
+# tests that need it may call this script too; they wait here for that build and reuse it.
+exec 9>"$out/.lock"
+flock 9
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

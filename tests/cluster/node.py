@@ -32,7 +32,9 @@ Library::
 
     node = RealNode(ControlPlane()); node.up(); node.import_image("op.tar"); node.down()
 
-CLI: ``controlplane.py node-up | node-down | node-status | import-image <tar> [--name N]``.
+CLI: ``controlplane.py node-up | node-down | node-status | import-image <tar> [--name N] |
+prime-images`` (the last: the operator, engine and base images into the node's containerd, the
+node running or not; ``make deps`` runs it).
 """
 
 from __future__ import annotations
@@ -252,6 +254,8 @@ class RealNode:
         self.forward_pid_file = cp.pids / "node-apiforward.pid"
         self.baseline_file = self.dir / "host-baseline.json"
         self.image_cache = self._image_cache()
+        #: while :meth:`prime_images` runs: the socket of its own containerd (the node is down)
+        self._standalone: Path | None = None
 
     @staticmethod
     def _image_cache() -> Path:
@@ -860,7 +864,8 @@ conntrack:
     def ctr(self, *args: str, input: bytes | None = None, check: bool = True,  # noqa: A002
             timeout: float | None = 3600) -> subprocess.CompletedProcess[bytes]:
         """``ctr`` against the node's containerd, namespace ``k8s.io`` (the CRI's)."""
-        res = subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io",
+        res = subprocess.run(["ctr", "--address", str(self._standalone or self.socket),
+                              "--namespace", "k8s.io",
                               *args], input=input, capture_output=True, timeout=timeout)
         if check and res.returncode != 0:
             raise NodeError(f"ctr {' '.join(args)}: {res.stderr.decode(errors='replace').strip()}")
@@ -894,7 +899,7 @@ conntrack:
         An archive imported before (same path, size and mtime) whose images are still there
         with the same digests is not read again (the engine's takes minutes); ``force``
         imports it anyway."""
-        if not self.pid() or not self.socket.exists():
+        if not self._standalone and (not self.pid() or not self.socket.exists()):
             raise NodeError("the real node is not running; start it with `node-up`")
         archive = Path(archive).resolve()
         if not archive.is_file():
@@ -933,6 +938,83 @@ conntrack:
             self.ctr("images", "tag", "--force", names[0], name)
             names.append(name)
         return names
+
+    def prime_images(self, archives: list[Path]) -> dict[str, float]:
+        """Import image archives into the node's containerd root ahead of the node's start: the
+        set-up (``make deps``) does this once the images are built, while the Go builds still
+        hold the CPU, instead of the first real-node test (the engine's 9 GB take 2-6 min from
+        a cold page cache). A running node imports them itself. While the node is down, a
+        containerd of its own opens the node's root (no CRI plugin, its own state and socket,
+        in a private mount namespace: nothing of it stays on the host) and the archives go in
+        as :meth:`import_image` puts them (the same markers: the node's later imports of these
+        archives return at once). Returns {archive name: seconds}."""
+        took: dict[str, float] = {}
+        with self.cp._lock():
+            if self.pid() and self.socket.exists():
+                context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+            else:
+                context = self._standalone_containerd()
+            with context:
+                for archive in archives:
+                    t0 = time.monotonic()
+                    self.import_image(archive)
+                    took[Path(archive).name] = time.monotonic() - t0
+        return took
+
+    @contextlib.contextmanager
+    def _standalone_containerd(self):  # type: ignore[no-untyped-def]
+        import tempfile
+
+        from tests.cluster.controlplane import wait_until
+
+        for d in (self.containerd_root, self.dir / "opt", self.cp.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="spyre-node-prime-"))  # short: a socket path
+        sock = tmp / "containerd.sock"
+        (tmp / "config.toml").write_text(f"""# tests/cluster/node.py prime_images
+version = 2
+root = "{self.containerd_root}"
+state = "{tmp / 'state'}"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{sock}"
+
+[ttrpc]
+  address = "{sock}.ttrpc"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{self.dir / 'opt'}"
+""")
+        with open(self.cp.logs / "node-prime-containerd.log", "ab") as log:
+            proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "containerd", "--config",
+                 str(tmp / "config.toml"), "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        try:
+            def serving() -> bool:
+                if proc.poll() is not None:
+                    raise NodeError(f"containerd for the node's images exited ({proc.returncode});"
+                                    f" see {self.cp.logs / 'node-prime-containerd.log'}")
+                return subprocess.run(["ctr", "--address", str(sock), "version"],
+                                      capture_output=True, timeout=30).returncode == 0
+
+            wait_until(serving, 60, "containerd for the node's images")
+            self._standalone = sock
+            yield
+        finally:
+            self._standalone = None
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _drop_older_tags(self, names: list[str]) -> None:
         """Remove other tags of the imported repositories (``localhost/spyre-engine:<old>``).

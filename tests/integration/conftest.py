@@ -26,13 +26,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration/" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
-    # The modules that publish a release (fixture ``released``) run last, whole and in their
-    # order: on a cold machine the operator image for the other architectures is still being
-    # built in the background then (tests/streams.py), on CPU the earlier tests leave idle.
+    items[:] = late_last(items)
+
+
+def late_last(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The modules that need what ``make test`` builds in the background (tests/streams.py), on
+    CPU the earlier tests leave idle, run last, each whole and in its order: first those that
+    start KEDA (they import ``KedaStack``; KEDA is built first), then those that publish a
+    release (fixture ``released``; the operator image for the other architectures comes next)."""
     releasing = {item.module for item in items
                  if "released" in getattr(item, "fixturenames", ())}
-    items[:] = ([i for i in items if getattr(i, "module", None) not in releasing]
-                + [i for i in items if getattr(i, "module", None) in releasing])
+    keda = {item.module for item in items
+            if getattr(getattr(item, "module", None), "KedaStack", None) is not None} - releasing
+
+    def rank(item: pytest.Item) -> int:
+        module = getattr(item, "module", None)
+        return 2 if module in releasing else 1 if module in keda else 0
+
+    return sorted(items, key=rank)  # stable: the order within each rank is kept
 
 
 class OperatorProcess:
