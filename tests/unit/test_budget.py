@@ -458,11 +458,16 @@ def test_a_retry_under_the_same_job_name_holds_its_slot_until_the_cache_shows_it
 
 
 def test_a_job_the_api_server_refused_frees_its_slot() -> None:
+    """A's Job is refused (a quota): the reconcile fails with the API server's message (the
+    worker backs off and retries), the slot it reserved is freed, and the next model's Job is
+    created in it."""
     from lightkube import ApiError
     from lightkube.models.meta_v1 import Status
+    from spyre_operator.control.common import RejectedWrites
 
     a, b = model("a", spec(0)), model("b", spec(1))
     c, cl = cluster([a, b], compiles=1)
+    ensure_job = cl.ensure_job
 
     async def refuse(job: Any, live: Any) -> bool:
         raise ApiError(status=Status(code=403, message="exceeded quota: count/jobs.batch"))
@@ -470,13 +475,15 @@ def test_a_job_the_api_server_refused_frees_its_slot() -> None:
     cl.ensure_job = refuse  # type: ignore[method-assign]
 
     async def run() -> None:
-        c.enqueue([("ns", "a")])
-        try:
-            await drain(c)
-        except Exception as e:  # noqa: BLE001 - the worker would back off
-            assert "quota" in str(e)
-        c.queue._active.clear()
+        with pytest.raises(RejectedWrites, match="rejected Job .*exceeded quota"):
+            await c.reconcile_key(("ns", "a"))
         assert c.compiles_in_use() == 0
+        assert cl.created == []
+        cl.ensure_job = ensure_job  # type: ignore[method-assign]  # the quota is raised
+        c.enqueue([("ns", "b")])
+        await drain(c)
+        assert cl.created == [plan_for(b).job_name]
+        assert c.compiles_in_use() == 1
 
     asyncio.run(run())
 
