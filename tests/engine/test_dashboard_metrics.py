@@ -91,8 +91,8 @@ def metrics_text(engine: EngineProcess, prometheus: Prometheus | None) -> str:
     # counting, one during the load.
     not_found()
     if prometheus is not None:  # a few scrapes before the load: the rates see it start
-        wait_until(lambda: prometheus.query("up == 1"), 30, "Prometheus scraping the engine")
-        time.sleep(3)
+        wait_until(lambda: prometheus.query("count_over_time(up[5m]) >= 3 and up == 1"), 60,
+                   "three scrapes of the engine")
     not_found()
     for prompt in ("hello world", "hello world again"):
         r = httpx.post(engine.url + "/v1/completions", timeout=TIMEOUT, headers=AUTH,
@@ -101,8 +101,10 @@ def metrics_text(engine: EngineProcess, prometheus: Prometheus | None) -> str:
     result = stream_completion(engine.url, MODEL, "a streamed answer", max_tokens=8,
                                headers=AUTH)
     assert result.done.wait(120) and result.status == 200
-    if prometheus is not None:
-        time.sleep(3)  # scraped after the load
+    if prometheus is not None:  # scraped twice after the load (every second)
+        after = time.time()
+        wait_until(lambda: prometheus.query(f"timestamp(up) > {after + 2:.3f}"), 60,
+                   "two scrapes after the load")
     return httpx.get(engine.url + "/metrics", timeout=TIMEOUT).text
 
 

@@ -18,6 +18,8 @@ import pytest
 from spyre_engine import catalog
 from spyre_engine.testing.process import EngineProcess
 
+from tests.cluster.controlplane import wait_until
+
 from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
 from .sse import TIMEOUT
 
@@ -74,8 +76,7 @@ def test_sigterm_lets_the_engine_core_exit_by_itself(  # type: ignore[no-untyped
         # themselves, or after the engine core's SIGTERM when slow, never by SIGKILL.
         assert "[shutdown] Executor: waiting for worker exit" in log, log[-4000:]
         assert "still running after SIGTERM; sending SIGKILL" not in log, log[-4000:]
-    time.sleep(0.5)
-    assert not engine.still_running(children)
+    wait_until(lambda: not engine.still_running(children), 10, "the engine's children gone")
 
 
 def test_precompile_exits_promptly_on_sigterm(tiny_model: Path, tmp_path: Path) -> None:
@@ -116,9 +117,7 @@ def test_precompile_exits_promptly_on_sigterm(tiny_model: Path, tmp_path: Path) 
         assert result["reason"] == "Terminated", result
         assert "SIGTERM" in result["message"]
         assert catalog.read_catalog(art) == []
-        time.sleep(0.5)
-        assert not [p for p in EngineProcess.still_running(children) if psutil.pid_exists(p)], (
-            "vLLM processes outlived the precompile"
-        )
+        wait_until(lambda: not [p for p in EngineProcess.still_running(children)
+                                if psutil.pid_exists(p)], 10, "vLLM's processes gone")
     finally:
         proc.kill()

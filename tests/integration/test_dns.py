@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,10 +175,11 @@ def test_status_endpoint_resolves_from_a_pod(control_plane: ControlPlane, kube: 
     assert int(m.group(2)) in [p["port"] for p in svc["spec"]["ports"]]
     cp.apply(pod("client"), "-n", kube.ns)
     wait_phase(cp, kube.ns, "client", ("Running",))
-    # As a client resolves it: the name as written, through the pod's search path. The
-    # pods behind the Service are kwok's, so the connection itself fails at once; wget says
-    # where it connected first.
-    out = sh(cp, kube.ns, f"wget -O- {endpoint}/models 2>&1", check=False).stdout
+    # As a client resolves it: the name as written, through the pod's search path; wget says
+    # where it connects before it connects. The pods behind the Service are kwok's: nothing
+    # answers at their addresses (no reset either), so the connection is given up after 5 s
+    # (it would hang until kubectl's own timeout; seen in a full run).
+    out = sh(cp, kube.ns, f"timeout 5 wget -O- {endpoint}/models 2>&1", check=False).stdout
     assert f"({svc['spec']['clusterIP']}:{m.group(2)})" in out, out
 
 
@@ -190,12 +190,10 @@ def test_names_outside_the_cluster_domain_are_refused(control_plane: ControlPlan
     cp = control_plane
     log = cp.logs / "coredns.log"
     before = log.stat().st_size
-    t0 = time.monotonic()
     res = sh(cp, dns_ns, "nslookup example.com", check=False)
-    took = time.monotonic() - t0
     assert res.returncode != 0, res.stdout
+    # an answer (REFUSED), not a timeout: CoreDNS answered it and sent it nowhere else
     assert "REFUSED" in res.stdout + res.stderr, res.stdout + res.stderr
-    assert took < 10, f"the lookup took {took:.1f}s: nobody answered it"
 
     def logged() -> str:
         with log.open() as f:

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,12 +202,12 @@ def test_pods_have_no_route_off_the_machine(control_plane: ControlPlane, node_ns
     assert "default" not in routes, routes
     # Cluster DNS (test_dns.py): the kube-dns Service, which answers only for the cluster.
     assert resolv.split("nameserver")[1].split()[0] == DNS_SERVICE_IP, resolv
-    # Sending anywhere else fails at once: there is no route (nothing is sent).
-    t0 = time.monotonic()
+    # Sending anywhere else fails at once: there is no route (nothing is sent). The kernel's
+    # answer says so (a timeout would say nothing: `timeout` only bounds a hang).
     res = control_plane.kubectl("exec", "-n", node_ns, shell_pod, "--", "sh", "-c",
                                 "echo | timeout 5 nc 192.0.2.1 80", check=False)
     assert res.returncode != 0
-    assert time.monotonic() - t0 < 10
+    assert "network is unreachable" in (res.stdout + res.stderr).lower(), res
 
 
 def test_spyre_pod_is_placed_on_real_node_by_spyre_scheduler(

@@ -107,7 +107,13 @@ def test_a_shared_job_stays_while_another_model_needs_it(
               "owned by both")
     kube.apply_model("a", spec(SHAPE_B, podAnnotations=HOLD))
     kube.wait(lambda: len(job_names(kube)) == 2, 30, "a's new Job")
-    time.sleep(3)  # a wrong implementation stops b's Job now
+
+    def edit_reconciled() -> bool:  # a wrong implementation stops b's Job in this reconcile
+        m = kube.model("a")
+        observed = (m.get("status") or {}).get("observedGeneration")
+        return bool(observed == m["metadata"]["generation"])
+
+    kube.wait(edit_reconciled, 30, "a's edit reconciled (observedGeneration)")
     uids = {j["metadata"]["uid"] for j in precompile_jobs(kube)}
     assert shared["metadata"]["uid"] in uids, "b still needs the shared Job"
 

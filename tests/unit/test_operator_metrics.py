@@ -107,9 +107,7 @@ def test_workers_observe_reconcile_durations_by_outcome_and_queue_waits() -> Non
         c.start()
         for name in ("good", "bad", "hung"):
             c.enqueue([("ns", name)])
-        for _ in range(100):
-            if c.stats.errors == 2 and not c.queue._active:
-                break
+        while not (c.stats.errors == 2 and not c.queue._active):  # pytest-timeout bounds it
             await asyncio.sleep(0.05)
         await c.stop()
         return c
@@ -121,7 +119,8 @@ def test_workers_observe_reconcile_durations_by_outcome_and_queue_waits() -> Non
     ok = {float(dict(labels)["le"]): v for (name, labels), v in got.items()
           if name == DURATION + "_bucket" and dict(labels)["outcome"] == "ok"}
     assert sorted(ok) == [*metrics.RECONCILE_BUCKETS, float("inf")]
-    assert ok[0.025] == 0 and ok[0.05] == 1  # slept 30 ms
+    # slept 30 ms: never under 25 ms; how far over depends on the machine's load
+    assert ok[0.025] == 0 and ok[float("inf")] == 1, ok
     assert got[(DURATION + "_sum", (("outcome", "timeout"),))] >= 0.2
     assert got[("spyre_operator_queue_wait_seconds_count", ())] == 3
     assert got[("spyre_operator_reconcile_errors_total", ())] == 2

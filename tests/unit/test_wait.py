@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,10 +28,9 @@ def calls(*steps: Any) -> tuple[Callable[[], Any], list[int]]:
 
 def test_an_assertion_inside_the_wait_fails_at_once() -> None:
     predicate, count = calls(False, AssertionError("one Job at a time"), True)
-    t0 = time.monotonic()
     with pytest.raises(AssertionError, match="one Job at a time"):
         wait_until(predicate, 30, "two retries", interval=0.01)
-    assert count[0] == 2 and time.monotonic() - t0 < 5
+    assert count[0] == 2  # at once: no call after the assertion
 
 
 def test_an_unexpected_error_ends_the_wait_at_once() -> None:

@@ -152,4 +152,7 @@ def test_a_watch_on_the_shared_http2_connection_holds_a_patch_past_its_timeout(
 def test_the_operators_clients_let_the_patch_time_out(tls: tuple[Path, Path]) -> None:
     got = asyncio.run(_patch_beside_a_watch(
         lambda config: api_clients(Counter(), config=config, timeout=READ_TIMEOUT), tls))
-    assert got.startswith("timed out after 2."), got
+    # its own read timeout ended it (an exception, not PATIENCE's "hung"), no sooner than set;
+    # how much later depends on the machine's load, so no upper bound but PATIENCE
+    assert got.startswith("timed out after "), got
+    assert float(got.removeprefix("timed out after ").removesuffix("s")) >= READ_TIMEOUT - 0.05, got
