@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from spyre_engine.testing.process import EngineProcess, free_port
+from spyre_engine.testing.process import EngineProcess
 
 from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
 from .sse import TIMEOUT, metric, metric_values, stream_completion
@@ -16,12 +16,14 @@ from .sse import TIMEOUT, metric, metric_values, stream_completion
 pytestmark = pytest.mark.engine
 
 MODEL = "tiny"
-METRICS_PORT = free_port()
-METRICS_URL = f"http://127.0.0.1:{METRICS_PORT}"
 WORDS = (
     "the quick brown fox jumps over a lazy dog while spyre accelerators serve large language "
     "models with vllm on kubernetes clusters operators reconcile custom resources"
 ).split()
+
+
+def metrics_url(engine: EngineProcess) -> str:
+    return f"http://127.0.0.1:{engine.metrics_port}"
 
 
 def long_text(n_words: int, offset: int = 0) -> str:
@@ -33,8 +35,6 @@ def engine(start_engine, tiny_model: Path, tmp_path_factory: pytest.TempPathFact
     art = tmp_path_factory.mktemp("serve-art")
     precompile_eager(tiny_model, art, "--artifact-key", "key-abc")
     proc: EngineProcess = start_engine(
-        "--metrics-port",
-        str(METRICS_PORT),
         "--model",
         str(tiny_model),
         "--artifact-dir",
@@ -48,6 +48,7 @@ def engine(start_engine, tiny_model: Path, tmp_path_factory: pytest.TempPathFact
         "--termination-log",
         str(art.parent / "serve.termlog"),
         *SHAPE,
+        metrics_port=True,
     )
     assert proc.probe("/health/startup") in (0, 503)
     proc.wait_started(STARTUP_TIMEOUT)
@@ -102,14 +103,14 @@ def test_metrics_on_their_own_port_only(engine: EngineProcess) -> None:
     so a NetworkPolicy can admit Prometheus to the metrics and nothing else."""
     public = httpx.get(engine.url + "/metrics", timeout=TIMEOUT)
     assert public.status_code == 404, public.text[:300]
-    assert f"metrics are served on port {METRICS_PORT}" in public.text
+    assert f"metrics are served on port {engine.metrics_port}" in public.text
     assert "vllm:" not in public.text
-    assert httpx.get(METRICS_URL + "/v1/models", timeout=TIMEOUT).status_code == 404
-    assert httpx.get(METRICS_URL + "/health/ready", timeout=TIMEOUT).status_code == 404
+    assert httpx.get(metrics_url(engine) + "/v1/models", timeout=TIMEOUT).status_code == 404
+    assert httpx.get(metrics_url(engine) + "/health/ready", timeout=TIMEOUT).status_code == 404
 
 
 def test_metrics_present(engine: EngineProcess) -> None:
-    text = httpx.get(METRICS_URL + "/metrics", timeout=TIMEOUT).text
+    text = httpx.get(metrics_url(engine) + "/metrics", timeout=TIMEOUT).text
     for name in (
         "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total",
@@ -137,8 +138,8 @@ def test_metrics_present(engine: EngineProcess) -> None:
 
 def test_prefix_cache_counters_move_on_shared_prefix(engine: EngineProcess) -> None:
     prefix = long_text(300)
-    queries0 = metric(METRICS_URL, "vllm:prefix_cache_queries_total")
-    hits0 = metric(METRICS_URL, "vllm:prefix_cache_hits_total")
+    queries0 = metric(metrics_url(engine), "vllm:prefix_cache_queries_total")
+    hits0 = metric(metrics_url(engine), "vllm:prefix_cache_hits_total")
     for suffix in (" first question", " another question"):
         resp = httpx.post(
             engine.url + "/v1/completions",
@@ -147,8 +148,8 @@ def test_prefix_cache_counters_move_on_shared_prefix(engine: EngineProcess) -> N
         )
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["prompt_tokens"] > 256  # more than two 128-token chunks
-    assert metric(METRICS_URL, "vllm:prefix_cache_queries_total") > queries0
-    assert metric(METRICS_URL, "vllm:prefix_cache_hits_total") > hits0
+    assert metric(metrics_url(engine), "vllm:prefix_cache_queries_total") > queries0
+    assert metric(metrics_url(engine), "vllm:prefix_cache_hits_total") > hits0
 
 
 def _gauge_samples_inside_a_stream(engine: EngineProcess) -> list[float]:
@@ -164,7 +165,7 @@ def _gauge_samples_inside_a_stream(engine: EngineProcess) -> list[float]:
         while not stop.is_set():
             start = time.monotonic()
             try:
-                value = metric(METRICS_URL, "vllm:kv_cache_usage_perc")
+                value = metric(metrics_url(engine), "vllm:kv_cache_usage_perc")
             except httpx.HTTPError:
                 continue
             samples.append((start, time.monotonic(), value))
@@ -190,4 +191,4 @@ def test_kv_cache_gauge_rises_during_a_stream(engine: EngineProcess) -> None:
             break
     assert inside, "no gauge sample fell inside any of 5 streams"
     assert max(inside) > 0.0, inside
-    assert metric(METRICS_URL, "spyre_engine_inflight_requests") == 0
+    assert metric(metrics_url(engine), "spyre_engine_inflight_requests") == 0

@@ -73,6 +73,8 @@ class EngineProcess:
         port: int | None = None,
     ) -> None:
         self.port = port
+        #: the metrics port, when the caller passed ``--metrics-port``
+        self.metrics_port: int | None = None
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in kill()
         full_env = dict(os.environ)
