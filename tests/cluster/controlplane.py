@@ -184,13 +184,31 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+class NotYet(Exception):  # noqa: N818 - it names the state, as the predicates raise it
+    """A predicate's own "not yet", with what it saw (the deadline's error names it)."""
+
+
 #: What a predicate may raise while the thing it polls is still coming up: a connection refused
-#: or an HTTP error (OSError), a kubectl/subprocess failure (a 404, a timeout), and the shape
-#: errors of an object that is not filled in yet (``None["status"]``, a missing key, a partial
-#: JSON document). Anything else, above all ``AssertionError``, ends the wait at once.
+#: or an HTTP error (OSError), a kubectl/subprocess failure (a 404, a timeout), a key or item
+#: not there yet, a partial JSON document, and :class:`NotYet`. A ``TypeError`` or
+#: ``AttributeError`` is "not yet" only when it is about ``None`` (``None["status"]``,
+#: ``None.get``: an object not filled in); see :func:`not_yet`. Anything else (a ``TypeError``
+#: of a wrong call, an ``AttributeError`` of a misspelt method, a ``ValueError``), and above all
+#: ``AssertionError``, is a bug in the test or the code and ends the wait at once.
 NOT_YET: tuple[type[Exception], ...] = (
-    OSError, subprocess.SubprocessError, LookupError, TypeError, ValueError, AttributeError,
+    OSError, subprocess.SubprocessError, KeyError, IndexError, json.JSONDecodeError, NotYet,
 )
+#: Raised about ``None``: retried as "not yet"; of any other object, they end the wait.
+ABOUT_NONE: tuple[type[Exception], ...] = (TypeError, AttributeError)
+
+
+def not_yet(exc: BaseException, retry: tuple[type[Exception], ...] = NOT_YET) -> bool:
+    """True when ``exc`` means "not yet" (polled through); False when it ends the wait."""
+    if isinstance(exc, AssertionError):
+        return False
+    if isinstance(exc, retry):
+        return True
+    return isinstance(exc, ABOUT_NONE) and "'NoneType' object" in str(exc)
 
 
 def wait_until(
@@ -213,9 +231,9 @@ def wait_until(
             value = predicate()
             if value:
                 return value
-        except AssertionError:
-            raise
-        except retry as exc:
+        except Exception as exc:
+            if not not_yet(exc, retry):
+                raise
             last_exc = exc
         if time.monotonic() >= deadline:
             detail = f" (last error: {type(last_exc).__name__}: {last_exc})" if last_exc else ""

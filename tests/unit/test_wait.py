@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.controlplane import KubectlError, wait_until
+from tests.cluster.controlplane import KubectlError, NotYet, wait_until
 from tests.integration.conftest import Kube
 
 
@@ -44,12 +44,31 @@ def test_an_unexpected_error_ends_the_wait_at_once() -> None:
     ConnectionRefusedError(111, "Connection refused"),
     KubectlError(1, ["kubectl", "--kubeconfig", "k", "get", "x"], "", "NotFound"),
     KeyError("status"),
+    IndexError("list index out of range"),
     TypeError("'NoneType' object is not subscriptable"),
+    AttributeError("'NoneType' object has no attribute 'get'"),
+    NotYet("2 of 3 replicas"),
 ])
 def test_a_not_yet_error_then_success_returns_the_value(transient: Exception) -> None:
     predicate, count = calls(transient, transient, {"ready": True})
     assert wait_until(predicate, 30, "the thing", interval=0.01) == {"ready": True}
     assert count[0] == 3
+
+
+@pytest.mark.parametrize("bug", [
+    TypeError("wait() takes 1 positional argument but 2 were given"),
+    TypeError("'<' not supported between instances of 'str' and 'int'"),
+    AttributeError("'Kube' object has no attribute 'modle'"),
+    ValueError("invalid literal for int() with base 10: 'abc'"),
+    StopIteration(),
+])
+def test_a_bug_in_the_predicate_ends_the_wait_at_once(bug: Exception) -> None:
+    """Not a 900 s timeout: a wrong call, a misspelt attribute, a bad conversion are no "not
+    yet"; only the named ones are (and TypeError/AttributeError about None)."""
+    predicate, count = calls(bug, True)
+    with pytest.raises(type(bug)):
+        wait_until(predicate, 30, "the thing", interval=0.01)
+    assert count[0] == 1
 
 
 def test_the_deadline_error_names_and_chains_the_last_error() -> None:
