@@ -191,11 +191,14 @@ class Steady:
         return list(self._results)
 
     def wait_successes(self, n: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(r.get("status") == 200 for r in self._results) < n:
+        def answered() -> bool:
             assert self.proc.poll() is None, f"steady client died: {self.proc.stderr.read()}"  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, f"no {n} answers in {timeout}s: {self._results}"
-            time.sleep(0.5)
+            return sum(r.get("status") == 200 for r in self._results) >= n
+
+        try:
+            wait_until(answered, timeout, f"{n} answers", interval=0.5)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: {self._results}") from None
 
     def stop(self) -> list[dict[str, Any]]:
         assert self.proc.stdin is not None

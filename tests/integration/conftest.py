@@ -293,17 +293,21 @@ def reconcile_now(kube: Kube, operator: OperatorProcess, name: str, timeout: flo
 def settle_writes(operator: OperatorProcess, namespace: str, quiet: float = 4.0,
                   limit: float = 90.0) -> None:
     """Wait until the operator has written nothing to ``namespace`` for ``quiet`` seconds."""
-    deadline = time.monotonic() + limit
-    last, since = operator.namespace_writes(namespace), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
+    seen = {"writes": operator.namespace_writes(namespace), "since": time.monotonic()}
+
+    def quiet_for_long_enough() -> bool:
         now = operator.namespace_writes(namespace)
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return
-    raise AssertionError(f"the operator kept writing to {namespace} for {limit:.0f} s\n"
-                         f"{operator.log_tail(20)}")
+        if now != seen["writes"]:
+            seen.update(writes=now, since=time.monotonic())
+            return False
+        return time.monotonic() - seen["since"] >= quiet
+
+    try:
+        wait_until(quiet_for_long_enough, limit, f"no write to {namespace} for {quiet:.0f} s",
+                   interval=0.5)
+    except TimeoutError:
+        raise AssertionError(f"the operator kept writing to {namespace} for {limit:.0f} s\n"
+                             f"{operator.log_tail(20)}") from None
 
 
 def holds(predicate: Callable[[], Any], seconds: float, what: str, interval: float = 0.3) -> None:

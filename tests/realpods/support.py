@@ -479,9 +479,9 @@ def wait_model_ready(cp: ControlPlane, namespace: str, name: str, timeout: float
     (phase changes) as it happens. Raises ``AssertionError`` with the status, the Job and
     serving pods and the recent Events after ``timeout`` or on a ``fatal`` Ready reason."""
     tl = timeline or Timeline(time.monotonic())
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
+    last = [""]
+
+    def ready_model() -> dict[str, Any] | None:
         now = time.monotonic()
         m = get_model(cp, namespace, name)
         ready = condition(m, "Ready")
@@ -493,21 +493,24 @@ def wait_model_ready(cp: ControlPlane, namespace: str, name: str, timeout: float
         art = ((m or {}).get("status") or {}).get("artifact") or {}
         if art.get("phase"):
             line += f"  artifact={art['phase']}"
-        if on_change and line != last:
+        if on_change and line != last[0]:
             on_change(f"{now - tl.start:6.1f}s  {line}")
-        last = line
+        last[0] = line
         if ready and ready["status"] == "True":
             tl.model_ready = now
             if tl.pod_ready is None:
                 tl.pod_ready = now
-            return m  # type: ignore[return-value]
+            return m
         if ready and ready.get("reason") in set(fatal):
             raise AssertionError(f"{namespace}/{name} failed: {ready}\n"
                                  + describe(cp, namespace, name))
-        if now > deadline:
-            raise AssertionError(f"{namespace}/{name} not Ready after {timeout:.0f}s\n"
-                                 + describe(cp, namespace, name))
-        time.sleep(interval)
+        return None
+
+    try:
+        return wait_until(ready_model, timeout, f"{namespace}/{name} Ready",  # type: ignore[no-any-return]
+                          interval=interval)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}\n" + describe(cp, namespace, name)) from None
 
 
 def wait_for(cp: ControlPlane, namespace: str, model: str, what: str,

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from spyre_operator import conditions as C
 
+from tests.cluster.controlplane import wait_until
 from tests.contract.realpods import RealEnv, model_spec, real_env_fixture
 from tests.engine.hub import LocalHub, Repo
 from tests.realpods import support
@@ -65,13 +66,16 @@ def artifact_outcome(env: RealEnv, name: str, timeout: float) -> dict[str, Any]:
     reason it failed): a download that wrongly succeeds fails the test then, not at the
     timeout."""
     ended = (C.MODEL_ACCESS_DENIED, C.MODEL_NOT_FOUND, C.PRECOMPILE_FAILED)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def outcome() -> dict[str, Any] | None:
         c = env.kube.condition(name, "ArtifactReady")
-        if c and (c["status"] == "True" or c["reason"] in ended):
-            return c
-        assert time.monotonic() < deadline, support.describe(env.cp, env.ns, name)
-        time.sleep(1)
+        return c if c and (c["status"] == "True" or c["reason"] in ended) else None
+
+    try:
+        return wait_until(outcome, timeout, f"{name}'s precompile outcome",  # type: ignore[no-any-return]
+                          interval=1)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}\n{support.describe(env.cp, env.ns, name)}") from None
 
 
 def test_the_job_downloads_with_the_token_and_the_pods_hold_none(

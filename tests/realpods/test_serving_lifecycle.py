@@ -37,6 +37,7 @@ from spyre_engine import catalog
 from spyre_operator import conditions as C
 from spyre_operator.desired import names
 
+from tests.cluster.controlplane import wait_until
 from tests.contract.realpods import (
     ChartOperator,
     RealEnv,
@@ -137,13 +138,12 @@ def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900,
     else:
         env.kube.apply_model(MODEL, spec)
     seen: dict[str, Any] = {"reasons": [], "not_ready": [], "new_key": None}
-    deadline = t0 + timeout
-    while time.monotonic() < deadline:
+
+    def switched() -> bool:
         m = env.kube.model(MODEL)
         st = m.get("status") or {}
         if st.get("observedGeneration") != m["metadata"]["generation"]:
-            time.sleep(0.5)
-            continue
+            return False
         ready = _ready(m)
         if not seen["reasons"] or seen["reasons"][-1] != ready["reason"]:
             seen["reasons"].append(ready["reason"])
@@ -152,15 +152,18 @@ def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900,
         key = st.get("artifact", {}).get("key")
         if key != old_key:
             seen["new_key"] = key
-        if (key != old_key and st.get("servingArtifactKey") == key
-                and ready["reason"] == C.SERVING and _rolled_out(env, spec["replicas"])):
-            seen["seconds"] = time.monotonic() - t0
-            print(f"{what}: switched to {key[:12]} in {seen['seconds']:.0f}s; "
-                  f"Ready reasons {seen['reasons']}")
-            return seen
-        time.sleep(1)
-    raise AssertionError(f"{what}: no switch in {timeout:.0f}s; seen {seen}\n"
-                         f"{support.describe(env.cp, env.ns, MODEL)}")
+        return bool(key != old_key and st.get("servingArtifactKey") == key
+                    and ready["reason"] == C.SERVING and _rolled_out(env, spec["replicas"]))
+
+    try:
+        wait_until(switched, timeout, f"{what}: the switch", interval=1)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; seen {seen}\n"
+                             f"{support.describe(env.cp, env.ns, MODEL)}") from None
+    seen["seconds"] = time.monotonic() - t0
+    print(f"{what}: switched to {seen['new_key'][:12]} in {seen['seconds']:.0f}s; "
+          f"Ready reasons {seen['reasons']}")
+    return seen
 
 
 # --------------------------------------------------------------------------- 1. maxSurge 1
@@ -376,14 +379,12 @@ def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_t
         steady.wait_successes(3)
         env.kube.apply_model(MODEL, _spec(env, compile={"maxNumSeqs": 4},
                                           cache={"volume": {"name": new_claim}}))
-        while True:
-            assert time.monotonic() - t0 < 900, (
-                f"no move to {new_claim}: {reasons}\n{support.describe(env.cp, env.ns, MODEL)}")
+
+        def moved() -> bool:
             m = env.kube.model(MODEL)
             st = m.get("status") or {}
             if st.get("observedGeneration") != m["metadata"]["generation"]:
-                time.sleep(0.5)
-                continue
+                return False
             ready = _ready(m)
             if not reasons or reasons[-1] != f"{ready['status']}/{ready['reason']}":
                 reasons.append(f"{ready['status']}/{ready['reason']}")
@@ -397,8 +398,14 @@ def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_t
             if (art_st.get("claim") == new_claim and art_st.get("phase") == "Ready"
                     and ready["reason"] == C.SERVING and claims == {new_claim}
                     and _rolled_out(env, 1)):
-                break
-            time.sleep(1)
+                return True
+            return False
+
+        try:
+            wait_until(moved, 900, f"the move to {new_claim}", interval=1)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: {reasons}\n"
+                                 f"{support.describe(env.cp, env.ns, MODEL)}") from None
         steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3)
     finally:
         results = steady.stop()
