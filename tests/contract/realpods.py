@@ -282,6 +282,21 @@ class ChartOperator:
         self.values = support.deep_merge(self.values, values)
         self.start()
 
+    def restart(self) -> dict[str, Any]:
+        """Delete the operator pod (as an eviction or a node drain does); returns its Ready
+        successor (a new process: it decides from what the cluster says)."""
+        old = {p["metadata"]["name"]
+               for p in support.operator_pods(self.cp, self.release_namespace)}
+        self.cp.kubectl("delete", "pod", "-n", self.release_namespace, *sorted(old),
+                        "--wait=false")
+
+        def successor() -> dict[str, Any] | None:
+            pod = support.wait_operator_ready(self.cp, self.release_namespace, timeout=300)
+            return pod if pod["metadata"]["name"] not in old else None
+
+        self.pod = wait_until(successor, 300, "the operator's new pod Ready")
+        return self.pod
+
     def stop(self) -> None:
         support.uninstall_operator(self.cp, self.release_namespace)
 

@@ -127,11 +127,13 @@ def _start_from(env: RealEnv, spec: dict[str, Any], what: str,
 
 
 def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900,
-            change: Callable[[], None] | None = None) -> dict[str, Any]:
+            change: Callable[[], None] | None = None,
+            old_key: str | None = None) -> dict[str, Any]:
     """Apply ``spec`` (a compile-affecting edit), or make ``change``, and follow the model
-    until the Deployment serves the new artifact; returns what was seen on the way."""
+    until the Deployment serves the new artifact (another than ``old_key``, by default the
+    one served now); returns what was seen on the way."""
     old = env.kube.model(MODEL)
-    old_key = old["status"]["servingArtifactKey"]
+    old_key = old_key or old["status"]["servingArtifactKey"]
     t0 = time.monotonic()
     if change is not None:
         change()
@@ -214,7 +216,13 @@ def _explain(bad: list[dict[str, Any]]) -> str:
 
 
 def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str, Any]) -> None:
-    """Reported, not asserted: the roll must stop the only pod before its successor starts."""
+    """The roll must stop the only pod before its successor starts: the requests it fails
+    are reported (the cost a user chooses with maxSurge 0), and asserted are what the
+    operator owes then: the model said it was not serving (Ready not True) while nothing
+    answered, and it serves the new artifact afterwards.
+
+    The chart-installed operator's pod is deleted while the new artifact compiles: its
+    successor adopts the running precompile Job (no second one) and finishes the switch."""
     _start_from(env, _spec(env), "maxSurge 0")
     url = support.service_url(env.cp, env.ns, MODEL)
     env.client.wait_routed(url)
@@ -223,7 +231,17 @@ def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str,
         steady.wait_successes(3)
         spec = _spec(env, compile={"maxNumSeqs": 4},
                      serving={"rollout": {"maxSurge": 0, "maxUnavailable": 1}})
-        seen = _switch(env, spec, "maxSurge 0")
+        before = {j["metadata"]["name"] for j in support.jobs(env.cp, env.ns)}
+        old_key = env.kube.model(MODEL)["status"]["servingArtifactKey"]
+        env.kube.apply_model(MODEL, spec)
+        [job] = wait_until(lambda: [j for j in support.jobs(env.cp, env.ns)
+                                    if j["metadata"]["name"] not in before], 120,
+                           "the new artifact's precompile Job")
+        assert isinstance(env.op, ChartOperator), env.op
+        env.op.restart()
+        seen = _switch(env, spec, "maxSurge 0", change=lambda: None, old_key=old_key)
+        after = [j for j in support.jobs(env.cp, env.ns) if j["metadata"]["name"] not in before]
+        assert [j["metadata"]["uid"] for j in after] == [job["metadata"]["uid"]], after
         steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3, 300)
     finally:
         results = steady.stop()
@@ -236,6 +254,9 @@ def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str,
           f"longest gap without an answer {longest_gap(results):.1f}s, "
           f"Ready not True for {seen['not_ready'][:1]}..{seen['not_ready'][-1:]}")
     assert C.SERVING_PREVIOUS_ARTIFACT in seen["reasons"], seen
+    if bad:  # no pod answered for a while: status must not have said Ready=True throughout
+        assert seen["not_ready"], (f"{len(bad)} requests failed {kinds} while the model said "
+                                   f"Ready=True throughout: {seen['reasons']}")
 
 
 # --------------------------------------------------------------------------- 3. delete mid-stream
