@@ -74,16 +74,23 @@ def _default_engine_image(env: RealEnv, image: str) -> None:
 
 @pytest.fixture(scope="module")
 def served(env: RealEnv) -> dict[str, Any]:
+    """The module's model, Ready; with ``serving.allowFrom`` (its own namespace, where the
+    client pod is): the chart-installed operator writes the NetworkPolicy with the chart's
+    RBAC (the edits of the tests below drop allowFrom: it deletes it then)."""
     _default_engine_image(env, env.image)
     t0 = time.monotonic()
-    env.kube.apply_model(MODEL, _spec(env))
+    env.kube.apply_model(MODEL, _spec(env, serving={"allowFrom": [
+        {"namespaceSelector": {"kubernetes.io/metadata.name": env.ns}}]}))
     model = wait_ready(env.kube, MODEL)
     print(f"{MODEL}: apply -> Ready in {time.monotonic() - t0:.0f}s")
+    np = env.kube.get("networkpolicy", MODEL)
+    assert np and np["metadata"]["ownerReferences"][0]["name"] == MODEL, np
     return model
 
 
-def _ready(model: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in model["status"]["conditions"] if c["type"] == "Ready")
+def _ready(model: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in (model.get("status") or {}).get("conditions") or []
+                 if c["type"] == "Ready"), None)
 
 
 def _deployment(env: RealEnv) -> dict[str, Any]:
@@ -147,6 +154,8 @@ def _switch(env: RealEnv, spec: dict[str, Any], what: str, timeout: float = 900,
         if st.get("observedGeneration") != m["metadata"]["generation"]:
             return False
         ready = _ready(m)
+        if ready is None:
+            return False
         if not seen["reasons"] or seen["reasons"][-1] != ready["reason"]:
             seen["reasons"].append(ready["reason"])
         if ready["status"] != "True":
@@ -242,6 +251,9 @@ def test_what_one_replica_with_max_surge_0_costs(env: RealEnv, served: dict[str,
         seen = _switch(env, spec, "maxSurge 0", change=lambda: None, old_key=old_key)
         after = [j for j in support.jobs(env.cp, env.ns) if j["metadata"]["name"] not in before]
         assert [j["metadata"]["uid"] for j in after] == [job["metadata"]["uid"]], after
+        # the served fixture's allowFrom is gone from the spec: its NetworkPolicy with it
+        wait_until(lambda: env.kube.get("networkpolicy", MODEL) is None, 60,
+                   "the NetworkPolicy deleted once allowFrom is gone")
         steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3, 300)
     finally:
         results = steady.stop()
@@ -407,6 +419,8 @@ def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_t
             if st.get("observedGeneration") != m["metadata"]["generation"]:
                 return False
             ready = _ready(m)
+            if ready is None:
+                return False
             if not reasons or reasons[-1] != f"{ready['status']}/{ready['reason']}":
                 reasons.append(f"{ready['status']}/{ready['reason']}")
             claims = _pod_claims(env)
