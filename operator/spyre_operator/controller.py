@@ -315,6 +315,8 @@ class Controller(
             obs = self.observe(model, plan.claim, plan.key, plan.job_name, plan.model_claim)
         if plan is not None and obs.job is not None:
             await self._observe_precompile(key, obs)
+        if plan is not None:
+            await self._observe_mirror_slice(obs, plan)
         short = False  # replicas missing: their pods explain why, and may change unwatched
         if plan is not None and obs.deployment is not None:
             st = obs.deployment.get("status") or {}

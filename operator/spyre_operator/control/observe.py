@@ -10,11 +10,13 @@ from typing import Any
 
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.discovery_v1 import EndpointSlice
 
 from .. import jobs as job_status
 from ..desired import names
+from ..desired.plan import ModelPlan
 from ..desired.routing import inference_pool_name
-from ..desired.scaletozero import SLICE_SERVICE_NAME
+from ..desired.scaletozero import SLICE_SERVICE_NAME, wants_scale_to_zero
 from ..reconcile import API_UNKNOWN, Observed
 from .base import ControllerBase
 from .common import (
@@ -27,6 +29,9 @@ from .common import (
 )
 
 log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+
+#: A same-named mirror EndpointSlice of someone else is looked at again this often.
+FOREIGN_RECHECK_SECONDS = 60.0
 
 
 class ObserveMixin(ControllerBase):
@@ -166,6 +171,43 @@ class ObserveMixin(ControllerBase):
         pods = await self._pods(key[0], names.server_selector(key[1]))
         self._server_pods[key] = (now, pods)
         return pods
+
+    async def _observe_mirror_slice(self, obs: Observed, plan: ModelPlan) -> None:
+        """The mirror EndpointSlice, asked of the API server by name while the cache has none
+        for a model that may go to zero (before the operator makes it, and while someone
+        else's is in the way). The cache holds only the operator's slices (a label-selected
+        watch: every Service has slices), so a same-named slice of another owner was invisible
+        and written over. Another's is reported (foreign_scale_to_zero: decide() writes no
+        scale-to-zero object) and looked at again after FOREIGN_RECHECK_SECONDS, as no watch
+        tells when it goes; one of the operator's the cache has not shown yet is read as ours.
+        A ``list`` by name: the chart grants list, not get."""
+        if (
+            obs.mirror_slice is not None
+            or not obs.keda.enabled
+            or not wants_scale_to_zero(plan)
+            or self.client is None
+        ):
+            return
+        name = names.mirror_slice_name(plan.name)
+        try:
+            found = [
+                s.to_dict()
+                async for s in self.client.list(
+                    EndpointSlice, namespace=plan.namespace, fields={"metadata.name": name}
+                )
+            ]
+        except ApiError as e:
+            if e.status.code == 403:  # the EndpointSlice watch reports missing RBAC itself
+                return
+            raise
+        if not found:
+            return
+        why = foreign_owner("EndpointSlice", found[0], plan.name)
+        if why is None:
+            obs.mirror_slice = found[0]
+            return
+        obs.foreign_scale_to_zero = "; ".join(filter(None, [obs.foreign_scale_to_zero, why]))
+        obs.recheck_after = FOREIGN_RECHECK_SECONDS
 
     def _observe_jobs(
         self, obs: Observed, ns: str, name: str, claim: str, job_name: str

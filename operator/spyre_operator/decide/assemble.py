@@ -159,8 +159,9 @@ def decide(
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
     silent, recheck = scheduler_silence(obs.server_pods, _parse_time(now) or datetime.now(UTC))
-    if recheck is not None:
-        d.requeue_after = min(d.requeue_after or recheck, recheck)
+    for again in (recheck, obs.recheck_after):
+        if again is not None:
+            d.requeue_after = min(d.requeue_after or again, again)
     computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving, zero, silent))
     if routing.cond is not None:
         computed.append(routing.cond)

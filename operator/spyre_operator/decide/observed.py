@@ -151,6 +151,9 @@ class Observed:
     mirror_slice: dict[str, Any] | None = None
     #: Same-named scale-to-zero objects that are not the operator's (why): none is written.
     foreign_scale_to_zero: str | None = None
+    #: Look again this many seconds from now (what no watch reports: a same-named mirror
+    #: EndpointSlice of someone else going away).
+    recheck_after: float | None = None
     #: The interceptor proxy Service's EndpointSlices (what the mirror copies).
     interceptor_slices: list[dict[str, Any]] = field(default_factory=list)
     #: The cluster-wide precompile budget's answer (budget.py; the controller counts): when
