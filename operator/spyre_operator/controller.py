@@ -59,6 +59,7 @@ from .control.common import (
 )
 from .control.execute import ExecuteMixin
 from .control.observe import ObserveMixin
+from .control.peer_leases import PeerLeases
 from .control.queue import WorkQueue
 from .control.routing import RoutingMixin
 from .control.status import StatusMixin
@@ -178,6 +179,8 @@ class Controller(
         self.install: str | None = None
         self.identity = "spyre-model-operator"
         self.peer_window = 30.0
+        #: Other installs' Leases, asked when a model carries a stale stamp of one (peers.py).
+        self.peer_leases = PeerLeases(client, self._background)
         #: Models another install writes now, by that install (the metrics' gauge).
         self.yielded: dict[ModelKey, str] = {}
         #: model -> (other install, clock when reported): one Event per model and install per

@@ -272,6 +272,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # Every status write names this install; a model another install writes is left alone.
     controller.install = peers.install_id(lease_namespace, OperatorConfig.leader_election_lease)
     controller.identity = OperatorConfig.identity
+    controller.peer_window = float(os.environ.get("SPYRE_PEER_WINDOW_SECONDS",
+                                                  controller.peer_window))
     controller.start()
     # Re-list what the indices hold: nothing deleted during a watch gap stays (resync.py).
     resync = Resync(controller, client, OperatorConfig.namespaces or None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from tests.cluster.controlplane import ControlPlane, wait_until
 
-from .conftest import Kube, OperatorProcess
+from .conftest import Kube, OperatorProcess, settle_writes
 from .test_operator import spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_host_operator")]
@@ -99,6 +100,50 @@ def test_two_releases_in_one_namespace_both_lead_their_own_scope(
         assert all(holders[n] for n in ("tenant-a-spyre", "tenant-b-spyre")), holders
         wait_until(lambda: all(op.metrics().get("spyre_operator_leader") == 1 for op in ops),
                    30, "both installs leading")  # fmt: skip
+    finally:
+        for op in ops:
+            op.stop()
+
+
+def test_two_running_installs_do_not_take_an_idle_model_from_each_other(
+    control_plane: ControlPlane, kubeconfig: Path, kube: Kube, extra_namespaces: list[str]
+) -> None:
+    """Issue 31, item 6: the stamp moves only with a real write, so the other install found
+    an idle model's stamp stale after the window and took the model; then the first took it
+    back: a status write and a Warning Event per model every window. Now a stale stamp whose
+    install holds its Lease is left alone: after the conflict is reported once, the model
+    keeps one owner and nobody writes to it while its stamp grows many windows old."""
+    window = 2.0
+    ops = []
+    for home in extra_namespaces:
+        op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
+                             args=["--namespace", kube.ns, "--leader-election-namespace", home],
+                             env={"SPYRE_PEER_WINDOW_SECONDS": str(window)})
+        op.start()
+        ops.append(op)
+    try:
+        kube.apply_model("shared", spec())
+        kube.wait(lambda: _conflict_events(kube, "shared"), 90, "the conflict reported")
+        kube.wait_condition("shared", "Ready", timeout=60)
+
+        def stamp() -> dict[str, Any]:
+            return dict(kube.model("shared")["status"]["operator"])
+
+        for op in ops:  # the owner's trailing status writes (before the fix: takeovers)
+            settle_writes(op, kube.ns)
+        first, writes = stamp(), [op.namespace_writes(kube.ns) for op in ops]
+
+        def age() -> float:
+            written = datetime.fromisoformat(stamp()["writtenAt"].replace("Z", "+00:00"))
+            return (datetime.now(UTC) - written).total_seconds()
+
+        def same_owner_no_write() -> bool:
+            assert stamp()["install"] == first["install"], (
+                f"taken from {first['install']} by {stamp()['install']}")
+            assert [op.namespace_writes(kube.ns) for op in ops] == writes, "a write to it"
+            return age() >= 5 * window
+
+        wait_until(same_owner_no_write, 120, f"the idle model's stamp {5 * window:.0f}s old")
     finally:
         for op in ops:
             op.stop()

@@ -123,6 +123,19 @@ def test_rbac_is_least_privilege(name: str) -> None:
 
 
 @needs_helm
+def test_only_the_cluster_scope_reads_other_installs_leases() -> None:
+    """peers.py: a get on Leases (another install's, named by a model's stamp) in the
+    ClusterRole; a namespaced install has none (it cannot know the other's namespace)."""
+    lease_get = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}
+    (cluster,) = [d for d in by_kind(render(), "ClusterRole")
+                  if "aggregate-to-" not in str(d["metadata"].get("labels"))]
+    assert lease_get in cluster["rules"]
+    namespaced = [r for d in by_kind(render(*VALUE_SETS["namespaced"]), "Role")
+                  if not d["metadata"]["name"].endswith("leader-election") for r in d["rules"]]
+    assert not [r for r in namespaced if "leases" in r["resources"]]
+
+
+@needs_helm
 def test_cluster_scope() -> None:
     docs = render()
     assert [d["metadata"]["name"] for d in by_kind(docs, "ClusterRoleBinding")] == [

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ..metrics import Instruments
     from ..reconcile import Decision, Observed, Policy, ScaleToZeroConfig
     from .common import Caches, ModelKey, Stats
+    from .peer_leases import PeerLeases
     from .queue import WorkQueue
 
 
@@ -63,6 +64,7 @@ class ControllerBase:
     install: str | None
     identity: str
     peer_window: float
+    peer_leases: PeerLeases
     yielded: dict[ModelKey, str]
     _conflicts_reported: dict[ModelKey, tuple[str, float]]
     inference_pools: Any | None

@@ -47,12 +47,20 @@ class StatusMixin(ControllerBase):
         """Whether another install wrote this model's status within peer_window (peers.py):
         then nothing here writes to it (children, status, GC) until it looks again after the
         window; the conflict is logged, counted and told in a Warning Event on the model."""
-        other = peers.foreign_writer(
-            model.get("status"), self.install or "", self.clock(), self.peer_window
-        )
+        other = peers.foreign_stamp(model.get("status"), self.install or "", self.clock())
+        lease = ""
+        if other is not None and other.age >= self.peer_window:
+            # stale: the other install stopped, or is idle; its Lease tells (peers.py)
+            state = self.peer_leases.state(other.install)
+            if state is None:  # being asked: look again once the answer is in
+                self.queue.add_after(key, 1.0)
+                return True
+            lease = state
+            if not peers.keeps(other, state, self.peer_window):
+                other = None
         if other is None:
             if self.yielded.pop(key, None) is not None:
-                log.info("%s/%s: no other install wrote it lately; reconciling it again", *key)
+                log.info("%s/%s: no other install writes it now; reconciling it again", *key)
             return False
         self.queue.add_after(key, self.peer_window)
         self.yielded[key] = other.install
@@ -62,7 +70,7 @@ class StatusMixin(ControllerBase):
             return True
         self._conflicts_reported[key] = (other.install, now)
         self.stats.conflicts += 1
-        message = peers.conflict_message(other, self.install or "")
+        message = peers.conflict_message(other, self.install or "", lease)
         log.warning("%s/%s: %s: %s", *key, peers.CONFLICT_REASON, message)
         if self.may_write():  # an Event is a write: a standby replica leaves it to its leader
             self._background(
