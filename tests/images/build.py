@@ -64,7 +64,8 @@ ENGINE_CPU_PACKAGES = ["g++", "libpython3.11-dev"]
 #: engine/Containerfile's build arguments for the CPU image (see SPECS["engine"]).
 ENGINE_CPU_BUILD_ARGS: tuple[tuple[str, str], ...] = (
     ("TORCH_INDEX", ""), ("VLLM_TARGET", ""),
-    ("UPSTREAM_CONSTRAINTS", ""), ("UPSTREAM_OVERRIDES", ""),
+    # the project's lock (make install's versions), not upstream's (made for spyre-runtime)
+    ("UPSTREAM_CONSTRAINTS", "/src/requirements.lock"), ("UPSTREAM_OVERRIDES", ""),
 )
 
 OPERATOR_REPO = "localhost/spyre-model-operator"
@@ -100,6 +101,7 @@ SPECS: dict[str, ImageSpec] = {
         containerfile="engine/Containerfile",
         inputs=(
             "pyproject.toml",
+            "requirements.lock",
             "engine/spyre_engine",
             "engine/senlib.json",
             "engine/entrypoint.sh",

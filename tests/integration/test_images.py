@@ -322,6 +322,36 @@ def test_engine_imports_vllm_and_the_plugin(engine_rootfs: Rootfs) -> None:
     assert vllm_version.startswith("0.") and cuda == "False"
 
 
+def test_engine_image_has_the_locks_versions(engine_rootfs: Rootfs) -> None:
+    """The CPU image is built against requirements.lock (make install's versions): every
+    distribution in it that the lock names is at the lock's version, vLLM, torch and the
+    plugin among them: the image runs what the engine tests ran in the venv."""
+    import re
+
+    p = engine_rootfs.run(
+        ["python", "-c",
+         "import json, sysconfig; from importlib.metadata import distributions as d; "
+         "print(json.dumps({x.metadata['Name']: x.version "
+         "for x in d(path=[sysconfig.get_paths()['purelib']])}))"],
+        user="1001:1001", env={"HOME": "/tmp"},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    installed = {norm(k): v for k, v in json.loads(p.stdout.splitlines()[-1]).items()}
+    lock = {norm(m.group(1)): m.group(2) for m in re.finditer(
+        r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", (build.ROOT / "requirements.lock").read_text(),
+        re.MULTILINE)}  # fmt: skip
+    for name in ("vllm", "torch", "sendnn-inference", "transformers"):
+        assert name in installed and name in lock, name
+    tools = {"pip", "uv", "setuptools", "wheel"}  # the venv's own and the build's, not run
+    differ = {n: (installed[n], lock[n]) for n in installed.keys() & lock.keys() - tools
+              if installed[n] != lock[n]}
+    assert not differ, f"(image, lock) versions differ: {differ}"
+
+
 def test_engine_compiles_with_inductor_on_cpu(engine_rootfs: Rootfs) -> None:
     """The CPU backend the tests use: inductor runs g++ on its kernels (the CPU base's layer)."""
     code = (

@@ -185,12 +185,12 @@ def test_engine_installs_the_engine_extra_without_cuda_addons() -> None:
 
 
 def test_engine_dependencies_are_a_layer_of_their_own() -> None:
-    """The ~8 GB dependency layer depends on pyproject.toml and upstream's pins alone, not on
-    the engine's code."""
+    """The ~8 GB dependency layer depends on pyproject.toml and the pins alone (upstream's, and
+    the project's lock for the CPU image), not on the engine's code."""
     ins = _instructions(ENGINE)
     heavy = next(i for i, (op, rest) in enumerate(ins) if op == "RUN" and "--extra engine" in rest)
     before = [rest for op, rest in ins[:heavy] if op == "COPY"]
-    assert before == [f"pyproject.toml {' '.join(UPSTREAM_PINS)} /src/"]
+    assert before == [f"pyproject.toml requirements.lock {' '.join(UPSTREAM_PINS)} /src/"]
     copies = " ".join(rest for op, rest in ins if op == "COPY")
     assert "engine/spyre_engine" in copies
     assert "operator/" not in copies  # the engine does not import the operator package
@@ -344,15 +344,21 @@ def test_production_build_stops_on_a_base_without_torch(tmp_path: Path) -> None:
     assert not any(c.startswith("uv pip install") for c in ran), ran
 
 
-def test_cpu_image_is_the_same_file_with_pypis_wheels(tmp_path: Path) -> None:
+def test_cpu_image_is_the_same_file_with_pypis_wheels_at_the_locks_versions(
+    tmp_path: Path,
+) -> None:
+    """PyPI's vLLM wheel and the torch it pins, at the versions of the project's lock (what
+    `make install` puts in the venv the engine tests run in), not upstream's."""
     overrides = _build_args_of_the_cpu_image()
-    assert overrides == {"TORCH_INDEX": "", "VLLM_TARGET": "", "UPSTREAM_CONSTRAINTS": "",
+    assert overrides == {"TORCH_INDEX": "", "VLLM_TARGET": "",
+                         "UPSTREAM_CONSTRAINTS": "/src/requirements.lock",
                          "UPSTREAM_OVERRIDES": ""}  # fmt: skip
     ran = render_dependency_step(tmp_path, overrides)
     assert not any("--default-index" in c or "--no-binary" in c for c in ran)
     assert not any("upstream" in c for c in ran)  # PyPI's vLLM wheel pins another torch
     (engine,) = [c for c in ran if "--extra engine" in c]
     assert "-r /src/pyproject.toml --extra engine" in engine
+    assert "-c /src/requirements.lock" in engine
     assert any("uninstall" in c and "torchvision torchaudio torchcodec" in c for c in ran)
 
 
