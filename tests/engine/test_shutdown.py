@@ -98,21 +98,21 @@ def test_precompile_exits_promptly_on_sigterm(tiny_model: Path, tmp_path: Path) 
         log_path=tmp_path / "precompile.log",
     )
     try:
-        # Wait until vLLM runs under the precompile (it is compiling or still importing).
-        deadline = time.monotonic() + 120
-        children: list[int] = []
-        while time.monotonic() < deadline and not children:
+        # Wait until vLLM runs under the precompile with its engine core (it is compiling or
+        # still loading): the processes that must all be gone after the SIGTERM.
+        def vllm_and_core() -> list[int]:
             assert proc.proc.poll() is None, proc.log_tail()
-            children = proc.descendants_alive()
-            time.sleep(0.2)
-        assert children, "precompile started no vLLM"
-        time.sleep(3)
-        children = proc.descendants_alive()
+            alive = proc.descendants_alive()
+            return alive if len(alive) >= 2 else []
+
+        children = wait_until(vllm_and_core, 300, "vLLM and its engine core under the precompile")
         signalled = proc.sigterm()
         code = proc.wait_exit(40)
         elapsed = time.monotonic() - signalled
         assert code == 128 + 15, (code, proc.log_tail(60))
-        assert elapsed < 21, elapsed  # vLLM's shutdown bound (18 s), not a grace period
+        # the contract: out before the kubelet's SIGKILL (the precompile pod's grace period is
+        # Kubernetes' default, 30 s); vLLM's own shutdown bound is 18 s, the rest is margin
+        assert elapsed < 30, elapsed
         result = json.loads(term.read_text())
         assert result["reason"] == "Terminated", result
         assert "SIGTERM" in result["message"]
