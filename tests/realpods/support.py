@@ -647,29 +647,33 @@ def wait_operator_ready(cp: ControlPlane, namespace: str, release: str = RELEASE
                         timeout: float = 300, max_restarts: int = 1) -> dict[str, Any]:
     """Wait until the release's Deployment is rolled out and its newest pod Ready; fail early
     (with the previous container's log) once the pod restarted more than ``max_restarts``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def ready_pod() -> dict[str, Any] | None:
         dep = cp.kubectl("get", "deployment", "-n", namespace, "-l",
                          f"app.kubernetes.io/instance={release}", "-o", "json", check=False)
         pods = operator_pods(cp, namespace, release)
-        if dep.returncode == 0 and pods:
-            d = json.loads(dep.stdout)["items"]
-            done = all((x.get("status") or {}).get("observedGeneration", 0)
-                       >= x["metadata"]["generation"]
-                       and (x.get("status") or {}).get("updatedReplicas") == x["spec"]["replicas"]
-                       and (x.get("status") or {}).get("readyReplicas") == x["spec"]["replicas"]
-                       for x in d) and bool(d)
-            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")
-                    and (p.get("status") or {}).get("phase") in ("Pending", "Running")]
-            if done and live and pod_ready(live[0]):
-                return live[0]
-            if live and _restarts(live[0]) > max_restarts:
-                raise AssertionError("the operator pod restarts:\n"
-                                     + operator_diagnostics(cp, namespace, release))
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the operator pod is not Ready after {timeout:.0f}s:\n"
+        if dep.returncode != 0 or not pods:
+            return None
+        d = json.loads(dep.stdout)["items"]
+        done = all((x.get("status") or {}).get("observedGeneration", 0)
+                   >= x["metadata"]["generation"]
+                   and (x.get("status") or {}).get("updatedReplicas") == x["spec"]["replicas"]
+                   and (x.get("status") or {}).get("readyReplicas") == x["spec"]["replicas"]
+                   for x in d) and bool(d)
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                and (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+        if done and live and pod_ready(live[0]):
+            return live[0]
+        if live and _restarts(live[0]) > max_restarts:
+            raise AssertionError("the operator pod restarts:\n"
                                  + operator_diagnostics(cp, namespace, release))
-        time.sleep(1)
+        return None
+
+    try:
+        return wait_until(ready_pod, timeout, "the operator pod Ready",  # type: ignore[no-any-return]
+                          interval=1)
+    except TimeoutError:
+        raise AssertionError(f"the operator pod is not Ready after {timeout:.0f}s:\n"
+                             + operator_diagnostics(cp, namespace, release)) from None
 
 
 def operator_diagnostics(cp: ControlPlane, namespace: str, release: str = RELEASE,
