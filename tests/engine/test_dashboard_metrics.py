@@ -91,7 +91,8 @@ def metrics_text(engine: EngineProcess, prometheus: Prometheus | None) -> str:
     # counting, one during the load.
     not_found()
     if prometheus is not None:  # a few scrapes before the load: the rates see it start
-        wait_until(lambda: prometheus.query("count_over_time(up[5m]) >= 3 and up == 1"), 60,
+        wait_until(lambda: prometheus.query("up == 1"), 30, "Prometheus scraping the engine")
+        wait_until(lambda: prometheus.query("count_over_time(up[5m]) >= 3"), 60,
                    "three scrapes of the engine")
     not_found()
     for prompt in ("hello world", "hello world again"):
