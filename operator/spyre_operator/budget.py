@@ -18,46 +18,17 @@ status.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+
+from .decide.slots import FREE, WAITING_RECHECK_SECONDS, Slot, ordinal
+
+__all__ = ["FREE", "WAITING_RECHECK_SECONDS", "Slot", "ordinal"]  # the decisions' part, here too
 
 ModelKey = tuple[str, str]  # (namespace, name)
 
 #: A slot taken by a write the watch has not shown yet is held at most this long.
 RESERVATION_SECONDS = 60.0
-#: A waiting model is reconciled again at least this often (a slot freed while no event came).
-WAITING_RECHECK_SECONDS = 60.0
 DEFAULT_MAX_CONCURRENT_COMPILES = 4
 DEFAULT_MAX_CONCURRENT_ROLLOUTS = 4
-
-
-def ordinal(n: int) -> str:
-    """1st, 2nd, 3rd, 4th, 11th, 21st."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One budget's answer for one model: may it start (a Job, a rollout) now?
-
-    ``limit`` 0 means no budget (always free).
-    """
-
-    free: bool = True
-    in_use: int = 0
-    limit: int = 0
-    #: 1-based place among the models waiting for this budget (0: not asked).
-    position: int = 0
-
-    def message(self, what: str, flag: str) -> str:
-        """E.g. "3 of 3 precompile slots in use (max-concurrent-compiles); queued 5th"."""
-        return (
-            f"{self.in_use} of {self.limit} {what} slots in use ({flag}); "
-            f"queued {ordinal(self.position)}"
-        )
-
-
-FREE = Slot()
 
 
 class Waiting:

@@ -12,7 +12,6 @@ from lightkube.resources.batch_v1 import Job
 
 from .. import conditions as C
 from .. import jobs
-from ..budget import WAITING_RECHECK_SECONDS
 from ..desired import names
 from ..desired.job import build_precompile_job
 from ..desired.plan import ModelPlan
@@ -34,6 +33,7 @@ from .observed import (
     _parse_time,
     _seconds_between,
 )
+from .slots import WAITING_RECHECK_SECONDS
 
 
 @dataclass

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 
 from .. import conditions as C
 from ..api.v1alpha1 import SpyreModelSpec
-from ..budget import WAITING_RECHECK_SECONDS
 from ..desired import names
 from ..desired.autoscaling import build_hpa, wants_hpa
 from ..desired.deployment import build_deployment, served_spec_json
@@ -33,6 +32,7 @@ from .observed import DEFAULT_POLICY, Decision, Observed, Policy, _parse_time
 from .routing import decide_routing
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
 from .serving import decide_serving
+from .slots import WAITING_RECHECK_SECONDS
 from .status import decide_status, scheduler_silence
 
 

@@ -17,10 +17,10 @@ from pydantic import ValidationError
 
 from .. import GROUP, jobs
 from ..api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
-from ..budget import FREE, Slot
 from ..desired import names
 from ..desired.plan import OwnerRef
 from ..desired.site import SiteDefaults
+from .slots import FREE, Slot
 
 # Artifact phases (status.artifact.phase)
 PENDING, COMPILING, READY, FAILED = "Pending", "Compiling", "Ready", "Failed"
