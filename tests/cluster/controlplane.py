@@ -208,7 +208,8 @@ def not_yet(exc: BaseException, retry: tuple[type[Exception], ...] = NOT_YET) ->
         return False
     if isinstance(exc, retry):
         return True
-    return isinstance(exc, ABOUT_NONE) and "'NoneType' object" in str(exc)
+    # None["x"], None.get, `in None`, len(None), None + 1: CPython names the type 'NoneType'
+    return isinstance(exc, ABOUT_NONE) and "'NoneType'" in str(exc)
 
 
 def wait_until(

@@ -49,7 +49,7 @@ from typing import Any
 
 from spyre_operator.desired import names
 
-from tests.cluster.controlplane import ControlPlane, KubectlError, wait_until
+from tests.cluster.controlplane import ControlPlane, KubectlError, NotYet, wait_until
 from tests.cluster.node import NODE_NAME, NODE_SELECTOR, NODE_TOLERATION, RealNode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,13 +240,13 @@ def _await_restricted_v2(cp: ControlPlane, namespace: str) -> None:
     def acting() -> bool:
         pinned = probe({"runAsUser": 1001})
         if pinned.returncode == 0 or "emulated restricted-v2" not in pinned.stderr:
-            raise LookupError(f"a pod pinning uid 1001 was not refused: {pinned.stderr}")
+            raise NotYet(f"a pod pinning uid 1001 was not refused: {pinned.stderr}")
         assigned = probe({})
         if assigned.returncode != 0:
-            raise LookupError(f"a pod setting no uid was refused: {assigned.stderr}")
+            raise NotYet(f"a pod setting no uid was refused: {assigned.stderr}")
         sc = json.loads(assigned.stdout)["spec"]["securityContext"]
         if (sc.get("runAsUser"), sc.get("fsGroup")) != (first, first):
-            raise LookupError(f"not assigned the range's first uid and fsGroup: {sc}")
+            raise NotYet(f"not assigned the range's first uid and fsGroup: {sc}")
         return True
 
     wait_until(acting, 60, f"the restricted-v2 policies acting in {namespace}", interval=0.5)

@@ -47,6 +47,8 @@ def test_an_unexpected_error_ends_the_wait_at_once() -> None:
     IndexError("list index out of range"),
     TypeError("'NoneType' object is not subscriptable"),
     AttributeError("'NoneType' object has no attribute 'get'"),
+    TypeError("argument of type 'NoneType' is not iterable"),
+    TypeError("object of type 'NoneType' has no len()"),
     NotYet("2 of 3 replicas"),
 ])
 def test_a_not_yet_error_then_success_returns_the_value(transient: Exception) -> None:
