@@ -23,7 +23,7 @@ from tests.cluster.controlplane import ControlPlane, wait_until
 from .conftest import Kube, OperatorProcess, settle_writes
 from .test_operator import spec
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_host_operator")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_host_operator", "crd")]
 
 
 @pytest.fixture
@@ -106,7 +106,8 @@ def test_two_releases_in_one_namespace_both_lead_their_own_scope(
 
 
 def test_two_running_installs_do_not_take_an_idle_model_from_each_other(
-    control_plane: ControlPlane, kubeconfig: Path, kube: Kube, extra_namespaces: list[str]
+    control_plane: ControlPlane, kubeconfig: Path, kube: Kube, extra_namespaces: list[str],
+    crd: Any,
 ) -> None:
     """Issue 31, item 6: the stamp moves only with a real write, so the other install found
     an idle model's stamp stale after the window and took the model; then the first took it
