@@ -37,15 +37,17 @@ lock: install ## Regenerate requirements.lock (make install's versions) from pyp
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
 		--custom-compile-command 'make lock' --quiet -o requirements.lock $(LOCK_ARGS)
 
-binaries: binaries-core ## Build (or reuse) the pinned control-plane binaries, KEDA too (cache outside the repo)
+binaries: binaries-core ## Build (or reuse) the pinned control-plane binaries, prometheus-adapter and KEDA too (cache outside the repo)
+	tests/cluster/metrics-deps.sh >/dev/null
 	tests/cluster/keda-deps.sh >/dev/null
 
-# What every cluster session needs. KEDA (~7 min cold, for the scale-to-zero tests only) is not
-# in it: `make test` builds it in the background while the tests run (tests/streams.py) and the
-# tests that use it wait for that build or build it themselves (keda-deps.sh holds a lock).
+# What every cluster session needs. prometheus-adapter (~1.5 min cold, the autoscaling tests)
+# and KEDA (~7 min cold, the scale-to-zero tests) are not in it: `make test` builds them in the
+# background while the tests run (tests/streams.py) and the tests that use them wait for that
+# build or build them themselves (metrics-deps.sh and keda-deps.sh hold a lock).
 binaries-core: node-deps
 	tests/cluster/build.sh
-	tests/cluster/metrics-deps.sh >/dev/null
+	tests/cluster/metrics-deps.sh --prometheus-only
 	tests/cluster/registry-deps.sh >/dev/null
 	tests/cluster/crds.sh >/dev/null
 
@@ -75,8 +77,9 @@ lint: install ## ruff + mypy
 	$(VENV)/bin/mypy operator/spyre_operator
 
 deps: ## install + binaries + the host's images, in parallel (pip downloads and images overlap the Go build)
-	# Cold on 2 cores: the Go builds ~14 min without KEDA (they keep both cores busy), the
-	# images ~9.7 min beside them. KEDA (~7 min) and the operator image's other architectures
+	# Cold on 2 cores: the Go builds ~12 min without KEDA and prometheus-adapter (they keep
+	# both cores busy), the images ~9.7 min beside them. The adapter (~1.5 min), KEDA (~7 min)
+	# and the operator image's other architectures
 	# (images-platforms, ~15 min of qemu cold) are not here: `make test` builds them in the
 	# background at the lowest CPU and I/O priority while its sessions run (tests/streams.py);
 	# `make demo DEMO_ARGS=--scale-to-zero` builds KEDA when it starts it, and `make release`

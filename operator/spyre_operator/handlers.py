@@ -174,13 +174,17 @@ def use_http2() -> bool:
 
 def policy_from_env(env: Any) -> Policy:
     """Reconcile tunables: SPYRE_COMPILE_RETRY_BASE_SECONDS / _MAX_SECONDS (compile retries),
-    SPYRE_GC_INTERVAL_SECONDS (how often a cache claim's artifacts are evaluated for GC)."""
+    SPYRE_GC_INTERVAL_SECONDS (how often a cache claim's artifacts are evaluated for GC),
+    SPYRE_SCHEDULER_SILENCE_SECONDS (how long serving pods wait for a scheduler's look before
+    the model says SchedulerNotRunning)."""
     return Policy(
         retry_base_seconds=float(env.get("SPYRE_COMPILE_RETRY_BASE_SECONDS", 60)),
         retry_cap_seconds=float(env.get("SPYRE_COMPILE_RETRY_MAX_SECONDS", 3600)),
         gc_interval_seconds=float(
             env.get("SPYRE_GC_INTERVAL_SECONDS", DEFAULT_POLICY.gc_interval_seconds)
         ),
+        scheduler_silence_seconds=float(env.get(
+            "SPYRE_SCHEDULER_SILENCE_SECONDS", DEFAULT_POLICY.scheduler_silence_seconds)),
     )
 
 

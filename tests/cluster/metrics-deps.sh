@@ -2,7 +2,10 @@
 # The autoscaling pipeline of the local cluster (tests/cluster/metrics.py), installed the way a
 # production cluster has it: Prometheus (Debian's package, run as a plain process, never as the
 # package's service) and prometheus-adapter built from its Go module. Idempotent; prints the
-# adapter binary's path on stdout.
+# adapter binary's path on stdout. With --prometheus-only, only Prometheus: `make deps` installs
+# it (the local session's dashboard test scrapes with it), and `make test` builds the adapter
+# in the background (tests/streams.py; ~1.5 min cold, for the autoscaling tests only), before
+# KEDA; a test that needs it first waits here for that build (one build at a time: a lock).
 #
 # The Go proxy here refuses the module's version list, so `go install ...@v` (which asks for it
 # to check deprecations) fails: the pinned version is downloaded and built as its own main
@@ -22,12 +25,16 @@ if ! dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q "install ok i
   fi
 fi
 
+[ "${1:-}" = --prometheus-only ] && exit 0
+
 cache_root="${SPYRE_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/spyre-model-operator/bin}"
 out="$cache_root/prometheus-adapter-$PROMETHEUS_ADAPTER_VERSION"
+mkdir -p "$out"
+exec 9>"$out/.lock"
+flock 9
 if [ ! -x "$out/adapter" ]; then
   log "building prometheus-adapter $PROMETHEUS_ADAPTER_VERSION (~3-6 min on 2 cores)"
   start=$(date +%s)
-  mkdir -p "$out"
   src=$(GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/prometheus-adapter@$PROMETHEUS_ADAPTER_VERSION" \
         | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
   work=$(mktemp -d)

@@ -160,11 +160,15 @@ def released(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
 def operator(control_plane: ControlPlane, kubeconfig: Path, crd: Path) -> Iterator[OperatorProcess]:
     # Failed compiles are retried after 5 minutes here, so tests that watch a failed model see
     # no automatic retry; test_reconcile_correctness runs its own operator with short delays.
+    # A pod no scheduler looks at is reported after 20 s, not 60 (test_operator's
+    # scheduler-that-does-not-run test waited a minute by design): the kwok nodes' schedulers
+    # look at a new pod within seconds, so no other test's pod comes near it.
     # Package scope: it watches every namespace, so it must be gone before tests/realpods,
     # whose modules run their own operator per namespace (two operators reconciling one
     # model doubled its Events there).
     op = OperatorProcess(kubeconfig, control_plane.root / ".cluster" / "logs",
-                         env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "300"})
+                         env={"SPYRE_COMPILE_RETRY_BASE_SECONDS": "300",
+                              "SPYRE_SCHEDULER_SILENCE_SECONDS": "20"})
     op.start()
     _host_operators.append(op)
     yield op

@@ -357,7 +357,8 @@ def test_a_scheduler_that_does_not_run_is_named_in_status(
 ) -> None:
     """Issue 28: serving pods whose scheduler is not installed (or not running) are Pending
     without a PodScheduled condition; the model says so within a minute of the pod instead of
-    RollingOut for good. The compile, off the cards, needs no Spyre scheduler."""
+    RollingOut for good (the package's operator: within 20 s, SPYRE_SCHEDULER_SILENCE_SECONDS).
+    The compile, off the cards, needs no Spyre scheduler."""
     kube.apply_model("nosched", spec(accelerator={"schedulerName": "not-installed-scheduler"}))
     kube.wait_condition("nosched", "ArtifactReady", timeout=90)
     c = kube.wait_condition("nosched", "Progressing", reason="SchedulerNotRunning", timeout=120)

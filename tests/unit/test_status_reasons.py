@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from spyre_operator import conditions as C
 from spyre_operator.controller import compact_pod, foreign_owner
+from spyre_operator.handlers import policy_from_env
 from spyre_operator.reconcile import Observed, WriteError, decide
 
 from .samples import GENERATE, model
@@ -152,6 +153,16 @@ def test_a_pod_no_scheduler_looks_at_is_reported_after_a_minute() -> None:
     assert (p["status"], p["reason"]) == ("True", C.SCHEDULER_NOT_RUNNING)
     assert "'spyre-scheduler'" in p["message"] and "m-abc: 65s" in p["message"], p["message"]
     assert cond(d, C.RECONCILING)["reason"] == C.SCHEDULER_NOT_RUNNING
+
+
+def test_the_silence_before_scheduler_not_running_is_the_operators_setting() -> None:
+    """SPYRE_SCHEDULER_SILENCE_SECONDS (the kwok tests' operator: 20 s) reaches decide()."""
+    m, obs = rolling_out()
+    obs.server_pods = [compact_pod(_unscheduled_pod("2026-11-21T09:59:30Z"))]  # 30 s old
+    policy = policy_from_env({"SPYRE_SCHEDULER_SILENCE_SECONDS": "20"})
+    assert cond(decide(m, obs, NOW, policy), C.PROGRESSING)["reason"] == C.SCHEDULER_NOT_RUNNING
+    assert cond(decide(m, obs, NOW, policy_from_env({})), C.PROGRESSING)["reason"] == (
+        C.ROLLING_OUT)
 
 
 @pytest.mark.parametrize("pod", [

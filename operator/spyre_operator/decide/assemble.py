@@ -158,7 +158,8 @@ def decide(
     if obs.foreign:
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
-    silent, recheck = scheduler_silence(obs.server_pods, _parse_time(now) or datetime.now(UTC))
+    silent, recheck = scheduler_silence(obs.server_pods, _parse_time(now) or datetime.now(UTC),
+                                        policy.scheduler_silence_seconds)
     for again in (recheck, obs.recheck_after):
         if again is not None:
             d.requeue_after = min(d.requeue_after or again, again)

@@ -46,6 +46,8 @@ class Policy:
     retry_cap_seconds: float = 3600.0
     #: A cache claim's artifacts are evaluated for garbage collection at most this often.
     gc_interval_seconds: float = 300.0
+    #: Serving pods no scheduler has looked at for this long are reported (SchedulerNotRunning).
+    scheduler_silence_seconds: float = 60.0
     #: The cluster-wide defaults of per-site fields and the engine-image allow-list.
     site: SiteDefaults = field(default_factory=SiteDefaults)
 

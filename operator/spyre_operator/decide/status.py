@@ -16,7 +16,15 @@ from ..desired.scaletozero import wants_scale_to_zero
 from ..desired.service import wants_pdb
 from .artifact import ArtifactOutcome
 from .cache import CacheOutcome
-from .observed import COMPILING, FAILED, PENDING, Observed, WriteError, _parse_time
+from .observed import (
+    COMPILING,
+    DEFAULT_POLICY,
+    FAILED,
+    PENDING,
+    Observed,
+    WriteError,
+    _parse_time,
+)
 from .scaletozero import ScaleToZeroOutcome
 from .serving import Rollout, ServingOutcome, _engine_failure, _rollout, _unschedulable
 
@@ -263,25 +271,26 @@ def _progressing(
 
 #: A serving pod that no scheduler has looked at for this long (no PodScheduled condition) is
 #: reported: a running scheduler tries a new pod within seconds, even when nothing fits.
-SCHEDULER_SILENCE_SECONDS = 60.0
+SCHEDULER_SILENCE_SECONDS = DEFAULT_POLICY.scheduler_silence_seconds
 
 
 def scheduler_silence(
-    pods: list[dict[str, Any]], now: datetime
+    pods: list[dict[str, Any]], now: datetime, silence: float = SCHEDULER_SILENCE_SECONDS
 ) -> tuple[str | None, float | None]:
     """(why serving pods wait for a scheduler that does not run, when to look again): pods
-    that no scheduler has looked at for SCHEDULER_SILENCE_SECONDS are reported; younger ones
-    are looked at again once they reach it (a pod that merely waits sends no further event)."""
+    that no scheduler has looked at for ``silence`` seconds (SCHEDULER_SILENCE_SECONDS unless
+    the operator's policy says otherwise) are reported; younger ones are looked at again once
+    they reach it (a pod that merely waits sends no further event)."""
     silent, recheck = [], None
     for p in pods:
         since = _parse_time(p.get("unscheduledSince"))
         if since is None:
             continue
         age = (now - since).total_seconds()
-        if age >= SCHEDULER_SILENCE_SECONDS:
+        if age >= silence:
             silent.append((p, age))
         else:
-            left = SCHEDULER_SILENCE_SECONDS - age + 1
+            left = silence - age + 1
             recheck = left if recheck is None else min(recheck, left)
     if not silent:
         return None, recheck
