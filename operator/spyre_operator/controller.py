@@ -7,10 +7,13 @@ models; workers then recompute everything from the caches (``reconcile.decide``)
 the difference. This is the controller-runtime pattern expressed with kopf: edge-triggered
 watches, level-based decisions, one in-flight reconcile per model.
 
-The Controller is split into parts (control/): the work queue and shared helpers, and one
-mixin per group of methods (routing, observation, budgets, status, writes, claims). This
-module keeps the Controller itself (its state, the workers, the reconcile of one model) and
-re-exports what importers take from here.
+The Controller owns the shared infrastructure (client, caches, apply layer, queue, clock) and
+the workers, and runs the reconcile of one model; the jobs of a reconcile are collaborators
+with names and their own state (control/): ``router`` (which models an event concerns),
+``observer`` (the observed state), ``budgets`` (compile and rollout slots), ``writer`` (the
+writes of a decision), ``status`` (failures, install conflicts, the status last written),
+``claims`` (claims left behind) and ``gc`` (the artifact GC, gc.py). This module re-exports
+what importers take from here.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lightkube import AsyncClient
@@ -30,8 +33,8 @@ from . import budget as B
 from . import conditions as C
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
-from .control.budgets import BudgetsMixin
-from .control.claims import ClaimsMixin
+from .control.budgets import Budgets
+from .control.claims import ClaimReleaser
 from .control.common import (
     CONFLICT_EVENT_SECONDS,
     CRD_OUTDATED,
@@ -57,12 +60,11 @@ from .control.common import (
     uid_of,
     unexpected,
 )
-from .control.execute import ExecuteMixin
-from .control.observe import ObserveMixin
-from .control.peer_leases import PeerLeases
+from .control.execute import Writer
+from .control.observe import Observer
 from .control.queue import WorkQueue
-from .control.routing import RoutingMixin
-from .control.status import StatusMixin
+from .control.routing import Router
+from .control.status import StatusReporter
 from .desired.plan import plan_model
 from .gc import GarbageCollector
 from .metrics import Instruments
@@ -106,10 +108,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Controller(
-    RoutingMixin, ObserveMixin, BudgetsMixin, StatusMixin, ExecuteMixin, ClaimsMixin
-):
-    """Owns the queue, the workers and the per-model reconcile."""
+class Controller:
+    """Owns the queue, the workers and the per-model reconcile; its collaborators do the rest."""
 
     def __init__(
         self,
@@ -122,18 +122,6 @@ class Controller(
         max_concurrent_rollouts: int = B.DEFAULT_MAX_CONCURRENT_ROLLOUTS,
     ) -> None:
         self.client = client
-        #: Cluster-wide budgets (budget.py; 0: unlimited), over every watched namespace.
-        self.max_concurrent_compiles = max_concurrent_compiles
-        self.max_concurrent_rollouts = max_concurrent_rollouts
-        self.compile_waiting = B.Waiting()
-        self.rollout_waiting = B.Waiting()
-        #: Precompile Jobs created (key: namespace, Job name) and Deployments switched to a
-        #: new artifact (namespace, Deployment name -> key) that the caches do not show yet.
-        self._compile_reserved = B.Reservations()
-        self._rollout_reserved = B.Reservations()
-        #: Whether the waiting lists were rebuilt from the models' status (after a start or
-        #: on becoming leader).
-        self._budget_seeded = False
         self.policy = policy
         self.caches = caches
         self.applier = Applier(client)
@@ -148,28 +136,11 @@ class Controller(
         #: API requests by (verb, resource), counted by the client (metrics.counting_client).
         self.requests: Counter[tuple[str, str]] = Counter()
         self._failures: dict[ModelKey, int] = {}
-        self._deleted_jobs: dict[str, float] = {}  # uid -> when we deleted it
-        self._job_messages: dict[str, list[dict[str, Any]]] = {}  # terminal Job uid -> pods
-        #: Running Job uid -> (when read, its pods, its Events): see _observe_precompile.
-        self._starting_jobs: dict[str, tuple[float, list[Any], list[Any]]] = {}
-        self._job_messages_limit = JOB_MESSAGES_MIN_LIMIT
         self._tasks: list[asyncio.Task[None]] = []
-        self._pending: set[asyncio.Task[None]] = set()
-        #: Events are informational: a few at a time, never ahead of the reconcile's writes.
-        self._event_slots = asyncio.Semaphore(EVENT_CONCURRENCY)
-        #: key -> (uid, resourceVersion decided from, status written): see _with_written_status.
-        self._written_status: dict[ModelKey, tuple[str | None, str | None, dict[str, Any]]] = {}
-        self._pruned_reported = False
-        self._server_pods: dict[ModelKey, tuple[float, list[dict[str, Any]]]] = {}
-        self._claim_sigs: dict[ModelKey, tuple[str, str, str | None]] = {}
-        self._pvc_phases: dict[tuple[str, str], str] = {}
         self.started_at = clock()
-        #: Artifact GC of the managed cache claims (its own state; reads self.caches).
-        self.gc = GarbageCollector(self)
         #: Set while this replica may write (leader election clears it on standby replicas).
         self.active = asyncio.Event()
         self.active.set()
-        self.instruments.attach(self)
         #: With leader election: whether the lease is still held (checked before each write,
         #: so a leader that was paused past its lease never writes before it notices).
         self.may_write: Callable[[], bool] = lambda: True
@@ -179,13 +150,6 @@ class Controller(
         self.install: str | None = None
         self.identity = "spyre-model-operator"
         self.peer_window = 30.0
-        #: Other installs' Leases, asked when a model carries a stale stamp of one (peers.py).
-        self.peer_leases = PeerLeases(client, self._background)
-        #: Models another install writes now, by that install (the metrics' gauge).
-        self.yielded: dict[ModelKey, str] = {}
-        #: model -> (other install, clock when reported): one Event per model and install per
-        #: CONFLICT_EVENT_SECONDS while the conflict goes on.
-        self._conflicts_reported: dict[ModelKey, tuple[str, float]] = {}
         #: The InferencePool watch (optional.OptionalApiWatch), set by the kopf layer.
         self.inference_pools: Any | None = None
         #: Scale to zero: the operator's settings and the optional watches of KEDA's
@@ -194,6 +158,21 @@ class Controller(
         self.scaled_objects: Any | None = None
         self.http_scaled_objects: Any | None = None
         self.interceptor_slices: Any | None = None
+        # The collaborators (control/, gc.py): each keeps its own state and reaches the
+        # others through this controller.
+        self.writer = Writer(self)
+        self.status = StatusReporter(self)
+        self.budgets = Budgets(self, max_concurrent_compiles, max_concurrent_rollouts)
+        self.observer = Observer(self)
+        self.router = Router(self)
+        self.claims = ClaimReleaser(self)
+        #: Artifact GC of the managed cache claims (its own state; reads self.caches).
+        self.gc = GarbageCollector(self)
+        self.instruments.attach(self)
+
+    def enqueue(self, keys: Iterable[ModelKey], urgent: bool = False) -> None:
+        for k in keys:
+            self.queue.add(k, urgent)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -203,9 +182,9 @@ class Controller(
             self._tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{i}"))
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self._pending]:
+        for t in [*self._tasks, *self.writer.pending]:
             t.cancel()
-        await asyncio.gather(*self._tasks, *self._pending, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self.writer.pending, return_exceptions=True)
         self._tasks.clear()
 
     async def _worker(self) -> None:
@@ -231,9 +210,9 @@ class Controller(
                     # the head for good (a model the caches still show after a watch gap is
                     # woken first and fails again), and the slot its refused Job reserved is
                     # free again: the next ones in line go now.
-                    self._stop_waiting(key)
-                    self.wake_compile_waiters()
-                    self.wake_rollout_waiters()
+                    self.budgets.stop_waiting(key)
+                    self.budgets.wake_compile_waiters()
+                    self.budgets.wake_rollout_waiters()
                     continue
                 self.stats.errors += 1
                 n = self._failures.get(key, 0) + 1
@@ -251,7 +230,7 @@ class Controller(
                 if unexpected(e):
                     try:
                         async with asyncio.timeout(self.reconcile_deadline):
-                            await self._report_failure(key, e)
+                            await self.status.report_failure(key, e)
                     except TimeoutError:
                         log.warning("reporting the failure of %s/%s timed out", *key)
                 self.queue.add_after(key, delay)
@@ -277,18 +256,14 @@ class Controller(
 
     def set_leader(self, leading: bool) -> None:
         """Leader election callback: only the leader writes; a new leader resyncs everything."""
-        # Budgets: a new leader rebuilds the waiting lists from the models' status, and counts
-        # slots from its own caches (the old leader's reservations are not its own).
-        self._budget_seeded = False
-        self._compile_reserved.clear()
-        self._rollout_reserved.clear()
+        self.budgets.reset()
         if leading:
             self.active.set()
             self.enqueue(self.caches.keys("models"))
         else:
             self.active.clear()
             # Another replica writes now: what this one wrote last is not the newest status.
-            self._written_status.clear()
+            self.status.written.clear()
 
     # ------------------------------------------------------------------ reconcile
 
@@ -298,15 +273,13 @@ class Controller(
         ns, name = key
         model = self.caches.one("models", key)
         if model is None or model["metadata"].get("deletionTimestamp"):
-            self._written_status.pop(key, None)
-            self._server_pods.pop(key, None)
-            self.yielded.pop(key, None)
-            self._conflicts_reported.pop(key, None)
-            self._stop_waiting(key)
+            self.status.forget(key)
+            self.observer.forget(key)
+            self.budgets.stop_waiting(key)
             return None  # deleted: ownerReferences let the garbage collector clean up
-        if self.install is not None and self._written_elsewhere(key, model):
+        if self.install is not None and self.status.written_elsewhere(key, model):
             return None
-        model = self._with_written_status(key, model)
+        model = self.status.with_written_status(key, model)
         try:
             spec = SpyreModelSpec.model_validate(model.get("spec") or {})
         except ValidationError:  # invalid spec: decide() reports it, writes no child
@@ -315,29 +288,31 @@ class Controller(
             # Anything else that fails here is a bug: it propagates, so nothing is decided
             # from a partial observation (the worker reports it and backs off).
             plan = plan_model(name, ns, model["metadata"].get("uid", ""), spec, self.policy.site)
-            obs = self.observe(model, plan.claim, plan.key, plan.job_name, plan.model_claim)
+            obs = self.observer.observe(
+                model, plan.claim, plan.key, plan.job_name, plan.model_claim
+            )
         if plan is not None and obs.job is not None:
-            await self._observe_precompile(key, obs)
+            await self.observer.precompile(key, obs)
         if plan is not None:
-            await self._observe_mirror_slice(obs, plan)
+            await self.observer.mirror_slice(obs, plan)
         short = False  # replicas missing: their pods explain why, and may change unwatched
         if plan is not None and obs.deployment is not None:
             st = obs.deployment.get("status") or {}
             wanted = plan.spec.replicas
             if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < wanted:
                 short = True
-                obs.server_pods = await self._recent_server_pods(key)
+                obs.server_pods = await self.observer.recent_server_pods(key)
         if plan is not None and plan.claim_managed:
             obs.collected = await self.gc.collected(ns, plan.claim)
         if plan is not None:  # no await from here to the reservation: slots are counted once
-            self._observe_budgets(key, model, plan, obs)
+            self.budgets.observe(key, model, plan, obs)
         decision = decide(model, obs, self.clock(), self.policy)
-        self._track_budgets(key, plan, obs, decision)
-        await self.execute(model, obs, decision)
+        self.budgets.track(key, plan, obs, decision)
+        await self.writer.execute(model, obs, decision)
         if plan is not None:
-            await self.release_claims(plan, obs.deployment)
+            await self.claims.release(plan, obs.deployment)
         if plan is not None and plan.claim_managed:
-            await self.collect_garbage(key, plan)
+            await self.gc.collect(key, plan)
         if decision.requeue_after is not None:
             self.queue.add_after(key, decision.requeue_after)
         self.stats.reconciles += 1

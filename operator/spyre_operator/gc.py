@@ -306,7 +306,7 @@ class GarbageCollector:
         """What a finished GC Job removed (None: running, failed, or no summary)."""
         if not jobs.complete(job):
             return None
-        for p in await self.c._job_pods(ns, job):
+        for p in await self.c.observer.job_pods(ns, job):
             result = parse_gc_result((p.get("terminated") or {}).get("message"))
             if result is not None:
                 return result
@@ -625,7 +625,7 @@ class GarbageCollector:
         gone (ttlSecondsAfterFinished), or at once if it is deleted.
         """
         why = ""
-        for p in await self.c._job_pods(ns, job):
+        for p in await self.c.observer.job_pods(ns, job):
             why = str((p.get("terminated") or {}).get("message") or "").strip() or why
         conds = (job.get("status") or {}).get("conditions") or []
         why = why or next(
@@ -680,7 +680,7 @@ class GarbageCollector:
             live = self.c.caches.one("jobs", (ns, name))
             if live is None or not stale_compile(live, removed_at):
                 continue
-            self.c._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
+            self.c.writer.deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
             await self.c.applier.delete(Job, name, ns)
         self._announce_orphans(ns, claim, result, models if announce else [])
         in_use = {k: r for k, r in result.skipped.items() if r.startswith("in use by")}
@@ -716,7 +716,7 @@ class GarbageCollector:
     ) -> None:
         """The same Event on every user of the claim (sent in the background)."""
         for m in models:
-            self.c._background(self.c.applier.event(dict(m), type_, reason, message[:1024]))
+            self.c.writer.background(self.c.applier.event(dict(m), type_, reason, message[:1024]))
 
     def _announce_orphans(
         self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]

@@ -254,13 +254,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     )
     controller.requests = requests
     memo["controller"] = controller
+    router = controller.router
     # InferencePools: the CRD may be absent (then models asking for one say so in RoutingReady).
     pools = OptionalApiWatch(
         watch_client,
         InferencePool,
         OperatorConfig.namespaces or None,
-        on_object=lambda ns, obj: controller.enqueue(controller.models_for_routing_object(ns, obj)),
-        on_state=lambda: controller.enqueue(controller.models_wanting_routing()),
+        on_object=lambda ns, obj: controller.enqueue(router.models_for_routing_object(ns, obj)),
+        on_state=lambda: controller.enqueue(router.models_wanting_routing()),
         recheck_seconds=float(
             os.environ.get("SPYRE_OPTIONAL_API_RECHECK_SECONDS", DEFAULT_RECHECK_SECONDS)
         ),
@@ -313,6 +314,7 @@ def start_scale_to_zero_watches(controller: Controller, client: AsyncClient, mem
     models allowing zero then say so), and the interceptor proxy's EndpointSlices (mirrored
     into each such model's Service)."""
     cfg = controller.scale_to_zero = OperatorConfig.scale_to_zero
+    router = controller.router
     recheck = float(os.environ.get("SPYRE_OPTIONAL_API_RECHECK_SECONDS", DEFAULT_RECHECK_SECONDS))
     watched = (("scaled_objects", ScaledObject), ("http_scaled_objects", HTTPScaledObject))
     for key, resource in watched:
@@ -321,9 +323,9 @@ def start_scale_to_zero_watches(controller: Controller, client: AsyncClient, mem
             resource,
             OperatorConfig.namespaces or None,
             on_object=lambda ns, obj: controller.enqueue(
-                controller.models_for_owner_refs(ns, obj) + controller.models_for_child_name(
+                router.models_for_owner_refs(ns, obj) + router.models_for_child_name(
                     ns, str((obj.get("metadata") or {}).get("name") or ""))),
-            on_state=lambda: controller.enqueue(controller.models_wanting_scale_to_zero()),
+            on_state=lambda: controller.enqueue(router.models_wanting_scale_to_zero()),
             recheck_seconds=recheck,
         )
         setattr(controller, key, watch)
@@ -333,8 +335,8 @@ def start_scale_to_zero_watches(controller: Controller, client: AsyncClient, mem
         client,
         EndpointSlice,
         [cfg.interceptor_namespace],
-        on_object=lambda ns, obj: controller.enqueue(controller.models_for_interceptor_slice(obj)),
-        on_state=lambda: controller.enqueue(controller.models_wanting_scale_to_zero()),
+        on_object=lambda ns, obj: controller.enqueue(router.models_for_interceptor_slice(obj)),
+        on_state=lambda: controller.enqueue(router.models_wanting_scale_to_zero()),
         recheck_seconds=recheck,
     )
     controller.interceptor_slices = slices
@@ -480,7 +482,7 @@ async def on_model(
     key = (namespace, name)
     plan = None if type == "DELETED" else _plan(body)
     c.enqueue([key], urgent=not body.get("status"))  # new: its Job is what users wait for
-    c.enqueue(c.claim_peers_if_changed(key, plan))
+    c.enqueue(c.router.claim_peers_if_changed(key, plan))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
@@ -498,11 +500,11 @@ async def on_child(
     c = _controller(memo)
     # a Job that just finished: the Deployment is what users wait for
     finished = body.get("kind") == "Job" and jobs.finished(body)
-    c.enqueue(c.models_for_owner_refs(namespace, body), urgent=finished)
+    c.enqueue(c.router.models_for_owner_refs(namespace, body), urgent=finished)
     if body.get("kind") == "Job" and (finished or type == "DELETED"):
-        c.wake_compile_waiters()
+        c.budgets.wake_compile_waiters()
     elif body.get("kind") == "Deployment" and (type == "DELETED" or not deployment_rolling(body)):
-        c.wake_rollout_waiters()
+        c.budgets.wake_rollout_waiters()
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={names.MANAGED_BY: kopf.ABSENT})
@@ -515,7 +517,7 @@ async def on_child(
 async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A same-named object that is not ours appeared, changed or went: re-check the model."""
     c = _controller(memo)
-    c.enqueue(c.models_for_child_name(namespace, name))
+    c.enqueue(c.router.models_for_child_name(namespace, name))
 
 
 @kopf.on.event("", "v1", "persistentvolumeclaims")
@@ -527,5 +529,5 @@ async def on_pvc(
     phase = None if type == "DELETED" else (body.get("status") or {}).get("phase") or "Pending"
     if phase is not None and (body.get("metadata") or {}).get("deletionTimestamp"):
         phase = "Terminating"  # every user's CacheVolumeReady changes (ClaimTerminating)
-    c.enqueue(c.models_for_pvc_event(namespace, name, phase))
-    c.enqueue(c.models_for_model_claim(namespace, name))
+    c.enqueue(c.router.models_for_pvc_event(namespace, name, phase))
+    c.enqueue(c.router.models_for_model_claim(namespace, name))

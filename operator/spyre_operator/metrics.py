@@ -108,7 +108,7 @@ class ControllerCollector:
                      "operator's writes (an installed CRD older than the operator).",
                      len(getattr(c.applier, "pruned", ()) or ()))
         yield _gauge("conflicting_models", "SpyreModels this install leaves alone because"
-                     " another install writes them.", len(c.yielded))
+                     " another install writes them.", len(c.status.yielded))
         yield _gauge("max_rss_bytes", "Peak resident set size.",
                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         yield from model_families({k: [v] for k, v in c.caches.values("models").items()})

@@ -176,9 +176,9 @@ class Resync:
         for g in new:
             if g.index == "models":
                 keys.append(g.key)
-                keys += self.c.claim_peers_if_changed(g.key, None)
+                keys += self.c.router.claim_peers_if_changed(g.key, None)
             elif isinstance(g.value, Mapping) and isinstance(g.key, tuple):
-                keys += self.c.models_for_owner_refs(g.key[0], g.value)
+                keys += self.c.router.models_for_owner_refs(g.key[0], g.value)
         self.c.enqueue(list(dict.fromkeys(keys)))
-        self.c.wake_compile_waiters()
-        self.c.wake_rollout_waiters()
+        self.c.budgets.wake_compile_waiters()
+        self.c.budgets.wake_rollout_waiters()

@@ -358,7 +358,7 @@ def test_models_sharing_a_key_take_one_slot_and_one_job() -> None:
 
     asyncio.run(run())
     assert cl.created == [plan_for(a).job_name, plan_for(other).job_name]
-    assert c.compiles_in_use() == 2
+    assert c.budgets.compiles_in_use() == 2
     assert reason(c, "b") == C.COMPILING
 
 
@@ -387,7 +387,7 @@ def test_a_restarted_operator_keeps_the_waiting_order_and_counts_from_its_caches
                        max_concurrent_compiles=1)
     fresh.applier = cl  # type: ignore[assignment]
     fresh.set_leader(True)  # enqueues every model: m0, m1, m2, m3
-    assert fresh.compiles_in_use() == 0
+    assert fresh.budgets.compiles_in_use() == 0
 
     asyncio.run(drain(fresh))
     assert cl.created[1:] == [plan_for(models[3]).job_name], "m3 waited longest"
@@ -406,9 +406,9 @@ def test_a_replica_that_loses_the_lease_forgets_its_reservations_and_waiting_lis
         await drain(c)
 
     asyncio.run(run())
-    assert c.compiles_in_use() == 1 and ("ns", "m1") in c.compile_waiting
+    assert c.budgets.compiles_in_use() == 1 and ("ns", "m1") in c.budgets.compile_waiting
     c.set_leader(False)
-    assert c.compiles_in_use() == 0
+    assert c.budgets.compiles_in_use() == 0
     c.clock = lambda: "2026-11-21T10:05:00Z"  # m0 asks again now; m1 has waited since NOW
     c.set_leader(True)
     asyncio.run(drain(c))
@@ -431,7 +431,7 @@ def test_jobs_the_cache_does_not_show_yet_hold_their_slot() -> None:
     assert cl.created == [plan_for(a).job_name, plan_for(b).job_name]
     assert plan_for(a).job_name == plan_for(b).job_name
     assert reason(c, "o") == C.WAITING_FOR_COMPILE_SLOT
-    assert c.compiles_in_use() == 1
+    assert c.budgets.compiles_in_use() == 1
 
 
 def test_a_retry_under_the_same_job_name_holds_its_slot_until_the_cache_shows_it() -> None:
@@ -442,8 +442,8 @@ def test_a_retry_under_the_same_job_name_holds_its_slot_until_the_cache_shows_it
     cl.lag = True
     old = live_job(a, "Failed")
     c.caches.indices["jobs"][("ns", old["metadata"]["name"])] = [old]
-    c._deleted_jobs[old["metadata"]["uid"]] = 0.0
-    c._expire_deleted_jobs = lambda: None  # type: ignore[method-assign]
+    c.writer.deleted_jobs[old["metadata"]["uid"]] = 0.0
+    c.writer._expire_deleted_jobs = lambda: None  # type: ignore[method-assign]
 
     async def run() -> None:
         c.enqueue([("ns", "a")])
@@ -454,7 +454,7 @@ def test_a_retry_under_the_same_job_name_holds_its_slot_until_the_cache_shows_it
 
     asyncio.run(run())
     assert reason(c, "o") == C.WAITING_FOR_COMPILE_SLOT
-    assert c.compiles_in_use() == 1
+    assert c.budgets.compiles_in_use() == 1
 
 
 def test_a_job_the_api_server_refused_frees_its_slot() -> None:
@@ -477,13 +477,13 @@ def test_a_job_the_api_server_refused_frees_its_slot() -> None:
     async def run() -> None:
         with pytest.raises(RejectedWrites, match="rejected Job .*exceeded quota"):
             await c.reconcile_key(("ns", "a"))
-        assert c.compiles_in_use() == 0
+        assert c.budgets.compiles_in_use() == 0
         assert cl.created == []
         cl.ensure_job = ensure_job  # type: ignore[method-assign]  # the quota is raised
         c.enqueue([("ns", "b")])
         await drain(c)
         assert cl.created == [plan_for(b).job_name]
-        assert c.compiles_in_use() == 1
+        assert c.budgets.compiles_in_use() == 1
 
     asyncio.run(run())
 
@@ -505,7 +505,7 @@ def test_a_model_that_stops_waiting_lets_the_next_one_go() -> None:
         del c.caches.indices["models"][("ns", "m1")]
         c.enqueue([("ns", "m1")])
         await drain(c)
-        assert ("ns", "m1") not in c.compile_waiting
+        assert ("ns", "m1") not in c.budgets.compile_waiting
         await finish(c, running(c)[0])
         await drain(c)
 
@@ -721,7 +721,7 @@ def test_a_waiting_model_whose_namespace_is_going_away_leaves_the_queue() -> Non
                 await asyncio.sleep(0.01)
         finally:
             worker.cancel()
-        assert ("ns", "m1") not in c.compile_waiting
+        assert ("ns", "m1") not in c.budgets.compile_waiting
         assert cl.created == [plan_for(models[0]).job_name, plan_for(models[2]).job_name]
 
     asyncio.run(run())

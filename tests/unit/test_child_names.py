@@ -46,7 +46,7 @@ def test_a_foreign_objects_event_wakes_the_model_whose_child_it_names(model: str
         c.queue._queued.clear()
         # the optional watches (InferencePool, KEDA's objects) route the same way
         obj = {"metadata": {"name": name, "namespace": "ns"}}
-        assert c.models_for_routing_object("ns", obj) == [("ns", model)]
+        assert c.router.models_for_routing_object("ns", obj) == [("ns", model)]
         await c.stop()
 
     asyncio.run(run())

@@ -88,7 +88,7 @@ def test_a_bug_in_observe_leaves_children_and_status_and_reports_it() -> None:
     def broken(*_: Any, **__: Any) -> Observed:
         raise KeyError("metadata")
 
-    c.observe = broken  # type: ignore[method-assign]
+    c.observer.observe = broken  # type: ignore[method-assign]
     delays: list[float] = []
     c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
 
@@ -139,9 +139,9 @@ def test_a_status_field_another_manager_changed_is_written_back(field: str) -> N
     key = ("ns", "m")
     ours = serving_status(m)
     ours["servingArtifactKey"] = "abc"
-    c._remember_status(key, m, ours)
+    c.status.remember(key, m, ours)
     # the watch has not delivered our write yet: decide from it
-    assert c._with_written_status(key, m)["status"] == ours
+    assert c.status.with_written_status(key, m)["status"] == ours
     # the cache moved on (our write and then another manager's): the live status counts
     edited = {**ours}
     if field == "servingArtifactKey":
@@ -151,8 +151,8 @@ def test_a_status_field_another_manager_changed_is_written_back(field: str) -> N
             {**x, "status": "False", "reason": "Tampered"} if x["type"] == C.READY else x
             for x in ours["conditions"]]
     live = {**m, "metadata": {**m["metadata"], "resourceVersion": "9"}, "status": edited}
-    assert c._with_written_status(key, live)["status"] == edited
-    assert key not in c._written_status
+    assert c.status.with_written_status(key, live)["status"] == edited
+    assert key not in c.status.written
 
 
 def test_a_reconcile_that_hangs_is_cut_off_reported_and_retried() -> None:
@@ -165,7 +165,7 @@ def test_a_reconcile_that_hangs_is_cut_off_reported_and_retried() -> None:
     c, applier = controller_with(m)
     c.reconcile_deadline = 0.2
     calls: list[int] = []
-    real_observe = c.observe
+    real_observe = c.observer.observe
 
     async def hanging_status(*_: Any, **__: Any) -> str | None:
         calls.append(1)
@@ -176,7 +176,7 @@ def test_a_reconcile_that_hangs_is_cut_off_reported_and_retried() -> None:
     def observe(*a: Any, **kw: Any) -> Observed:
         return real_observe(*a, **kw)
 
-    c.observe = observe  # type: ignore[method-assign]
+    c.observer.observe = observe  # type: ignore[method-assign]
     delays: list[float] = []
     c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
     applier.apply_status = hanging_status  # type: ignore[method-assign]

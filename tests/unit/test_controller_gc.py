@@ -106,7 +106,7 @@ def _precompile(key: str, done: bool) -> dict[str, Any]:
 def test_an_unused_old_key_gets_one_gc_job_and_evaluation_is_throttled() -> None:
     async def run() -> None:
         c, fake, plan_a, old_key = _setup([_precompile(_key("a", 2048), True)])
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         [job] = fake.jobs
         assert job.metadata.annotations[GC_KEYS_ANNOTATION] == old_key
         assert [r.name for r in job.metadata.ownerReferences] == ["a", "b"]
@@ -124,7 +124,7 @@ def test_an_unused_old_key_gets_one_gc_job_and_evaluation_is_throttled() -> None
             ("", "pods", ("list",)), ("batch", "jobs", ("list",)),
             ("apps", "deployments", ("list",))}
         assert [r.name for r in role.metadata.ownerReferences] == ["a", "b"]
-        await c.collect_garbage((NS, "b"), plan_a)  # within the interval: not evaluated again
+        await c.gc.collect((NS, "b"), plan_a)  # within the interval: not evaluated again
         assert len(fake.jobs) == 1
         assert set(c.queue._timers) == {(NS, "a")}  # one timer per claim: its oldest user
         await c.stop()
@@ -134,7 +134,7 @@ def test_an_unused_old_key_gets_one_gc_job_and_evaluation_is_throttled() -> None
 def test_the_key_of_a_running_precompile_is_never_removed() -> None:
     async def run() -> None:
         c, fake, plan_a, _old = _setup([_precompile(_key("a", 2048), False)])
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert fake.jobs == []
         await c.stop()
     asyncio.run(run())
@@ -148,12 +148,12 @@ def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> Non
         c, fake, plan_a, _ = _setup([_precompile(old_key, True), gc])
         summary = {"removed": [{"key": old_key, "sizeBytes": 7}], "skipped": [],
                    "freedBytes": 9, "remainingBytes": 1234}
-        c._job_messages[gc["metadata"]["uid"]] = [
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
         assert await c.gc.collected(NS, CLAIM) == {old_key: ""}  # (no completionTime here)
-        await c.collect_garbage((NS, "a"), plan_a)
-        await c.collect_garbage((NS, "b"), plan_a)
-        await asyncio.gather(*c._pending)
+        await c.gc.collect((NS, "a"), plan_a)
+        await c.gc.collect((NS, "b"), plan_a)
+        await asyncio.gather(*c.writer.pending)
         assert sorted(e[0] for e in fake.events) == ["a", "b"]  # once per model, not per call
         assert all(e[1:3] == ("Normal", "ArtifactsCollected") and "freed 9 bytes" in e[3]
                    and "1234 bytes of artifacts left on the claim" in e[3]
@@ -170,12 +170,12 @@ def test_a_failed_gc_job_is_a_warning_on_every_user_once() -> None:
         gc = _job("spyre-gc-y", gc_labels, {}, False)
         gc["status"]["conditions"] = [{"type": "Failed", "status": "True"}]
         c, fake, plan_a, _ = _setup([gc])
-        c._job_messages[gc["metadata"]["uid"]] = [
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 1,
                                          "message": '{"reason": "CatalogError"}'}}]
-        await c.collect_garbage((NS, "a"), plan_a)
-        await c.collect_garbage((NS, "b"), plan_a)
-        await asyncio.gather(*c._pending)
+        await c.gc.collect((NS, "a"), plan_a)
+        await c.gc.collect((NS, "b"), plan_a)
+        await asyncio.gather(*c.writer.pending)
         assert sorted(e[0] for e in fake.events) == ["a", "b"]
         assert all(e[1:3] == ("Warning", "ArtifactCollectionFailed") and "CatalogError" in e[3]
                    for e in fake.events)
@@ -195,18 +195,18 @@ def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> No
         # a's old key in use again (a rollback): nothing is due
         c.caches.indices["models"][(NS, "a")][0]["status"]["cache"]["artifacts"][1][
             "inUse"] = True
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert fake.jobs == []  # nothing due, nobody left: no Job
 
         gone = plan_model("gone", NS, "uid-gone", _spec(1024))
-        c._claim_sigs[(NS, "gone")] = (CLAIM, gone.key, "v")
+        c.router._claim_sigs[(NS, "gone")] = (CLAIM, gone.key, "v")
         served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
             names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
                 {"kind": "SpyreModel", "name": "gone"}]}}
         c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
         # its peers on the claim are reconciled, and one of them will sweep it
-        assert c.claim_peers_if_changed((NS, "gone"), None) == [(NS, "a"), (NS, "b")]
-        await c.collect_garbage((NS, "b"), plan_a)  # within the interval, but requested
+        assert c.router.claim_peers_if_changed((NS, "gone"), None) == [(NS, "a"), (NS, "b")]
+        await c.gc.collect((NS, "b"), plan_a)  # within the interval, but requested
         [job] = fake.jobs
         args = _gc_args(job)
         keep = set(args[args.index("--keep") + 1].split(","))
@@ -221,7 +221,7 @@ def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> No
         c.caches.indices["jobs"] = {(NS, job.metadata.name): [{"metadata": {
             "name": job.metadata.name}}]}
         c.clock = lambda: "2026-11-22T00:00:09Z"
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert len(fake.jobs) == 2 and "draining-key" not in _gc_args(fake.jobs[1])[
             _gc_args(fake.jobs[1]).index("--keep") + 1]
         job = fake.jobs[1]
@@ -229,7 +229,7 @@ def test_a_deleted_model_makes_the_claim_swept_with_every_known_key_kept() -> No
         c.gc._checked.clear()
         c.caches.indices["jobs"] = {(NS, job.metadata.name): [{"metadata": {
             "name": job.metadata.name}}]}
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert len(fake.jobs) == 2
         await c.stop()
     asyncio.run(run())
@@ -244,11 +244,11 @@ def test_pending_orphans_are_announced_once_and_swept_again_when_due() -> None:
         summary = {"removed": [], "skipped": [], "freedBytes": 0, "orphanCount": 1,
                    "orphanBytes": 4096, "orphans": [{"key": "orph", "since": t0,
                                                      "sizeBytes": 4096}]}
-        c._job_messages[gc["metadata"]["uid"]] = [
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
         c.clock = lambda: "2026-11-21T23:30:00Z"  # half an hour after it was found
-        await c.collect_garbage((NS, "a"), plan_a)
-        await asyncio.gather(*c._pending)
+        await c.gc.collect((NS, "a"), plan_a)
+        await asyncio.gather(*c.writer.pending)
         assert sorted(e[0] for e in fake.events) == ["a", "b"]
         assert all(e[2] == "ArtifactsOrphaned" and "orph" in e[3] and "4096 bytes" in e[3]
                    for e in fake.events)
@@ -256,8 +256,8 @@ def test_pending_orphans_are_announced_once_and_swept_again_when_due() -> None:
         [job] = fake.jobs
         assert "--orphans-unused-for" in _gc_args(job)
         fake.events.clear()
-        await c.collect_garbage((NS, "b"), plan_a)
-        await asyncio.gather(*c._pending)
+        await c.gc.collect((NS, "b"), plan_a)
+        await asyncio.gather(*c.writer.pending)
         assert fake.events == []  # the same orphans: not announced twice
         await c.stop()
     asyncio.run(run())
@@ -278,10 +278,10 @@ def test_after_a_restart_a_gc_job_the_old_process_announced_is_not_announced_aga
             if not listed:  # the old process dropped it from a's status already
                 arts = c.caches.indices["models"][(NS, "a")][0]["status"]["cache"]["artifacts"]
                 arts[:] = [x for x in arts if x["key"] != old_key]
-            c._job_messages[gc["metadata"]["uid"]] = [
+            c.observer.job_messages[gc["metadata"]["uid"]] = [
                 {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
-            await c.collect_garbage((NS, "a"), plan_a)
-            await asyncio.gather(*c._pending)
+            await c.gc.collect((NS, "a"), plan_a)
+            await asyncio.gather(*c.writer.pending)
             assert sorted(e[0] for e in fake.events) == expect, listed
             assert fake.deleted == [names.precompile_job_name(old_key, CLAIM)]  # either way
             await c.stop()
@@ -299,14 +299,14 @@ def test_what_a_gc_job_measured_on_the_volume_counts_towards_the_claims_usage() 
         new["status"]["completionTime"] = "2026-11-22T00:00:02Z"
         c, fake, plan_a, _ = _setup([new, old])  # a restart reads them in any order
         for job, remaining in ((old, 9_000_000), (new, 5_000_000)):
-            c._job_messages[job["metadata"]["uid"]] = [{"name": "p", "terminated": {
+            c.observer.job_messages[job["metadata"]["uid"]] = [{"name": "p", "terminated": {
                 "exitCode": 0, "message": json.dumps({"removed": [], "skipped": [],
                                                       "freedBytes": 0,
                                                       "remainingBytes": remaining})}}]
         users = c.caches.all("claim_users", (NS, CLAIM))
         listed = c.gc.claim_artifact_bytes(NS, CLAIM, users)
         assert listed is not None and listed < 5_000_000  # the samples list no sizes
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert c.gc.claim_artifact_bytes(NS, CLAIM, users) == 5_000_000  # the newest Job's
         assert {(NS, "a"), (NS, "b")} <= set(c.queue._queued)  # their condition follows
         await c.stop()
@@ -330,17 +330,17 @@ def test_memory_of_finished_jobs_is_bounded_by_the_jobs_that_still_exist() -> No
         async def pods(ns: str, selector: dict[str, str]) -> list[dict[str, Any]]:
             return [{"name": "p", "terminated": {"exitCode": 0, "message": summary}}]
 
-        c._pods = pods  # type: ignore[method-assign]
+        c.observer.pods = pods  # type: ignore[method-assign]
         for i in range(2000):
             job = _gc_done_job(i)
             c.caches.indices["claim_jobs"][(NS, CLAIM)] = [job]
             c.caches.indices["jobs"] = {(NS, job["metadata"]["name"]): [job]}
-            await c.collect_garbage((NS, "a"), plan_a)
+            await c.gc.collect((NS, "a"), plan_a)
             assert job["metadata"]["uid"] in c.gc._done  # acted upon: not again
             c.caches.indices["claim_jobs"][(NS, CLAIM)] = []
             c.caches.indices["jobs"] = {}  # gone (ttlSecondsAfterFinished)
         assert len(c.gc._done) <= 600
-        assert len(c._job_messages) <= 600
+        assert len(c.observer.job_messages) <= 600
         await c.stop()
     asyncio.run(run())
 
@@ -349,11 +349,11 @@ def test_a_replica_that_does_not_hold_the_lease_creates_no_gc_job() -> None:
     async def run() -> None:
         c, fake, plan_a, _ = _setup([_precompile(_key("a", 2048), True)])
         c.may_write = lambda: False
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert fake.jobs == []
         c.may_write = lambda: True
         c.gc._checked.clear()
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert len(fake.jobs) == 1
         await c.stop()
     asyncio.run(run())
@@ -375,14 +375,14 @@ def test_a_key_a_model_that_left_the_claim_still_serves_from_it_is_not_removed()
         c, fake, plan_a, old_key = _setup([_precompile(_key("a", 2048), True)])
         c.caches.indices["deployments"] = {
             (NS, names.server_name("c")): [_deployment("c", old_key, CLAIM)]}
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert fake.jobs == [] or not fake.jobs[0].metadata.annotations[GC_KEYS_ANNOTATION]
         # Served from another claim, it is no reason to keep this claim's copy.
         c.caches.indices["deployments"] = {
             (NS, names.server_name("c")): [_deployment("c", old_key, "elsewhere")]}
         c.gc._checked.clear()
         fake.jobs.clear()
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         [job] = fake.jobs
         assert job.metadata.annotations[GC_KEYS_ANNOTATION] == old_key
         await c.stop()
@@ -399,9 +399,9 @@ def test_a_gc_job_that_kept_a_key_in_use_goes_so_the_decision_can_be_made_again(
         c, fake, plan_a, _ = _setup([gc])
         summary = {"removed": [], "skipped": [{"key": old_key, "reason": "in use by pod/a-1"}],
                    "freedBytes": 0}
-        c._job_messages[gc["metadata"]["uid"]] = [
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert "spyre-gc-k" in fake.deleted
         await c.stop()
     asyncio.run(run())
@@ -417,9 +417,9 @@ def test_a_key_the_gc_pod_kept_because_a_pod_uses_it_is_an_event_on_every_user()
         c, fake, plan_a, _ = _setup([gc])
         summary = {"removed": [], "freedBytes": 0, "skipped": [
             {"key": old_key, "reason": "in use by deployment/a (pod a-1)"}]}
-        c._job_messages[gc["metadata"]["uid"]] = [
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         await asyncio.sleep(0)  # events are sent in the background
         kept = [e for e in fake.events if e[2] == "ArtifactsKept"]
         assert sorted(e[0] for e in kept) == ["a", "b"], fake.events
@@ -440,7 +440,7 @@ def test_a_gc_job_never_runs_an_engine_image_the_allow_list_refuses() -> None:
         c.policy = replace(c.policy, site=SiteDefaults(allowed_engine_images=allowed))
         a = c.caches.one("models", (NS, "a"))
         a["spec"]["engine"]["image"] = "docker.io/evil/miner:1"  # the oldest user's
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         await c.stop()
         return [j.spec.template.spec.containers[0].image for j in fake.jobs]
 
@@ -463,12 +463,12 @@ def test_what_gc_removed_is_recorded_on_the_claim_and_outlives_the_job() -> None
         c, fake, plan_a, _ = _setup([gc])
         summary = {"removed": [{"key": old_key, "sizeBytes": 7}],
                    "skipped": [{"key": absent, "reason": "absent"}], "freedBytes": 7}
-        c._job_messages[gc["metadata"]["uid"]] = [
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
         when = "2026-11-21T23:00:00Z"
         assert await c.gc.collected(NS, CLAIM) == {old_key: when, absent: when}
-        await c.collect_garbage((NS, "a"), plan_a)
-        await asyncio.gather(*c._pending)
+        await c.gc.collect((NS, "a"), plan_a)
+        await asyncio.gather(*c.writer.pending)
         [(kind, name, ns, annotations)] = fake.annotated
         assert (kind, name, ns) == ("PersistentVolumeClaim", CLAIM, NS)
         record = json.loads(annotations[names.REMOVED_ARTIFACTS_ANNOTATION])
@@ -482,9 +482,10 @@ def test_what_gc_removed_is_recorded_on_the_claim_and_outlives_the_job() -> None
         # a restarted operator acting on the same Job again writes nothing new
         c2, fake2, _, _ = _setup([gc])
         c2.caches.indices["pvcs"][(NS, CLAIM)][0]["metadata"]["annotations"] = annotations
-        c2._job_messages[gc["metadata"]["uid"]] = c._job_messages[gc["metadata"]["uid"]]
-        await c2.collect_garbage((NS, "a"), plan_a)
-        await asyncio.gather(*c2._pending)
+        uid = gc["metadata"]["uid"]
+        c2.observer.job_messages[uid] = c.observer.job_messages[uid]
+        await c2.gc.collect((NS, "a"), plan_a)
+        await asyncio.gather(*c2.writer.pending)
         assert fake2.annotated == []
         await c.stop()
         await c2.stop()
@@ -524,10 +525,10 @@ def test_a_recompile_of_a_removed_key_is_not_killed_when_the_gc_job_finishes() -
                     "2026-11-21T23:05:00Z" if state == "finished after" else
                     "2026-11-21T22:00:00Z")
             c, fake, plan_a, _ = _setup([pre, gc])
-            c._job_messages[gc["metadata"]["uid"]] = [
+            c.observer.job_messages[gc["metadata"]["uid"]] = [
                 {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
-            await c.collect_garbage((NS, "a"), plan_a)
-            await asyncio.gather(*c._pending)
+            await c.gc.collect((NS, "a"), plan_a)
+            await asyncio.gather(*c.writer.pending)
             gone = names.precompile_job_name(old_key, CLAIM) in fake.deleted
             assert gone is not kept, state
             await c.stop()
@@ -540,15 +541,15 @@ def test_a_lingering_deployment_of_a_deleted_model_does_not_make_gc_jobs_back_to
     the next one at once. It is asked for again once per evaluation interval."""
     async def run() -> None:
         c, fake, plan_a, _ = _setup([])
-        c._claim_sigs[(NS, "gone")] = (CLAIM, _key("gone", 1024), "v")
+        c.router._claim_sigs[(NS, "gone")] = (CLAIM, _key("gone", 1024), "v")
         served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
             names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
                 {"kind": "SpyreModel", "name": "gone"}]}}
         c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
-        c.claim_peers_if_changed((NS, "gone"), None)
+        c.router.claim_peers_if_changed((NS, "gone"), None)
         for i in range(3):  # the GC Job finishes; its users are reconciled
             c.clock = lambda i=i: f"2026-11-22T00:00:{10 + i:02d}Z"
-            await c.collect_garbage((NS, "a"), plan_a)
+            await c.gc.collect((NS, "a"), plan_a)
             c.caches.indices["jobs"] = {(NS, j.metadata.name): [
                 {"metadata": {"name": j.metadata.name}, "status": {"conditions": [
                     {"type": "Complete", "status": "True"}]}}] for j in fake.jobs}
@@ -558,14 +559,14 @@ def test_a_lingering_deployment_of_a_deleted_model_does_not_make_gc_jobs_back_to
                  "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
                 for j in fake.jobs]
             for j in fake.jobs:  # what each GC pod said: nothing removed
-                c._job_messages[f"u-{j.metadata.name}"] = [{"name": "p", "terminated": {
+                c.observer.job_messages[f"u-{j.metadata.name}"] = [{"name": "p", "terminated": {
                     "exitCode": 0, "message": json.dumps({"removed": [], "skipped": []})}}]
         assert len(fake.jobs) == 1, [j.metadata.name for j in fake.jobs]
         assert (NS, CLAIM) in c.gc.sweep_requested  # still asked for ...
         c.gc._checked.clear()
         c.gc._lingering = {k: v - 3600 for k, v in c.gc._lingering.items()}  # an interval on
         c.clock = lambda: "2026-11-22T00:05:10Z"
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert len(fake.jobs) == 2  # ... once per interval
         await c.stop()
     asyncio.run(run())
@@ -575,13 +576,13 @@ def test_what_is_remembered_per_claim_goes_with_the_claim() -> None:
     """Issue 31, 12: the per-claim maps grew with every claim ever seen."""
     async def run() -> None:
         c, fake, plan_a, _ = _setup([])
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         gone = (NS, "old-claim")
         c.gc._checked[gone] = 1.0
         c.gc._swept[gone] = 1.0
         c.gc._orphans[gone] = {"k": 1}
         c.gc.sweep_requested.add(gone)
-        await c.collect_garbage((NS, "a"), plan_a)
+        await c.gc.collect((NS, "a"), plan_a)
         assert gone not in c.gc._checked and gone not in c.gc._swept
         assert gone not in c.gc._orphans and gone not in c.gc.sweep_requested
         assert (NS, CLAIM) in c.gc._checked  # the live claim's stays

@@ -27,27 +27,27 @@ def plan(name: str, **spec: Any) -> Any:
 
 def test_new_model_and_status_updates_do_not_wake_peers() -> None:
     c = controller({"spyre-compile-cache": ["a", "b", "c"]})
-    assert c.claim_peers_if_changed(("ns", "a"), plan("a")) == []  # first sight
-    assert c.claim_peers_if_changed(("ns", "a"), plan("a")) == []  # e.g. a status write
+    assert c.router.claim_peers_if_changed(("ns", "a"), plan("a")) == []  # first sight
+    assert c.router.claim_peers_if_changed(("ns", "a"), plan("a")) == []  # e.g. a status write
 
 
 def test_leaving_or_changing_key_wakes_peers() -> None:
     c = controller({"spyre-compile-cache": ["a", "b"], "other": ["c"]})
-    c.claim_peers_if_changed(("ns", "a"), plan("a"))
+    c.router.claim_peers_if_changed(("ns", "a"), plan("a"))
     edited = plan("a", compile={"maxModelLen": 3072})
-    assert c.claim_peers_if_changed(("ns", "a"), edited) == [("ns", "b")]
+    assert c.router.claim_peers_if_changed(("ns", "a"), edited) == [("ns", "b")]
     moved = plan("a", compile={"maxModelLen": 3072}, cache={"claimName": "other"})
-    assert c.claim_peers_if_changed(("ns", "a"), moved) == [("ns", "b"), ("ns", "c")]
-    assert c.claim_peers_if_changed(("ns", "a"), None) == [("ns", "c")]  # deleted
+    assert c.router.claim_peers_if_changed(("ns", "a"), moved) == [("ns", "b"), ("ns", "c")]
+    assert c.router.claim_peers_if_changed(("ns", "a"), None) == [("ns", "c")]  # deleted
 
 
 def test_pvc_events_wake_all_users_only_on_phase_changes() -> None:
     c = controller({"cache": ["a", "b", "c"]})
     everyone = [("ns", "a"), ("ns", "b"), ("ns", "c")]
-    assert c.models_for_pvc_event("ns", "cache", "Pending") == everyone  # created
-    assert c.models_for_pvc_event("ns", "cache", "Bound") == everyone
-    assert c.models_for_pvc_event("ns", "cache", "Bound") == [("ns", "a")]  # owners changed
-    assert c.models_for_pvc_event("ns", "cache", None) == everyone  # deleted
+    assert c.router.models_for_pvc_event("ns", "cache", "Pending") == everyone  # created
+    assert c.router.models_for_pvc_event("ns", "cache", "Bound") == everyone
+    assert c.router.models_for_pvc_event("ns", "cache", "Bound") == [("ns", "a")]  # owners changed
+    assert c.router.models_for_pvc_event("ns", "cache", None) == everyone  # deleted
 
 
 def test_decides_from_the_status_it_last_wrote_until_the_cache_catches_up() -> None:
@@ -56,14 +56,14 @@ def test_decides_from_the_status_it_last_wrote_until_the_cache_catches_up() -> N
     stale = {"metadata": {"name": "a", "uid": "u1", "resourceVersion": "5"},
              "status": {"observedGeneration": 1}}
     written = {"observedGeneration": 2}
-    c._remember_status(key, stale, written)
-    assert c._with_written_status(key, stale)["status"] == written
+    c.status.remember(key, stale, written)
+    assert c.status.with_written_status(key, stale)["status"] == written
     caught_up = {"metadata": {**stale["metadata"], "resourceVersion": "6"}, "status": written}
-    assert c._with_written_status(key, caught_up) is caught_up
-    assert key not in c._written_status
-    c._remember_status(key, stale, written)
+    assert c.status.with_written_status(key, caught_up) is caught_up
+    assert key not in c.status.written
+    c.status.remember(key, stale, written)
     recreated = {"metadata": {"name": "a", "uid": "u2", "resourceVersion": "5"}}
-    assert c._with_written_status(key, recreated) is recreated
+    assert c.status.with_written_status(key, recreated) is recreated
 
 
 def test_urgent_keys_go_first_and_are_not_duplicated() -> None:
@@ -93,5 +93,5 @@ def test_model_claim_events_wake_the_models_loading_from_it() -> None:
             "spec": {"model": {"uri": "pvc://weights/granite"}}}
     index = {k: [v] for k, v in index_model_claim_users(body=body).items()}
     c = Controller(client=None, caches=Caches({"model_claim_users": index}))  # type: ignore[arg-type]
-    assert c.models_for_model_claim("ns", "weights") == [("ns", "w")]
-    assert c.models_for_model_claim("ns", "other") == []
+    assert c.router.models_for_model_claim("ns", "weights") == [("ns", "w")]
+    assert c.router.models_for_model_claim("ns", "other") == []

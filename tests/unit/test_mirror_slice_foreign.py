@@ -62,7 +62,7 @@ def observe(client: Any, spec: dict[str, Any] | None = None, enabled: bool = Tru
     c.scale_to_zero = CONFIG if enabled else CONFIG.__class__(enabled=False)
     plan = plan_model("m", "ns", "uid-m", SpyreModelSpec.model_validate(spec or s2z()))
     obs = Observed(keda=c.scale_to_zero)
-    asyncio.run(c._observe_mirror_slice(obs, plan))
+    asyncio.run(c.observer.mirror_slice(obs, plan))
     return obs
 
 
@@ -117,6 +117,6 @@ def test_every_reconcile_of_a_valid_model_observes_the_mirror_slice() -> None:
     async def record(obs: Observed, plan: Any) -> None:
         seen.append(plan.name)
 
-    c._observe_mirror_slice = record  # type: ignore[method-assign]
+    c.observer.mirror_slice = record  # type: ignore[method-assign]
     asyncio.run(c.reconcile_key(("ns", "m")))
     assert seen == ["m"]

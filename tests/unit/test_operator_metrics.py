@@ -103,7 +103,7 @@ def test_workers_observe_reconcile_durations_by_outcome_and_queue_waits() -> Non
             return None
 
         c.reconcile_key = reconcile_key  # type: ignore[method-assign]
-        c._report_failure = no_report  # type: ignore[method-assign]
+        c.status.report_failure = no_report  # type: ignore[method-assign]
         c.start()
         for name in ("good", "bad", "hung"):
             c.enqueue([("ns", name)])

@@ -73,7 +73,7 @@ def test_a_model_another_install_writes_is_left_alone_and_reported() -> None:
     assert b_writes.writes == [] and b_writes.statuses == [], "b wrote to a's model"
     assert [(t, r) for t, r, _ in b_writes.events] == [("Warning", peers.CONFLICT_REASON)]
     assert "ns-a/op" in b_writes.events[0][2]
-    assert b.stats.conflicts == 1 and b.yielded == {key: "ns-a/op"}
+    assert b.stats.conflicts == 1 and b.status.yielded == {key: "ns-a/op"}
     assert requeued == [b.peer_window], "b looks again after the window"
     _reconcile(b, key)  # still within the window: still alone, no second Event
     assert b_writes.writes == [] and len(b_writes.events) == 1
@@ -81,10 +81,10 @@ def test_a_model_another_install_writes_is_left_alone_and_reported() -> None:
 
     # a stopped (its Lease is gone): its stamp grows stale, b takes over and stamps the model
     b.clock = lambda: MUCH_LATER
-    b.peer_leases = Leases({"ns-a/op": peers.LEASE_GONE})  # type: ignore[assignment]
+    b.status.peer_leases = Leases({"ns-a/op": peers.LEASE_GONE})  # type: ignore[assignment]
     _reconcile(b, key)
     assert b_writes.writes and b_writes.statuses[-1]["operator"]["install"] == "ns-b/op"
-    assert b.yielded == {}
+    assert b.status.yielded == {}
 
 
 class Leases:
@@ -117,11 +117,11 @@ def test_an_idle_model_of_a_running_install_is_not_taken_from_it() -> None:
     (the stamp moves only with a real write). A stale stamp whose install holds its Lease is
     left alone (up to HOLD_SECONDS); past that it is taken over."""
     b, writes, requeued = _idle_model_of_a(NOW)
-    b.peer_leases = Leases({"ns-a/op": peers.LEASE_HELD})  # type: ignore[assignment]
+    b.status.peer_leases = Leases({"ns-a/op": peers.LEASE_HELD})  # type: ignore[assignment]
     b.clock = lambda: MUCH_LATER
     _reconcile(b, ("ns", "m"))
     assert writes.writes == [] and writes.statuses == [], "b took a running install's model"
-    assert b.yielded == {("ns", "m"): "ns-a/op"} and requeued == [b.peer_window]
+    assert b.status.yielded == {("ns", "m"): "ns-a/op"} and requeued == [b.peer_window]
     assert "holds its Lease" in writes.events[0][2]
     b.clock = lambda: "2026-11-21T11:00:01Z"  # an hour later: a may no longer watch it
     _reconcile(b, ("ns", "m"))
@@ -130,7 +130,7 @@ def test_an_idle_model_of_a_running_install_is_not_taken_from_it() -> None:
 
 def test_a_lease_that_cannot_be_read_delays_the_takeover_and_says_why() -> None:
     b, writes, _ = _idle_model_of_a(NOW)
-    b.peer_leases = Leases({"ns-a/op": peers.LEASE_UNKNOWN})  # type: ignore[assignment]
+    b.status.peer_leases = Leases({"ns-a/op": peers.LEASE_UNKNOWN})  # type: ignore[assignment]
     b.clock = lambda: MUCH_LATER
     _reconcile(b, ("ns", "m"))
     assert writes.statuses == [] and "may not read its Lease" in writes.events[0][2]
@@ -141,7 +141,7 @@ def test_a_lease_that_cannot_be_read_delays_the_takeover_and_says_why() -> None:
 
 def test_while_the_lease_is_asked_the_model_waits_quietly() -> None:
     b, writes, requeued = _idle_model_of_a(NOW)
-    b.peer_leases = Leases({"ns-a/op": None})  # type: ignore[assignment]
+    b.status.peer_leases = Leases({"ns-a/op": None})  # type: ignore[assignment]
     b.clock = lambda: MUCH_LATER
     _reconcile(b, ("ns", "m"))
     assert writes.statuses == [] and writes.events == [] and b.stats.conflicts == 0
@@ -151,7 +151,7 @@ def test_while_the_lease_is_asked_the_model_waits_quietly() -> None:
 def test_a_fresh_stamp_needs_no_lease() -> None:
     b, writes, _ = _idle_model_of_a(NOW)
     leases = Leases({})
-    b.peer_leases = leases  # type: ignore[assignment]
+    b.status.peer_leases = leases  # type: ignore[assignment]
     b.clock = lambda: LATER
     _reconcile(b, ("ns", "m"))
     assert leases.asked == [] and writes.statuses == []

@@ -96,25 +96,25 @@ def test_moving_off_a_delete_claim_releases_it_once_the_old_pods_are_gone() -> N
     old = pvc("old", "m")
     # the Deployment still serves from the old claim (the new artifact compiles)
     c, applier = controller([old, pvc("new", "m")], {"m": deployment("old")}, {"new": ["m"]})
-    asyncio.run(c.release_claims(Plan(), deployment("old")))
+    asyncio.run(c.claims.release(Plan(), deployment("old")))
     assert applier.writes == []
     # moved, but a pod of the old ReplicaSet is still there
     c, applier = controller([old], {"m": deployment("new", replicas=2)}, {"new": ["m"]})
-    asyncio.run(c.release_claims(Plan(), deployment("new", replicas=2)))
+    asyncio.run(c.claims.release(Plan(), deployment("new", replicas=2)))
     assert applier.writes == []
     # a precompile or GC Job still writes to it
     running = {"metadata": {"name": "j"}, "status": {"active": 1}}
     c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"]}, {"old": [running]})
-    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    asyncio.run(c.claims.release(Plan(), deployment("new")))
     assert applier.writes == []
     # rolled out: nobody names it, so retainPolicy Delete deletes it
     c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"]})
-    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    asyncio.run(c.claims.release(Plan(), deployment("new")))
     assert applier.writes == [("delete", "PersistentVolumeClaim")]
     # another model names it (cache.claimName) and serves from it: only the reference goes
     c, applier = controller([old], {"m": deployment("new"), "b": deployment("old")},
                             {"new": ["m"], "old": ["b"]})
-    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    asyncio.run(c.claims.release(Plan(), deployment("new")))
     assert applier.writes == [("release", "old", [])]
 
 
@@ -129,7 +129,7 @@ def test_a_claim_a_model_with_an_invalid_spec_names_is_never_deleted() -> None:
                "cache": {"volume": {"name": "old", "retainPolicy": "Retain"}}}
     c, applier = controller([old], {"m": deployment("new")}, {"new": ["m"]},
                             models={"legacy": invalid})
-    asyncio.run(c.release_claims(Plan(), deployment("new")))
+    asyncio.run(c.claims.release(Plan(), deployment("new")))
     assert applier.writes == [("release", "old", [])], applier.writes  # dropped from only
     assert claim_named_by({}) == "spyre-compile-cache"
     assert claim_named_by({"cache": {"claimName": "mine"}}) == "mine"
@@ -163,5 +163,5 @@ def test_a_new_claim_name_user_wakes_the_models_that_made_the_claim() -> None:
     c, _ = controller([], {}, {"x": ["a", "b"]})
     b = plan_model("b", "ns", "uid-b", SpyreModelSpec.model_validate(
         {**GENERATE, "cache": {"claimName": "x"}}))
-    assert c.claim_peers_if_changed(("ns", "b"), b) == [("ns", "a")]
-    assert c.claim_peers_if_changed(("ns", "b"), b) == []  # a status write: nothing new
+    assert c.router.claim_peers_if_changed(("ns", "b"), b) == [("ns", "a")]
+    assert c.router.claim_peers_if_changed(("ns", "b"), b) == []  # a status write: nothing new

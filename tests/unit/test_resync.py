@@ -67,13 +67,13 @@ def test_a_model_and_its_job_deleted_during_a_watch_gap_hold_no_compile_slot() -
         c.enqueue([("ns", "waits")])
         await drain(c)
         assert reason(c, "waits") == C.WAITING_FOR_COMPILE_SLOT
-        assert c.compiles_in_use() == 1
+        assert c.budgets.compiles_in_use() == 1
         # the watches break; "gone" and its Job are deleted; kopf re-lists: both stay
         found = await Resync(c, lister, None, period=0).once()  # type: ignore[arg-type]
         assert {g.index for g in found} >= {"models", "jobs", "claim_jobs"}
         assert caches.one("models", ("ns", "gone")) is None
         assert caches.keys("models") == [("ns", "waits")]
-        assert c.compiles_in_use() == 0
+        assert c.budgets.compiles_in_use() == 0
         queued = list(c.queue._queued)
         assert ("ns", "gone") in queued and ("ns", "waits") in queued, queued
         await drain(c)

@@ -40,7 +40,7 @@ def controller(models: dict[Any, Any], **indices: Any) -> Controller:
 
 
 def observe(c: Controller) -> Any:
-    return c.observe(body("granite"), "cache", "key", "job", None)
+    return c.observer.observe(body("granite"), "cache", "key", "job", None)
 
 
 def test_observe_reads_keda_objects_services_and_the_mirror_from_the_caches() -> None:
@@ -79,11 +79,11 @@ def test_a_foreign_engine_service_is_a_conflict_not_ours() -> None:
 def test_api_appearing_and_interceptor_changes_wake_only_scale_to_zero_models() -> None:
     models = {("ns", "zero"): [{"spec": s2z()}], ("ns", "one"): [{"spec": s2z(min_replicas=1)}]}
     c = controller(models)
-    assert c.models_wanting_scale_to_zero() == [("ns", "zero")]
+    assert c.router.models_wanting_scale_to_zero() == [("ns", "zero")]
     proxy = {"metadata": {"labels": {"kubernetes.io/service-name":
                                      "keda-add-ons-http-interceptor-proxy"}}}
-    assert c.models_for_interceptor_slice(proxy) == [("ns", "zero")]
-    assert c.models_for_interceptor_slice({"metadata": {"labels": {}}}) == []
+    assert c.router.models_for_interceptor_slice(proxy) == [("ns", "zero")]
+    assert c.router.models_for_interceptor_slice({"metadata": {"labels": {}}}) == []
 
 
 def test_flags_make_the_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,7 +81,7 @@ def test_a_pruning_crd_is_one_warning_event_and_an_error_in_the_log() -> None:
         await drain(c)
         c.queue.add(("ns", "m"))
         await drain(c)
-        await asyncio.gather(*c._pending)
+        await asyncio.gather(*c.writer.pending)
         await c.stop()
 
     asyncio.run(run())

@@ -1,3 +1,5 @@
-"""The parts of the controller (controller.py): its work queue, the caches' views, and the
-groups of Controller methods (routing, observation, budgets, status, writes, claims), each a
-mixin class that controller.Controller combines."""
+"""The controller's collaborators (controller.py): the work queue, the caches' views, and one
+class per job of a reconcile, each with its own state: Router (which models an event
+concerns), Observer (the observed state), Budgets (compile and rollout slots), Writer (the
+writes of a decision), StatusReporter (failures, install conflicts, the status last
+written), ClaimReleaser (claims left behind). The artifact GC is gc.GarbageCollector."""

@@ -1,5 +1,6 @@
-"""The cluster-wide budgets (budget.py) as the Controller keeps them: the slots compiles and
-rollouts use, the models waiting for one, and waking them when a slot frees."""
+"""The cluster-wide budgets (budget.py) as the Controller keeps them (``Controller.budgets``):
+the slots compiles and rollouts use, the models waiting for one, and waking them when a slot
+frees. Its state is its own; it reads the controller's caches and enqueues through it."""
 
 from __future__ import annotations
 
@@ -13,23 +14,49 @@ from ..desired import names
 from ..reconcile import Decision, Observed, served_key, waiting_since
 from ..release import mounted_claims
 from ..rollout import deployment_rolling
-from .base import ControllerBase
+from .base import ControllerParts
 from .common import ModelKey
 
 
-class BudgetsMixin(ControllerBase):
+class Budgets:
     """Budgets for compiles and rollouts: slots in use, waiting lists, waking waiters."""
 
-    def _seed_waiting(self) -> None:
+    def __init__(
+        self, controller: ControllerParts, max_concurrent_compiles: int,
+        max_concurrent_rollouts: int,
+    ) -> None:
+        self.c = controller
+        #: Cluster-wide budgets (budget.py; 0: unlimited), over every watched namespace.
+        self.max_concurrent_compiles = max_concurrent_compiles
+        self.max_concurrent_rollouts = max_concurrent_rollouts
+        self.compile_waiting = B.Waiting()
+        self.rollout_waiting = B.Waiting()
+        #: Precompile Jobs created (key: namespace, Job name) and Deployments switched to a
+        #: new artifact (namespace, Deployment name -> key) that the caches do not show yet.
+        self.compile_reserved = B.Reservations()
+        self.rollout_reserved = B.Reservations()
+        #: Whether the waiting lists were rebuilt from the models' status (after a start or
+        #: on becoming leader).
+        self.seeded = False
+
+    def reset(self) -> None:
+        """Leadership changed: a new leader rebuilds the waiting lists from the models'
+        status, and counts slots from its own caches (the old leader's reservations are not
+        its own)."""
+        self.seeded = False
+        self.compile_reserved.clear()
+        self.rollout_reserved.clear()
+
+    def seed_waiting(self) -> None:
         """Rebuild who waits for a slot, in order, from the models' status (the watch cache
         is complete before any reconcile): a restarted operator or a new leader keeps the
         order of the models that waited before it."""
-        self._budget_seeded = True
+        self.seeded = True
         self.compile_waiting.clear()
         self.rollout_waiting.clear()
-        models = self.caches.indices.get("models") or {}
+        models = self.c.caches.indices.get("models") or {}
         for key in list(models.keys()):
-            st = (self.caches.one("models", key) or {}).get("status") or {}
+            st = (self.c.caches.one("models", key) or {}).get("status") or {}
             conds = st.get("conditions")
             art = st.get("artifact") or {}
             ready = C.find(conds, C.ARTIFACT_READY) or {}
@@ -45,13 +72,13 @@ class BudgetsMixin(ControllerBase):
         that the cache does not show yet."""
         running: set[tuple[str, str]] = set()
         seen: set[tuple[str, str]] = set()  # Jobs in the cache that are not deleted ones
-        index = self.caches.indices.get("jobs") or {}
+        index = self.c.caches.indices.get("jobs") or {}
         for k in list(index.keys()):
-            job = self.caches.one("jobs", k)
+            job = self.c.caches.one("jobs", k)
             if job is None:
                 continue
             meta = job.get("metadata") or {}
-            if meta.get("uid") in self._deleted_jobs:
+            if meta.get("uid") in self.c.writer.deleted_jobs:
                 continue  # e.g. a failed Job removed for its retry, under the same name
             seen.add(k)
             labels = meta.get("labels") or {}
@@ -60,9 +87,9 @@ class BudgetsMixin(ControllerBase):
                 and not job_status.finished(job)
             ):
                 running.add(k)
-        for k in self._compile_reserved.live():
+        for k in self.compile_reserved.live():
             if k in seen:
-                self._compile_reserved.drop(*k)  # the cache shows the new Job now
+                self.compile_reserved.drop(*k)  # the cache shows the new Job now
             else:
                 running.add(k)
         return len(running)
@@ -72,17 +99,17 @@ class BudgetsMixin(ControllerBase):
         older template left, or fewer available than asked) and has not exceeded its progress
         deadline, plus the ones just switched that the cache does not show yet."""
         rolling: set[tuple[str, str]] = set()
-        index = self.caches.indices.get("deployments") or {}
-        reserved = self._rollout_reserved.live()
+        index = self.c.caches.indices.get("deployments") or {}
+        reserved = self.rollout_reserved.live()
         for k in list(index.keys()):
-            dep = self.caches.one("deployments", k)
+            dep = self.c.caches.one("deployments", k)
             if dep is None:
                 continue
             labels = (dep.get("metadata") or {}).get("labels") or {}
             if labels.get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
                 continue
             if k in reserved and served_key(dep) == reserved[k]:
-                self._rollout_reserved.drop(*k)  # the cache shows the switch now
+                self.rollout_reserved.drop(*k)  # the cache shows the switch now
                 reserved.pop(k)
             if deployment_rolling(dep):
                 rolling.add(k)
@@ -90,20 +117,20 @@ class BudgetsMixin(ControllerBase):
         rolling.discard(exclude)  # type: ignore[arg-type]
         return len(rolling)
 
-    def _observe_budgets(
+    def observe(
         self, key: ModelKey, model: Mapping[str, Any], plan: Any, obs: Observed
     ) -> None:
         """The budgets' answers for this model (Observed.compile_slot, rollout_slot): asked
         only when it may need a slot (no Job of its own yet; a Deployment serving another
         artifact or claim)."""
-        if not self._budget_seeded:
-            self._seed_waiting()
+        if not self.seeded:
+            self.seed_waiting()
         ns = key[0]
-        now = self.clock()
+        now = self.c.clock()
         if (
             self.max_concurrent_compiles > 0
             and obs.job is None
-            and self._compile_reserved.get(ns, plan.job_name) is None  # a sharer just made it
+            and self.compile_reserved.get(ns, plan.job_name) is None  # a sharer just made it
         ):
             obs.compile_slot = B.slot(
                 self.max_concurrent_compiles,
@@ -132,7 +159,7 @@ class BudgetsMixin(ControllerBase):
                 str(done or job_status.finished_at(obs.job) or now),
             )
 
-    def _track_budgets(
+    def track(
         self, key: ModelKey, plan: Any, obs: Observed, d: Decision
     ) -> None:
         """After decide(): hold the slot a new Job or a switch takes until the caches show it,
@@ -141,7 +168,7 @@ class BudgetsMixin(ControllerBase):
         conds = d.status.get("conditions")
         artifact = d.status.get("artifact") or {}
         if d.job is not None and obs.job is None and d.job.metadata is not None:
-            self._compile_reserved.hold(ns, str(d.job.metadata.name))
+            self.compile_reserved.hold(ns, str(d.job.metadata.name))
         if (C.find(conds, C.ARTIFACT_READY) or {}).get("reason") == C.WAITING_FOR_COMPILE_SLOT:
             self.compile_waiting.add(key, str(artifact.get("waitingSince") or ""))
         elif self.compile_waiting.discard(key):
@@ -152,13 +179,13 @@ class BudgetsMixin(ControllerBase):
         if switched is not None and obs.deployment is not None and plan is not None:
             new_key = served_key({"metadata": switched.metadata.to_dict()})
             if new_key and new_key != served_key(obs.deployment):
-                self._rollout_reserved.hold(ns, names.server_name(key[1]), new_key)
+                self.rollout_reserved.hold(ns, names.server_name(key[1]), new_key)
         if (C.find(conds, C.PROGRESSING) or {}).get("reason") == C.WAITING_FOR_ROLLOUT_SLOT:
             self.rollout_waiting.add(key, str(artifact.get("completedAt") or ""))
         elif self.rollout_waiting.discard(key):
             self.wake_rollout_waiters()
 
-    def _stop_waiting(self, key: ModelKey) -> None:
+    def stop_waiting(self, key: ModelKey) -> None:
         """A deleted model leaves both waiting lists (the next ones may go)."""
         if self.compile_waiting.discard(key):
             self.wake_compile_waiters()
@@ -171,11 +198,11 @@ class BudgetsMixin(ControllerBase):
         if not self.compile_waiting:
             return
         free = self.max_concurrent_compiles - self.compiles_in_use()
-        self.enqueue(self.compile_waiting.first(free))
+        self.c.enqueue(self.compile_waiting.first(free))
 
     def wake_rollout_waiters(self) -> None:
         """Same for the rollout budget (a rollout completed, a Deployment went)."""
         if not self.rollout_waiting:
             return
         free = self.max_concurrent_rollouts - self.rollouts_in_use()
-        self.enqueue(self.rollout_waiting.first(free))
+        self.c.enqueue(self.rollout_waiting.first(free))

@@ -1,5 +1,6 @@
-"""Execution of a decision: the Controller's writes (deletes, children, the Job, status,
-Events) through the apply layer, rejected writes folded back into status."""
+"""Execution of a decision (``Controller.writer``): the writes (deletes, children, the Job,
+status, Events) through the apply layer, rejected writes folded back into status. Its state:
+the Jobs it deleted that the cache may still show, and the Events being posted."""
 
 from __future__ import annotations
 
@@ -14,12 +15,24 @@ from .. import peers
 from ..apply import STATUS_FIELDS_KEY, comparable_status
 from ..desired import names
 from ..reconcile import Decision, Observed, WriteError, decide, write_error_message
-from .base import ControllerBase
-from .common import NotLeader, RejectedWrites, _rejected, _terminating
+from .base import ControllerParts
+from .common import EVENT_CONCURRENCY, NotLeader, RejectedWrites, _rejected, _terminating
+
+#: A Job this writer deleted is remembered this long (the watch catches up well before).
+DELETED_JOB_MEMORY_SECONDS = 600.0
 
 
-class ExecuteMixin(ControllerBase):
+class Writer:
     """Execution of decisions: the writes, and the background Events."""
+
+    def __init__(self, controller: ControllerParts) -> None:
+        self.c = controller
+        #: Job uid -> when this writer deleted it: observation reads it as gone meanwhile.
+        self.deleted_jobs: dict[str, float] = {}
+        #: Events being posted in the background.
+        self.pending: set[asyncio.Task[None]] = set()
+        #: Events are informational: a few at a time, never ahead of the reconcile's writes.
+        self._event_slots = asyncio.Semaphore(EVENT_CONCURRENCY)
 
     async def execute(self, model: Mapping[str, Any], obs: Observed, d: Decision) -> None:
         """Hand a decision to the apply layer; rejected writes end up in status.
@@ -47,7 +60,7 @@ class ExecuteMixin(ControllerBase):
             names.engine_service_name(name): obs.engine_service,
             names.coldstart_service_name(name): obs.coldstart_service,
         }
-        if not self.may_write():
+        if not self.c.may_write():
             raise NotLeader("leader lease not held; not writing")
         for resource, obj_name in d.delete:
             live = None
@@ -61,8 +74,8 @@ class ExecuteMixin(ControllerBase):
                     None,
                 )
             if live is not None:
-                self._deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
-            await self.applier.delete(resource, obj_name, ns)
+                self.deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
+            await self.c.applier.delete(resource, obj_name, ns)
         # The children do not depend on each other: write them concurrently, so a reconcile
         # costs one API round trip rather than one per child (the benchmark is bound by
         # round trips, not CPU). The Job goes first: it is the slow path (the compile).
@@ -78,12 +91,12 @@ class ExecuteMixin(ControllerBase):
             live = live_by_kind.get(obj.kind)
             if obj.kind == "Service" and obj.metadata.name in other_services:
                 live = other_services[obj.metadata.name]
-            writes.append(self.applier.apply(obj, live))
+            writes.append(self.c.applier.apply(obj, live))
         results = await asyncio.gather(*writes, return_exceptions=True)
         for (kind, obj_name), r in zip(targets, results, strict=True):
             if isinstance(r, ApiError) and _rejected(r):
                 if kind == "Job":  # not created: the slot it held is free again
-                    self._compile_reserved.drop(ns, obj_name)
+                    self.c.budgets.compile_reserved.drop(ns, obj_name)
                 obs.write_errors.append(
                     WriteError(kind, obj_name, r.status.code or 0, r.status.message or str(r))
                 )
@@ -92,25 +105,27 @@ class ExecuteMixin(ControllerBase):
         if obs.write_errors and all(_terminating(e.message) for e in obs.write_errors):
             raise RejectedWrites(write_error_message(obs.write_errors) or "")  # nothing to tell
         if obs.foreign or obs.write_errors:
-            again = decide(dict(model), obs, self.clock(), self.policy)
+            again = decide(dict(model), obs, self.c.clock(), self.c.policy)
             d.status, d.events = again.status, again.events
-        if not self.may_write():
+        if not self.c.may_write():
             raise NotLeader("leader lease not held; not writing")
         owned = model.get(STATUS_FIELDS_KEY)
-        if self.install is not None:
+        if self.c.install is not None:
             # the stamp is kept when nothing else changes: compared without the status fields
             # another field manager set alone (they made a new stamp, so a write, every time)
             live = comparable_status(
                 model.get("status"), {**d.status, peers.STAMP_FIELD: None}, owned
             )
-            d.status = peers.stamped(d.status, live, self.install, self.identity, self.clock())
+            d.status = peers.stamped(
+                d.status, live, self.c.install, self.c.identity, self.c.clock()
+            )
         current = comparable_status(model.get("status"), d.status, owned)
-        rv = await self.applier.apply_status(name, ns, d.status, current)
+        rv = await self.c.applier.apply_status(name, ns, d.status, current)
         if rv is not None:
-            self._remember_status((ns, name), model, d.status)
-            self._report_pruned(model)
+            self.c.status.remember((ns, name), model, d.status)
+            self.c.status.report_pruned(model)
             for type_, reason, message in d.events:
-                self._background(self.applier.event(dict(model), type_, reason, message))
+                self.background(self.c.applier.event(dict(model), type_, reason, message))
         self._expire_deleted_jobs()
         if obs.write_errors:
             raise RejectedWrites(write_error_message(obs.write_errors) or "")
@@ -121,7 +136,7 @@ class ExecuteMixin(ControllerBase):
         if job is None:
             return
         try:
-            await self.applier.ensure_job(job, live)
+            await self.c.applier.ensure_job(job, live)
         except ApiError as e:
             # 409: the watch will bring the new version. 422 "field is immutable" on a Job
             # the cache did not show: a model sharing the key created it an instant ago from
@@ -130,20 +145,20 @@ class ExecuteMixin(ControllerBase):
                                  and "field is immutable" in (e.status.message or ""))
             if e.status.code != 409 and not created_by_sharer:
                 raise
-            self.queue.add_after((ns, name), 1.0)
+            self.c.queue.add_after((ns, name), 1.0)
 
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+    def background(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run a best-effort write (an Event) without holding up the worker."""
         task = asyncio.create_task(self._bounded(coro))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     async def _bounded(self, coro: Coroutine[Any, Any, None]) -> None:
         async with self._event_slots:
             await coro
 
     def _expire_deleted_jobs(self) -> None:
-        cutoff = time.monotonic() - 600
-        for uid, when in list(self._deleted_jobs.items()):
+        cutoff = time.monotonic() - DELETED_JOB_MEMORY_SECONDS
+        for uid, when in list(self.deleted_jobs.items()):
             if when < cutoff:
-                del self._deleted_jobs[uid]
+                del self.deleted_jobs[uid]

@@ -1,5 +1,6 @@
-"""Observation: the Controller gathers one model's observed state (reconcile.Observed) from
-the caches, and the few pods and Events it reads from the API server."""
+"""Observation (``Controller.observer``): one model's observed state (reconcile.Observed) from
+the caches, and the few pods and Events read from the API server. Its state: those reads,
+cached a few seconds (or, for a finished Job's pods, until the Job is gone)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..desired.plan import ModelPlan
 from ..desired.routing import inference_pool_name
 from ..desired.scaletozero import SLICE_SERVICE_NAME, wants_scale_to_zero
 from ..reconcile import API_UNKNOWN, Observed
-from .base import ControllerBase
+from .base import ControllerParts
 from .common import (
     JOB_MESSAGES_MIN_LIMIT,
     NOT_READY_RECHECK_SECONDS,
@@ -34,8 +35,22 @@ log = logging.getLogger("spyre_operator.controller")  # the controller's, as bef
 FOREIGN_RECHECK_SECONDS = 60.0
 
 
-class ObserveMixin(ControllerBase):
+class Observer:
     """Observation of the caches (and of the pods and Events no watch covers)."""
+
+    def __init__(self, controller: ControllerParts) -> None:
+        self.c = controller
+        #: model -> (when listed, its serving pods): see recent_server_pods.
+        self._server_pods: dict[ModelKey, tuple[float, list[dict[str, Any]]]] = {}
+        #: Terminal Job uid -> its pods (their termination messages): see job_pods.
+        self.job_messages: dict[str, list[dict[str, Any]]] = {}
+        #: Running Job uid -> (when read, its pods, its Events): see precompile.
+        self._starting_jobs: dict[str, tuple[float, list[Any], list[Any]]] = {}
+        self._job_messages_limit = JOB_MESSAGES_MIN_LIMIT
+
+    def forget(self, key: ModelKey) -> None:
+        """The model is gone: its pods' listing is dropped."""
+        self._server_pods.pop(key, None)
 
     def observe(
         self,
@@ -47,30 +62,30 @@ class ObserveMixin(ControllerBase):
     ) -> Observed:
         """Gather the observed state of one model from the caches."""
         ns, name = model["metadata"]["namespace"], model["metadata"]["name"]
-        job = self.caches.one("jobs", (ns, job_name))
-        if job is not None and job["metadata"].get("uid") in self._deleted_jobs:
+        job = self.c.caches.one("jobs", (ns, job_name))
+        if job is not None and job["metadata"].get("uid") in self.c.writer.deleted_jobs:
             job = None  # we deleted it; the watch has not caught up yet
         users = sorted(
-            self.caches.all("claim_users", (ns, plan_claim)),
+            self.c.caches.all("claim_users", (ns, plan_claim)),
             key=lambda u: (u.created, u.owner.name),
         )
         obs = Observed(
-            cache_pvc=self.caches.one("pvcs", (ns, plan_claim)),
+            cache_pvc=self.c.caches.one("pvcs", (ns, plan_claim)),
             model_pvc_exists=model_claim is None
-            or self.caches.one("pvcs", (ns, model_claim)) is not None,
+            or self.c.caches.one("pvcs", (ns, model_claim)) is not None,
             job=job,
-            deployment=self.caches.one("deployments", (ns, names.server_name(name))),
-            service=self.caches.one("services", (ns, names.server_name(name))),
-            pdb=self.caches.one("pdbs", (ns, names.server_name(name))),
-            hpa=self.caches.one("hpas", (ns, names.server_name(name))),
-            network_policy=self.caches.one("networkpolicies", (ns, names.server_name(name))),
+            deployment=self.c.caches.one("deployments", (ns, names.server_name(name))),
+            service=self.c.caches.one("services", (ns, names.server_name(name))),
+            pdb=self.c.caches.one("pdbs", (ns, names.server_name(name))),
+            hpa=self.c.caches.one("hpas", (ns, names.server_name(name))),
+            network_policy=self.c.caches.one("networkpolicies", (ns, names.server_name(name))),
             job_owners=sorted(
-                {o for o in self.caches.all("artifact_users", (ns, plan_claim, key))},
+                {o for o in self.c.caches.all("artifact_users", (ns, plan_claim, key))},
                 key=lambda o: (o.name, o.uid),
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
             claim_name_users=[u.owner for u in users if u.volume is None],
-            claim_artifact_bytes=self.gc.claim_artifact_bytes(ns, plan_claim, users),
+            claim_artifact_bytes=self.c.gc.claim_artifact_bytes(ns, plan_claim, users),
         )
         self._observe_inference_pool(obs, ns, name)
         self._observe_scale_to_zero(obs, ns, name)
@@ -91,7 +106,7 @@ class ObserveMixin(ControllerBase):
 
     def _observe_inference_pool(self, obs: Observed, ns: str, name: str) -> None:
         """The model's InferencePool from the optional watch (no API request)."""
-        watch = self.inference_pools
+        watch = self.c.inference_pools
         if watch is None:
             obs.inference_pool_api = API_UNKNOWN
             return
@@ -109,7 +124,7 @@ class ObserveMixin(ControllerBase):
         A same-named object that is not the operator's is never read as ours nor written over:
         the model reports it (ScaleToZeroUnavailable) and writes none of them.
         """
-        cfg = obs.keda = self.scale_to_zero
+        cfg = obs.keda = self.c.scale_to_zero
         server = names.server_name(name)
         foreign: list[str] = []
 
@@ -121,9 +136,9 @@ class ObserveMixin(ControllerBase):
             return live
 
         for watch, state, message, attr, kind in (
-            (self.scaled_objects, "scaled_object_api", "scaled_object_api_message",
+            (self.c.scaled_objects, "scaled_object_api", "scaled_object_api_message",
              "scaled_object", "ScaledObject"),
-            (self.http_scaled_objects, "http_scaled_object_api",
+            (self.c.http_scaled_objects, "http_scaled_object_api",
              "http_scaled_object_api_message", "http_scaled_object", "HTTPScaledObject"),
         ):  # fmt: skip
             if watch is None:
@@ -132,32 +147,31 @@ class ObserveMixin(ControllerBase):
             setattr(obs, message, watch.message)
             setattr(obs, attr, ours(kind, watch.get(ns, server)))
         obs.engine_service = ours(
-            "Service", self.caches.one("services", (ns, names.engine_service_name(name)))
+            "Service", self.c.caches.one("services", (ns, names.engine_service_name(name)))
         )
         obs.coldstart_service = ours(
-            "Service", self.caches.one("services", (ns, names.coldstart_service_name(name)))
+            "Service", self.c.caches.one("services", (ns, names.coldstart_service_name(name)))
         )
-        obs.mirror_slice = ours(
-            "EndpointSlice", self.caches.one("endpointslices", (ns, names.mirror_slice_name(name)))
-        )
+        mirror = self.c.caches.one("endpointslices", (ns, names.mirror_slice_name(name)))
+        obs.mirror_slice = ours("EndpointSlice", mirror)
         obs.foreign_scale_to_zero = "; ".join(foreign) or None
-        if self.interceptor_slices is not None:
+        if self.c.interceptor_slices is not None:
             obs.interceptor_slices = [
                 body
-                for (slice_ns, _), body in self.interceptor_slices.cache.items()
+                for (slice_ns, _), body in self.c.interceptor_slices.cache.items()
                 if slice_ns == cfg.interceptor_namespace
                 and ((body.get("metadata") or {}).get("labels") or {}).get(SLICE_SERVICE_NAME)
                 == cfg.interceptor_service
             ]
 
-    async def _pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    async def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         pods = []
         labels: dict[str, Any] = dict(selector)
-        async for p in self.client.list(Pod, namespace=namespace, labels=labels):
+        async for p in self.c.client.list(Pod, namespace=namespace, labels=labels):
             pods.append(compact_pod(p.to_dict()))
         return pods
 
-    async def _recent_server_pods(self, key: ModelKey) -> list[dict[str, Any]]:
+    async def recent_server_pods(self, key: ModelKey) -> list[dict[str, Any]]:
         """The model's serving pods, listed at most every SERVER_PODS_TTL seconds.
 
         Only needed to explain a rollout that does not become available (crash loops, engine
@@ -168,11 +182,11 @@ class ObserveMixin(ControllerBase):
         cached = self._server_pods.get(key)
         if cached is not None and now - cached[0] < SERVER_PODS_TTL:
             return cached[1]
-        pods = await self._pods(key[0], names.server_selector(key[1]))
+        pods = await self.pods(key[0], names.server_selector(key[1]))
         self._server_pods[key] = (now, pods)
         return pods
 
-    async def _observe_mirror_slice(self, obs: Observed, plan: ModelPlan) -> None:
+    async def mirror_slice(self, obs: Observed, plan: ModelPlan) -> None:
         """The mirror EndpointSlice, asked of the API server by name while the cache has none
         for a model that may go to zero (before the operator makes it, and while someone
         else's is in the way). The cache holds only the operator's slices (a label-selected
@@ -185,14 +199,14 @@ class ObserveMixin(ControllerBase):
             obs.mirror_slice is not None
             or not obs.keda.enabled
             or not wants_scale_to_zero(plan)
-            or self.client is None
+            or self.c.client is None
         ):
             return
         name = names.mirror_slice_name(plan.name)
         try:
             found = [
                 s.to_dict()
-                async for s in self.client.list(
+                async for s in self.c.client.list(
                     EndpointSlice, namespace=plan.namespace, fields={"metadata.name": name}
                 )
             ]
@@ -215,24 +229,24 @@ class ObserveMixin(ControllerBase):
         """The precompile Jobs the model owns besides its own, and which of them some model
         needs; the artifacts the claim's other users recorded (a Job is removed after a
         while: what one of them compiled on this claim is not compiled again)."""
-        for job in self.caches.all("owned_jobs", (ns, name)):
+        for job in self.c.caches.all("owned_jobs", (ns, name)):
             meta = job.get("metadata") or {}
-            if meta.get("uid") in self._deleted_jobs or meta.get("name") == job_name:
+            if meta.get("uid") in self.c.writer.deleted_jobs or meta.get("name") == job_name:
                 continue
             obs.owned_jobs.append(job)
             job_claim = (meta.get("labels") or {}).get(names.CLAIM_LABEL)
             job_key = (meta.get("annotations") or {}).get(names.ARTIFACT_KEY_ANNOTATION)
-            if self.caches.all("artifact_users", (ns, job_claim, job_key)):
+            if self.c.caches.all("artifact_users", (ns, job_claim, job_key)):
                 obs.needed_jobs.add((str(job_claim), str(job_key)))
-        for user in self.caches.all("claim_users", (ns, claim)):
+        for user in self.c.caches.all("claim_users", (ns, claim)):
             if user.owner.name == name:
                 continue
-            m = self.caches.one("models", (ns, user.owner.name)) or {}
+            m = self.c.caches.one("models", (ns, user.owner.name)) or {}
             for a in ((m.get("status") or {}).get("cache") or {}).get("artifacts") or []:
                 if a.get("claim") == claim:
                     obs.claim_artifacts.append(a)
 
-    async def _observe_precompile(self, key: ModelKey, obs: Observed) -> None:
+    async def precompile(self, key: ModelKey, obs: Observed) -> None:
         """The precompile Job's pods: a finished Job's termination messages (read once), and
         while the Job runs but none of its pods does, what holds it up (unschedulable, image,
         Secret; with no pod at all its FailedCreate Events). The scheduler and the kubelet
@@ -242,7 +256,7 @@ class ObserveMixin(ControllerBase):
         if job is None:
             return
         if job_status.finished(job):
-            obs.job_pods = await self._job_pods(key[0], job)
+            obs.job_pods = await self.job_pods(key[0], job)
             return
         if ((job.get("status") or {}).get("ready") or 0) > 0:
             return
@@ -252,18 +266,18 @@ class ObserveMixin(ControllerBase):
                 del self._starting_jobs[uid]  # bounded: only reads of the last seconds stay
         uid = job["metadata"]["uid"]
         if uid not in self._starting_jobs:
-            pods = await self._pods(key[0], {"batch.kubernetes.io/controller-uid": uid})
+            pods = await self.pods(key[0], {"batch.kubernetes.io/controller-uid": uid})
             live = [p for p in pods if not p.get("terminated")]
             events = [] if live else await self._job_events(key[0], uid)
             self._starting_jobs[uid] = (now, pods, events)
         _, obs.job_pods, obs.job_events = self._starting_jobs[uid]
-        self.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
+        self.c.queue.add_after(key, NOT_READY_RECHECK_SECONDS)
 
     async def _job_events(self, ns: str, uid: str) -> list[dict[str, Any]]:
         """Warning Events of a Job (the Job controller's FailedCreate when a pod is refused)."""
         out = []
         try:
-            async for e in self.client.list(
+            async for e in self.c.client.list(
                 Event, namespace=ns, fields={"involvedObject.uid": uid, "type": "Warning"}
             ):
                 d = e.to_dict()
@@ -274,23 +288,23 @@ class ObserveMixin(ControllerBase):
             log.warning("cannot list Events in %s (grant list on events): %s", ns, err)
         return out
 
-    async def _job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    async def job_pods(self, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Pods of a finished Job (read once per Job: their termination messages)."""
         uid = job["metadata"]["uid"]
         if not job_status.finished(job):
             return []
-        if uid not in self._job_messages:
-            pods = await self._pods(ns, {"batch.kubernetes.io/controller-uid": uid})
+        if uid not in self.job_messages:
+            pods = await self.pods(ns, {"batch.kubernetes.io/controller-uid": uid})
             self._forget_gone_job_messages()
-            self._job_messages[uid] = pods
-        return self._job_messages[uid]
+            self.job_messages[uid] = pods
+        return self.job_messages[uid]
 
     def _forget_gone_job_messages(self) -> None:
         """Bound ``_job_messages``: drop the Jobs that are gone (TTL, deleted, superseded);
         a uid is never seen again. Checked when the map doubled, so amortised O(1)."""
-        if len(self._job_messages) < self._job_messages_limit:
+        if len(self.job_messages) < self._job_messages_limit:
             return
-        live = {j["metadata"].get("uid") for j in self.caches.values("jobs").values()}
-        for uid in [u for u in self._job_messages if u not in live]:
-            del self._job_messages[uid]
-        self._job_messages_limit = max(JOB_MESSAGES_MIN_LIMIT, 2 * len(self._job_messages))
+        live = {j["metadata"].get("uid") for j in self.c.caches.values("jobs").values()}
+        for uid in [u for u in self.job_messages if u not in live]:
+            del self.job_messages[uid]
+        self._job_messages_limit = max(JOB_MESSAGES_MIN_LIMIT, 2 * len(self.job_messages))

@@ -1,22 +1,26 @@
-"""Which models an event concerns: the Controller's enqueue and models_for_* lookups."""
+"""Which models an event concerns (``Controller.router``): the models_for_* lookups the watch
+handlers enqueue. Its state (the claims' signatures, the PVCs' phases) is its own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .. import conditions as C
 from ..desired.scaletozero import SLICE_SERVICE_NAME
-from .base import ControllerBase
+from .base import ControllerParts
 from .common import ModelKey
 
 
-class RoutingMixin(ControllerBase):
+class Router:
     """Work queue routing: the models to reconcile for an event on a model or a child."""
 
-    def enqueue(self, keys: Iterable[ModelKey], urgent: bool = False) -> None:
-        for k in keys:
-            self.queue.add(k, urgent)
+    def __init__(self, controller: ControllerParts) -> None:
+        self.c = controller
+        #: model -> (claim, key, volume) of its last reconcile: see claim_peers_if_changed.
+        self._claim_sigs: dict[ModelKey, tuple[str, str, str | None]] = {}
+        #: (namespace, claim) -> the PVC's phase last seen: see models_for_pvc_event.
+        self._pvc_phases: dict[tuple[str, str], str] = {}
 
     def models_for_owner_refs(self, namespace: str, body: Mapping[str, Any]) -> list[ModelKey]:
         """SpyreModels named in a child's ownerReferences."""
@@ -25,12 +29,12 @@ class RoutingMixin(ControllerBase):
 
     def models_for_claim(self, namespace: str, claim: str) -> list[ModelKey]:
         """SpyreModels using ``claim`` as their cache."""
-        users = self.caches.all("claim_users", (namespace, claim))
+        users = self.c.caches.all("claim_users", (namespace, claim))
         return [(namespace, u.owner.name) for u in users]
 
     def models_for_model_claim(self, namespace: str, claim: str) -> list[ModelKey]:
         """SpyreModels loading weights from pvc://``claim`` (it appeared, went or changed)."""
-        owners = self.caches.all("model_claim_users", (namespace, claim))
+        owners = self.c.caches.all("model_claim_users", (namespace, claim))
         return [(namespace, o.name) for o in owners]
 
     def models_for_routing_object(self, namespace: str, body: Mapping[str, Any]) -> list[ModelKey]:
@@ -42,14 +46,14 @@ class RoutingMixin(ControllerBase):
     def models_for_child_name(self, namespace: str, name: str) -> list[ModelKey]:
         """SpyreModels one of whose children is named ``name`` (a foreign object of that name
         conflicts with them): by the derived names, not the model's own."""
-        return [(namespace, m) for m in self.caches.all("child_names", (namespace, name))]
+        return [(namespace, m) for m in self.c.caches.all("child_names", (namespace, name))]
 
     def models_wanting_routing(self) -> list[ModelKey]:
         """Models that ask for an InferencePool or still report on one (RoutingReady)."""
-        models = self.caches.indices.get("models") or {}
+        models = self.c.caches.indices.get("models") or {}
         out = []
         for key in list(models.keys()):
-            m = self.caches.one("models", key) or {}
+            m = self.c.caches.one("models", key) or {}
             routing = (m.get("spec") or {}).get("routing") or {}
             conds = (m.get("status") or {}).get("conditions")
             if routing.get("inferencePool") or C.find(conds, C.ROUTING_READY):
@@ -58,10 +62,10 @@ class RoutingMixin(ControllerBase):
 
     def models_wanting_scale_to_zero(self) -> list[ModelKey]:
         """Models that allow zero replicas (autoscaling.minReplicas 0)."""
-        models = self.caches.indices.get("models") or {}
+        models = self.c.caches.indices.get("models") or {}
         out = []
         for key in list(models.keys()):
-            m = self.caches.one("models", key) or {}
+            m = self.c.caches.one("models", key) or {}
             auto = (m.get("spec") or {}).get("autoscaling") or {}
             if auto.get("minReplicas") == 0:
                 out.append(key)
@@ -71,7 +75,7 @@ class RoutingMixin(ControllerBase):
         """An EndpointSlice of the interceptor's namespace changed: if it is the proxy
         Service's, every scale-to-zero model mirrors it."""
         labels = (body.get("metadata") or {}).get("labels") or {}
-        if labels.get(SLICE_SERVICE_NAME) != self.scale_to_zero.interceptor_service:
+        if labels.get(SLICE_SERVICE_NAME) != self.c.scale_to_zero.interceptor_service:
             return []
         return self.models_wanting_scale_to_zero()
 
@@ -99,7 +103,7 @@ class RoutingMixin(ControllerBase):
             return []
         if sig is None or sig[0] != old[0]:
             # Deleted (or moved): what only it listed on the old claim is an orphan now.
-            self.gc.sweep_requested.add((key[0], old[0]))
+            self.c.gc.sweep_requested.add((key[0], old[0]))
         peers = set(self.models_for_claim(key[0], old[0]))
         if sig is not None and sig[0] != old[0]:
             peers |= set(self.models_for_claim(key[0], sig[0]))
