@@ -60,8 +60,12 @@ def test_happy_path_to_ready(kube: Kube, operator: OperatorProcess) -> None:
         spec(precompile={"podAnnotations": {
             "kwok.spyre.dev/termination-message": json.dumps(summary)}}),
     )
-    # kubectl wait works on the Ready condition
+    # kubectl wait works on the Ready condition, and on kstatus' Reconciling: Ready turns True
+    # once the Deployment is available, Reconciling False once its rollout is recorded as done
+    # (the next reconcile: a read right after Ready saw Reconciling still True in a loaded run)
     kube.kubectl("wait", "--for=condition=Ready", "--timeout=90s", "spyremodel/granite")
+    kube.kubectl("wait", "--for=condition=Reconciling=False", "--timeout=60s",
+                 "spyremodel/granite")
     m = kube.model("granite")
     st = m["status"]
     assert st["observedGeneration"] == m["metadata"]["generation"]
