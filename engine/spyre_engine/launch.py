@@ -32,10 +32,14 @@ log = logging.getLogger(__name__)
 # and how long the engine waits for the whole process group before SIGKILL (a bit longer, so vLLM's
 # own escalation runs first). Inside it, the engine core gives its TP workers
 # VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then SIGTERM and 4 s, then SIGKILL; the API server's
-# budget must cover that plus the core's own teardown (about 3 s) and exit. An idle engine core
-# normally exits in 1-3 s; on the loaded 2-core test machine TP=1 took ~10 s, TP=2 more.
-VLLM_SHUTDOWN_TIMEOUT = 15
-WORKER_SHUTDOWN_TIMEOUT = 6
+# budget must cover that plus the core's own teardown and interpreter exit. An idle engine core
+# normally exits in 1-3 s; on a loaded 2-core machine a TP=2 worker spent ~5 s in its own
+# teardown (Python's final garbage collection of the model), and in a cold run the workers needed
+# more than 6 + 4 s and the engine core was force-killed at 15 s: hence 10 s for the workers and
+# 30 s in all. vLLM's SIGTERM to a worker does nothing once its death pipe has closed (the
+# handler raises only the first time), so the worker's grace is its real budget.
+VLLM_SHUTDOWN_TIMEOUT = 30
+WORKER_SHUTDOWN_TIMEOUT = 10
 STOP_GRACE = VLLM_SHUTDOWN_TIMEOUT + 3.0
 
 # platform.py logs the configuration it settled on (after capping unknown configurations).

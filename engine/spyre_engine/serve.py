@@ -89,7 +89,8 @@ ENGINE_ERROR_EVENT = (
 ABORT_GRACE = 2.0
 CHILD_STOP_GRACE = STOP_GRACE
 HTTP_STOP_GRACE = 1.0
-# Exit even if something above hangs (drain + 24 s); the operator allows drain timeout + 25 s.
+# Exit even if something above hangs (drain + 38 s); the operator allows drain timeout + 40 s
+# (TERMINATION_MARGIN_SECONDS in operator/spyre_operator/desired/plan.py; a unit test compares).
 HARD_EXIT_AFTER_DEADLINE = ABORT_GRACE + CHILD_STOP_GRACE + HTTP_STOP_GRACE + 2.0
 #: While vLLM starts, how often the wrapper says what its /health answered (a slow start or a
 #: hang is then visible in the log, not only as a probe that never succeeds).

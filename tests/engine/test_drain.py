@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from spyre_engine.serve import HARD_EXIT_AFTER_DEADLINE
 from spyre_engine.testing.process import EngineProcess
 
 from tests.cluster.controlplane import wait_until
@@ -18,9 +19,10 @@ from .sse import TIMEOUT, stream_completion
 pytestmark = pytest.mark.engine
 
 MODEL = "tiny"
-# Exit must come before drain timeout + this (the operator's grace period is drain + 25 s): abort
-# grace 2 s, vLLM's own shutdown of its engine core and workers (up to 18 s), HTTP close 1 s.
-EXIT_SLACK = 24.0
+# Exit must come before drain timeout + this, the engine's watchdog (the operator's grace period is
+# longer: tests/unit/test_shutdown_budget.py): abort grace, vLLM's own shutdown of its engine core
+# and workers, HTTP close.
+EXIT_SLACK = HARD_EXIT_AFTER_DEADLINE
 # A long context so the "long" stream outlasts the drain even on a fast machine (~100 tok/s),
 # while the short one fits it on a loaded one (~5 tok/s).
 SHAPE = ["--max-model-len", "2048", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]

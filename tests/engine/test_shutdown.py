@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 from spyre_engine import catalog
+from spyre_engine.serve import HARD_EXIT_AFTER_DEADLINE
 from spyre_engine.testing.process import EngineProcess
 
 from tests.cluster.controlplane import wait_until
@@ -67,7 +68,7 @@ def test_sigterm_lets_the_engine_core_exit_by_itself(  # type: ignore[no-untyped
     elapsed = time.monotonic() - signalled
     log = engine.log_path.read_text(errors="replace")
     assert code == 0, engine.log_tail(80)
-    assert elapsed < 2 + 24, elapsed
+    assert elapsed < 2 + HARD_EXIT_AFTER_DEADLINE, elapsed
     assert FORCE_KILL not in log, log[-4000:]
     assert CORE_TEARDOWN in log, log[-4000:]
     assert SELF_EXIT in log, log[-4000:]

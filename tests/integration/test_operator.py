@@ -106,7 +106,7 @@ def test_happy_path_to_ready(kube: Kube, operator: OperatorProcess) -> None:
     assert c["startupProbe"]["httpGet"]["path"] == "/health/startup"
     assert c["readinessProbe"]["httpGet"]["path"] == "/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"
-    assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 25  # preStop sleep, drain, margin
+    assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 40  # preStop sleep, drain, margin
     assert c["lifecycle"]["preStop"]["sleep"]["seconds"] == 5
     strategy = dep["spec"]["strategy"]["rollingUpdate"]
     assert strategy["maxSurge"] == 0 and strategy["maxUnavailable"] == 1

@@ -21,9 +21,10 @@ MODEL_MOUNT = "/models"
 HF_CACHE_DIR = f"{CACHE_MOUNT}/hub"
 #: Margin between the engine's drain deadline and the kubelet's SIGKILL: after the drain the
 #: engine gives vLLM's engine core and tensor-parallel workers (the processes holding the
-#: cards) up to ~18 s to exit by themselves, and its watchdog fires at drain + 24 s
-#: (engine/spyre_engine/serve.py). The kubelet must not SIGKILL before that.
-TERMINATION_MARGIN_SECONDS = 25
+#: cards) up to 33 s to exit by themselves, and its watchdog fires at drain + 38 s
+#: (HARD_EXIT_AFTER_DEADLINE in engine/spyre_engine/serve.py; tests/unit compares the two). The
+#: kubelet must not SIGKILL before that.
+TERMINATION_MARGIN_SECONDS = 40
 #: A terminating serving pod keeps accepting requests this long before the engine is told to
 #: drain (a preStop sleep): the pod leaves the Service's endpoints at once, but kube-proxy on
 #: every node needs a moment to stop sending it new connections. Without it a rollout under
