@@ -12,11 +12,12 @@ kube-proxy), the address a client keeps at every replica count:
 1. The model (minReplicas 0, maxReplicas 1: 0 <-> 1 on requests alone, no Prometheus)
    serves, then, idle, goes to zero: no serving pod is left on the node (its resources are
    free), the artifact stays, ``Ready`` says ``ScaledToZero`` and kstatus's rules say Current.
+   Meanwhile its twin on the same artifact gets a steady trickle of short requests (one every
+   few seconds) and stays up: no 1 -> 0 in the time the idle one took to reach zero.
 2. One request at zero is held and answered; the model is back at one replica.
 3. At zero again: 8 concurrent completions and a streamed chat completion are all answered
    by the one wake-up.
-4. A steady trickle of short requests (one every few seconds) keeps it up: no 1 -> 0.
-5. Past the hold bound (maxWaitSeconds 1) the client gets 503 with Retry-After and a body
+4. Past the hold bound (maxWaitSeconds 1) the client gets 503 with Retry-After and a body
    that says the model is starting.
 
 Wake-up times are printed; ``make bench`` compares them with a bare start.
@@ -25,6 +26,7 @@ Wake-up times are printed; ``make bench`` compares them with a bare start.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -41,6 +43,9 @@ from tests.realpods import support
 pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout(2400)]
 
 MODEL = "sleepy"
+#: The twin that a steady trickle keeps up while MODEL, idle, goes to zero (same spec and
+#: artifact: one compile).
+STEADY = "steady"
 IDLE = 30  # the API's minimum
 WAKE_TIMEOUT = 600.0
 
@@ -70,12 +75,12 @@ def _spec(env: RealEnv, max_wait: int = 300) -> dict[str, Any]:
                         "responseTimeoutSeconds": 300}})  # fmt: skip
 
 
-def _model(env: RealEnv) -> dict[str, Any]:
-    return env.kube.model(MODEL)
+def _model(env: RealEnv, name: str = MODEL) -> dict[str, Any]:
+    return env.kube.model(name)
 
 
-def _replicas(env: RealEnv) -> int:
-    return int(_model(env)["spec"].get("replicas", 1))
+def _replicas(env: RealEnv, name: str = MODEL) -> int:
+    return int(_model(env, name)["spec"].get("replicas", 1))
 
 
 def _cond(m: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -99,19 +104,87 @@ def _at_zero(env: RealEnv, timeout: float = IDLE + 240) -> dict[str, Any]:
     return m  # type: ignore[no-any-return]
 
 
-def _url(env: RealEnv) -> str:
-    return support.service_url(env.cp, env.ns, MODEL)
+def _url(env: RealEnv, name: str = MODEL) -> str:
+    return support.service_url(env.cp, env.ns, name)
 
 
-def test_an_idle_model_goes_to_zero_and_keeps_its_address(env: RealEnv) -> None:
+def test_an_idle_model_goes_to_zero_and_keeps_its_address_a_trickled_one_stays_up(
+    env: RealEnv,
+) -> None:
+    """The trickle is short requests, one every 5 s, to the twin, watched until the idle model
+    is at zero (the HTTP trigger's 10 s window, idleSeconds of cooldown, KEDA's 30 s polling
+    interval: ~70 s): the time that took the idle one to zero leaves the trickled one at 1.
+
+    (Counting requests in flight, sampled every 500 ms, missed requests this short and took
+    the model to zero under use.)"""
     env.kube.apply_model(MODEL, _spec(env))
+    env.kube.apply_model(STEADY, _spec(env))
     t0 = time.monotonic()
+
     # Ready: serving, or already at zero (KEDA's initial cooldown is idleSeconds from the
     # ScaledObject's creation, which the compile and the first start may outlast)
-    env.kube.wait(lambda: _cond(_model(env), "Ready").get("status") == "True", 900,
-                  "the model is Ready")  # fmt: skip
+    def ready(name: str) -> bool:
+        return _cond(_model(env, name), "Ready").get("status") == "True"
+
+    env.kube.wait(lambda: ready(MODEL) and ready(STEADY), 900, "both models Ready")
     print(f"compile + Ready in {time.monotonic() - t0:.0f}s "
           f"({_cond(_model(env), 'Ready')['reason']})")
+    assert _model(env, STEADY)["status"]["artifact"]["key"] == _model(env)["status"]["artifact"][
+        "key"], "the twin serves the same artifact"
+    # the twin at one replica (woken if its start outlasted the initial cooldown), then the
+    # trickle, from before the idle model's last request until it is at zero
+    r = env.client.run("once", f"{_url(env, STEADY)}/v1/completions", completion_body(1),
+                       "--timeout", str(WAKE_TIMEOUT), timeout=WAKE_TIMEOUT + 60)  # fmt: skip
+    assert r["status"] == 200, r
+    assert _replicas(env, STEADY) == 1
+    samples: list[int] = []
+    steady = env.client.start("steady", f"{_url(env, STEADY)}/v1/completions",
+                              completion_body(1), "--pause", "5")  # fmt: skip
+    t_trickle = time.monotonic()
+    try:
+        idle_model_at_zero(env, samples)
+    finally:
+        out, _ = steady.communicate(timeout=120)  # closes its stdin: the client stops
+    watched = time.monotonic() - t_trickle
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    durations = sorted(round(x["t1"] - x["t0"], 2) for x in results)
+    print(f"trickle: {len(results)} requests in {watched:.0f}s, durations "
+          f"{durations[:3]}..{durations[-3:]} s, replicas seen {sorted(set(samples))} "
+          f"({len(samples)} samples)")
+    assert set(samples) == {1}, f"the twin left 1 replica under a steady trickle: {samples}"
+    # sampled all along (about every second while the idle one went to zero)
+    assert len(samples) >= IDLE, samples
+    assert len(results) >= 10 and all(x["status"] == 200 for x in results), results
+    env.kube.kubectl("delete", "spyremodel", STEADY, "--wait=false")
+
+
+def idle_model_at_zero(env: RealEnv, samples: list[int]) -> None:
+    """The idle model's part of the first test: it serves, goes to zero, keeps its address;
+    the trickled twin's replica count is sampled into ``samples`` all along (a failed read
+    fails the test)."""
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            while not stop.is_set():
+                samples.append(_replicas(env, STEADY))
+                stop.wait(1)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            failed.append(e)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        idle_model_checks(env)
+    finally:
+        stop.set()
+        watcher.join()
+    if failed:
+        raise failed[0]
+
+
+def idle_model_checks(env: RealEnv) -> None:
     m = _model(env)
     endpoint = m["status"]["endpoint"]
     key = m["status"]["artifact"]["key"]
@@ -130,7 +203,8 @@ def test_an_idle_model_goes_to_zero_and_keeps_its_address(env: RealEnv) -> None:
     node_pods = env.cp.kubectl_json("get", "pods", "-A", "--field-selector",
                                     f"spec.nodeName={env.node.name}")["items"]  # fmt: skip
     assert not [p for p in node_pods if p["metadata"]["namespace"] == env.ns
-                and p["metadata"].get("labels", {}).get(names.MODEL_LABEL)], node_pods
+                and p["metadata"].get("labels", {}).get(names.MODEL_LABEL)
+                == names.model_label_value(MODEL)], node_pods
     assert m["status"].get("scaleToZero", {}).get("scaledToZeroSince"), m["status"]
 
     # kstatus (sigs.k8s.io/cli-utils) reads a custom resource as Current when it observed
@@ -184,36 +258,6 @@ def test_eight_concurrent_requests_and_a_stream_at_zero_are_all_answered(env: Re
     print(f"streamed chat at zero: first event after {s['first_event_at'] - s['t0']:.1f}s")
     assert s["status"] == 200 and s["done"] and s["events"] > 0 and not s["error"], (s, err)
     assert len(_serving_pods(env)) == 1, "one wake-up served them all"
-
-
-def test_a_steady_trickle_keeps_the_model_up(env: RealEnv) -> None:
-    """Short requests, one every 5 s, for longer than idle + the rate window: no 1 -> 0.
-
-    Watched for 3 * IDLE + 10 s (100 s): a model nothing reaches is at zero within ~70 s
-    (the HTTP trigger's 10 s window, idleSeconds of cooldown, KEDA's 30 s polling interval).
-
-    (Counting requests in flight, sampled every 500 ms, missed requests this short and took
-    the model to zero under use.)"""
-    if _replicas(env) == 0:
-        env.client.run("once", f"{_url(env)}/v1/completions", completion_body(1),
-                       "--timeout", str(WAKE_TIMEOUT), timeout=WAKE_TIMEOUT + 60)  # fmt: skip
-    assert _replicas(env) == 1
-    seen: set[int] = set()
-    steady = env.client.start("steady", f"{_url(env)}/v1/completions", completion_body(1),
-                              "--pause", "5")  # fmt: skip
-    try:
-        deadline = time.monotonic() + 3 * IDLE + 10
-        while time.monotonic() < deadline:
-            seen.add(_replicas(env))
-            time.sleep(1)
-    finally:
-        out, _ = steady.communicate(timeout=120)  # closes its stdin: the client stops
-    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    durations = sorted(round(x["t1"] - x["t0"], 2) for x in results)
-    print(f"trickle: {len(results)} requests, durations {durations[:3]}..{durations[-3:]} s, "
-          f"replicas seen {sorted(seen)}")
-    assert seen == {1}, f"the model left 1 replica under a steady trickle: {sorted(seen)}"
-    assert len(results) >= 10 and all(x["status"] == 200 for x in results), results
 
 
 def test_past_the_hold_bound_the_client_gets_503_with_retry_after(env: RealEnv) -> None:
