@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import re
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -124,7 +125,12 @@ def test_lock_says_how_it_is_regenerated_and_make_install_uses_it() -> None:
 def test_the_running_environment_is_the_lock() -> None:
     """The tests run with exactly the locked versions (`make install` syncs the lock)."""
     pins, _ = parse_lock(LOCK.read_text())
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in md.distributions()}
+    # The environment's own site-packages, not all of sys.path: setuptools (71+) appends its
+    # _vendor directory to sys.path once anything in the process imports it (torch's inductor
+    # does), and its vendored dists (packaging 26.3 beside the lock's 26.4) are not installed.
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    installed = {canonicalize_name(d.metadata["Name"]): d.version
+                 for d in md.distributions(path=paths)}  # fmt: skip
     differ = {n: (v, installed.get(n)) for n, v in pins.items() if installed.get(n) != v}
     assert not differ, f"locked vs installed (run `make install`): {differ}"
     assert not installed.keys() & EXCLUDED
