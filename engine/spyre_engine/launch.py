@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 VLLM_SHUTDOWN_TIMEOUT = 30
 WORKER_SHUTDOWN_TIMEOUT = 10
 STOP_GRACE = VLLM_SHUTDOWN_TIMEOUT + 3.0
+# A precompile has nothing in flight to protect and its pod has Kubernetes' default grace (30 s):
+# a SIGTERM mid-compile (an engine core inside a compile does not get to its handler) must end
+# the process group well before the kubelet's SIGKILL.
+PRECOMPILE_SHUTDOWN_TIMEOUT = 15
+PRECOMPILE_STOP_GRACE = PRECOMPILE_SHUTDOWN_TIMEOUT + 3.0
 
 # platform.py logs the configuration it settled on (after capping unknown configurations).
 _SPYRE_CONFIG_LINE = re.compile(
@@ -298,6 +303,7 @@ def vllm_command(
     host: str,
     port: int,
     prefix_caching: bool | None = None,
+    shutdown_timeout: int = VLLM_SHUTDOWN_TIMEOUT,
 ) -> list[str]:
     """``vllm serve`` for this shape on ``host:port`` (the same interpreter as ours)."""
     cmd = [
@@ -330,7 +336,7 @@ def vllm_command(
     # When the engine stops vLLM (after its own drain), vLLM gets these seconds to stop its engine
     # core and TP workers in order; with 0, vLLM's shutdown(procs, timeout=0) (v1/utils.py)
     # SIGKILLs the processes holding the cards at once.
-    cmd += ["--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT)]
+    cmd += ["--shutdown-timeout", str(shutdown_timeout)]
     cmd += list(settings.vllm_args)
     return cmd
 

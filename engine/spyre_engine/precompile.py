@@ -20,6 +20,8 @@ from spyre_engine import catalog, known_configs, manifest
 from spyre_engine.gc import writing
 from spyre_engine.known_configs import read_config_json
 from spyre_engine.launch import (
+    PRECOMPILE_SHUTDOWN_TIMEOUT,
+    PRECOMPILE_STOP_GRACE,
     Child,
     ModelNotFound,
     free_port,
@@ -113,14 +115,17 @@ def run_warmup(
     Returns what the plugin logged it configured (max_model_len, max_num_seqs, chunk), if seen.
     """
     port = free_port()
-    cmd = vllm_command(settings, model_path, host="127.0.0.1", port=port)
+    cmd = vllm_command(
+        settings, model_path, host="127.0.0.1", port=port,
+        shutdown_timeout=PRECOMPILE_SHUTDOWN_TIMEOUT,
+    )  # fmt: skip
     log.info("Starting vLLM to compile the shape: %s", " ".join(cmd))
     child = Child(cmd, env)
     try:
         wait_healthy(child, port, settings.compile_timeout)
         return child.spyre_config
     finally:
-        child.stop()
+        child.stop(PRECOMPILE_STOP_GRACE)
         tmp = Path(env.get("TMPDIR") or "/")
         if tmp.is_relative_to(Path(settings.artifact_dir).resolve()):  # only ever our own dir
             remove_dead_sockets(tmp)

@@ -112,7 +112,8 @@ def test_precompile_exits_promptly_on_sigterm(tiny_model: Path, tmp_path: Path) 
         elapsed = time.monotonic() - signalled
         assert code == 128 + 15, (code, proc.log_tail(60))
         # the contract: out before the kubelet's SIGKILL (the precompile pod's grace period is
-        # Kubernetes' default, 30 s); vLLM's own shutdown bound is 18 s, the rest is margin
+        # Kubernetes' default, 30 s); vLLM's own shutdown bound is 18 s
+        # (launch.PRECOMPILE_STOP_GRACE), the rest is margin
         assert elapsed < 30, elapsed
         result = json.loads(term.read_text())
         assert result["reason"] == "Terminated", result

@@ -36,3 +36,10 @@ def test_the_engine_waits_for_vllm_before_killing_the_group() -> None:
 def test_the_watchdog_fires_before_the_kubelet_kills() -> None:
     assert serve.HARD_EXIT_AFTER_DEADLINE > serve.ABORT_GRACE + launch.STOP_GRACE
     assert plan.TERMINATION_MARGIN_SECONDS >= serve.HARD_EXIT_AFTER_DEADLINE + 1
+
+
+def test_a_precompile_stops_before_its_pods_default_grace() -> None:
+    """The precompile Job's pod keeps Kubernetes' default grace period (30 s): a SIGTERM
+    mid-compile must end vLLM's process group (its SIGKILL at the latest) well before."""
+    assert launch.PRECOMPILE_STOP_GRACE > launch.PRECOMPILE_SHUTDOWN_TIMEOUT
+    assert launch.PRECOMPILE_STOP_GRACE + 5 <= 30
