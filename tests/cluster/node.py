@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 from tests.cluster import ociimage
 
+GIB = 1 << 30
+
 if TYPE_CHECKING:
     from tests.cluster.controlplane import ControlPlane
 
@@ -904,9 +906,7 @@ conntrack:
         archive = Path(archive).resolve()
         if not archive.is_file():
             raise NodeError(f"no image archive at {archive}")
-        st = archive.stat()
-        key = hashlib.sha256(f"{archive}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
-        marker = self.dir / "imported" / f"{key[:24]}.json"
+        marker = self._import_marker(archive)
         if not force and marker.exists():
             with contextlib.suppress(ValueError, OSError):
                 seen: dict[str, str] = json.loads(marker.read_text())
@@ -949,6 +949,7 @@ conntrack:
         as :meth:`import_image` puts them (the same markers: the node's later imports of these
         archives return at once). Returns {archive name: seconds}."""
         took: dict[str, float] = {}
+        self.check_disk_for(archives)
         with self.cp._lock():
             if self.pid() and self.socket.exists():
                 context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
@@ -960,6 +961,32 @@ conntrack:
                     self.import_image(archive)
                     took[Path(archive).name] = time.monotonic() - t0
         return took
+
+    def _import_marker(self, archive: Path) -> Path:
+        """Where an import of ``archive`` (this path, size and mtime) is recorded."""
+        st = archive.stat()
+        key = hashlib.sha256(f"{archive}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+        return self.dir / "imported" / f"{key[:24]}.json"
+
+    def check_disk_for(self, archives: list[Path]) -> None:
+        """Refuse, saying how much is needed, an import the disk cannot hold: containerd writes
+        an archive's layers, unpacks them, then drops them, so an import peaks at about twice the
+        archive (the engine's 9 GB: ~18 GB). Without this, a full disk shows up minutes later as
+        ``ctr``'s ENOSPC in the middle of a layer (CI of a34a7e4: 11 GB free at the start)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        new = [Path(a).resolve() for a in archives if Path(a).is_file()]
+        new = [a for a in new if not self._import_marker(a).exists()]
+        if not new:
+            return
+        need = sum(2 * a.stat().st_size for a in new) + GIB
+        free = shutil.disk_usage(self.dir).free
+        if free < need:
+            raise NodeError(
+                f"not enough disk to import the images into the real node: {free / GIB:.1f} GiB "
+                f"free under {self.dir}, an import of {', '.join(a.name for a in new)} "
+                f"needs up to {need / GIB:.1f} GiB (make test needs ~40 GiB free in all: "
+                "see .ci/README.md). Free space, e.g. `make cluster-down` in other checkouts, "
+                "`make images-prune`, other checkouts' .cluster/ directories")
 
     @contextlib.contextmanager
     def _standalone_containerd(self):  # type: ignore[no-untyped-def]
