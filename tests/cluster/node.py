@@ -378,6 +378,11 @@ class RealNode:
             self._down(delete_node=False)
         t0 = time.monotonic()
         if not self.baseline_file.exists():
+            # Empty cgroups of this slot (no process in them: checked above) can only be a dead
+            # node's: a `down` that could not remove them in time, a checkout deleted without
+            # one. They are not the host's state: a baseline with them made `down` look like
+            # it changed the host (a warm run in a path used before, 2026-11-28).
+            self._remove_cgroups(self.cgroup_name)
             self.dir.mkdir(parents=True, exist_ok=True)
             snap = host_snapshot(self.cgroup_name)
             # The kubelet's sysctls are global: if another checkout's node runs, the values

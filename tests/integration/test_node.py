@@ -34,6 +34,7 @@ from tests.cluster.node import (
     SPYRE_CARDS,
     RealNode,
     host_snapshot,
+    node_cgroup_dirs,
     running_nodes,
 )
 
@@ -396,5 +397,11 @@ def test_zz_down_leaves_nothing_behind(control_plane: ControlPlane, real_node: R
                        capture_output=True, timeout=120)
         shutil.rmtree(root, ignore_errors=True)
 
+    # A dead node's empty cgroups (a `down` that could not remove them in time, a checkout
+    # deleted without one) are not the host's state: `up` removes them before its baseline.
+    stale = [d for d in node_cgroup_dirs(real_node.cgroup_name) if d.parent.is_dir()]
+    for d in stale:
+        d.mkdir()
     real_node.up()
     assert real_node.ready()
+    assert stale and json.loads(real_node.baseline_file.read_text())["cgroups"] == []
