@@ -430,10 +430,23 @@ def run_serve(settings: ServeSettings, process_started: float) -> int:
     if verified is not None:
         metrics.startup_phase_seconds.labels("verify").set(t3 - t_selected)
 
+    from spyre_engine import answers
     from spyre_engine.serve import serve
 
+    references, tolerance = None, answers.DEFAULT_TOLERANCE
+    if settings.output_check != "off":
+        try:
+            found = answers.read(settings.artifact_dir)
+        except ValueError as exc:  # covered by the manifest: a file the engine cannot read
+            return _fail(settings.termination_log, REASON_ARTIFACT_CORRUPT, str(exc))
+        if found is None:
+            log.info("The artifact has no reference answers (built before the output check, "
+                     "or with --reference-answers off): served without the check")
+        else:
+            references, doc = found
+            tolerance = float(doc.get("tolerance") or tolerance)
     try:
-        return serve(settings, model_path, metrics, process_started)
+        return serve(settings, model_path, metrics, process_started, references, tolerance)
     except Exception as exc:  # e.g. the port is taken: still leave a reason
         log.exception("Serve failed")
         return _fail(settings.termination_log, REASON_ENGINE_FAILED, f"{type(exc).__name__}: {exc}")

@@ -304,6 +304,7 @@ def vllm_command(
     port: int,
     prefix_caching: bool | None = None,
     shutdown_timeout: int = VLLM_SHUTDOWN_TIMEOUT,
+    logits_processors: list[str] | None = None,
 ) -> list[str]:
     """``vllm serve`` for this shape on ``host:port`` (the same interpreter as ours)."""
     cmd = [
@@ -337,6 +338,8 @@ def vllm_command(
     # core and TP workers in order; with 0, vLLM's shutdown(procs, timeout=0) (v1/utils.py)
     # SIGKILLs the processes holding the cards at once.
     cmd += ["--shutdown-timeout", str(shutdown_timeout)]
+    if logits_processors:  # the output check's (serve.py); before the user's arguments
+        cmd += ["--logits-processors", *logits_processors]
     cmd += list(settings.vllm_args)
     return cmd
 

@@ -7,7 +7,9 @@ stopping it. Then the catalog entry serve looks for is added.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
 import os
 import stat
@@ -16,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from spyre_engine import catalog, known_configs, manifest
+from spyre_engine import answers, catalog, known_configs, manifest
 from spyre_engine.gc import writing
 from spyre_engine.known_configs import read_config_json
 from spyre_engine.launch import (
@@ -29,6 +31,7 @@ from spyre_engine.launch import (
     package_versions,
     plugin_env,
     resolve_model,
+    served_name,
     vllm_command,
 )
 from spyre_engine.settings import COMPILE_ONLY_BACKEND, PrecompileSettings
@@ -108,9 +111,12 @@ def wait_healthy(child: Child, port: int, timeout: float) -> None:
 
 
 def run_warmup(
-    settings: PrecompileSettings, model_path: str, env: dict[str, str]
+    settings: PrecompileSettings, model_path: str, env: dict[str, str],
+    references: dict[str, object] | None = None,
 ) -> dict[str, int] | None:
     """Start vLLM with the shape so the plugin's warmup compiles every graph, then stop it.
+    With ``references`` (a dict to fill), the engine's reference answers are recorded into it
+    while vLLM runs (record_references).
 
     Returns what the plugin logged it configured (max_model_len, max_num_seqs, chunk), if seen.
     """
@@ -123,12 +129,63 @@ def run_warmup(
     child = Child(cmd, env)
     try:
         wait_healthy(child, port, settings.compile_timeout)
+        if references is not None:
+            references.update(record_references(settings, model_path, port))
         return child.spyre_config
     finally:
         child.stop(PRECOMPILE_STOP_GRACE)
         tmp = Path(env.get("TMPDIR") or "/")
         if tmp.is_relative_to(Path(settings.artifact_dir).resolve()):  # only ever our own dir
             remove_dead_sockets(tmp)
+
+
+def records_references(settings: PrecompileSettings) -> bool:
+    """Whether this precompile records reference answers: decoders, on a backend that runs the
+    model (sendnn_compile_only runs nothing; eager compiles nothing and starts no vLLM)."""
+    return (
+        settings.reference_answers == "record"
+        and not settings.is_pooling
+        and settings.backend in ("sendnn", "inductor")
+    )
+
+
+def _post_json(url: str, body: dict[str, object], timeout: float = 600) -> dict[str, object]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        answer: dict[str, object] = json.loads(resp.read())
+        return answer
+
+
+def record_references(
+    settings: PrecompileSettings, model_path: str, port: int
+) -> dict[str, object]:
+    """The running engine's greedy answers to the default prompts (answers.py), as the
+    reference document: each prompt tokenized by vLLM's /tokenize, answered one at a time."""
+    base = f"http://127.0.0.1:{port}"
+    name = served_name(settings, model_path)
+    try:
+        prompts = []
+        for i, text in enumerate(answers.DEFAULT_PROMPTS):
+            tokens = _post_json(f"{base}/tokenize", {"model": name, "prompt": text})["tokens"]
+            prompts.append((f"p{i}", [int(t) for t in tokens]))  # type: ignore[attr-defined]
+
+        async def post(body: dict[str, object]) -> dict[str, object]:
+            return await asyncio.to_thread(_post_json, f"{base}/v1/completions", body)
+
+        got = asyncio.run(answers.record(post, name, prompts, settings.reference_max_tokens))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise PrecompileError(
+            REASON_COMPILE_FAILED, f"recording the reference answers failed: {exc}"
+        ) from exc
+    tolerance = answers.QUANTIZED_TOLERANCE if quantization(
+        read_config_json(model_path)) else answers.DEFAULT_TOLERANCE
+    versions = {k: v for k, v in package_versions().items() if v}
+    log.info("Recorded reference answers: %d prompts, %d tokens", len(got),
+             sum(len(a.token_ids) for a in got))
+    return answers.document(got, "self", settings.backend, versions, tolerance,
+                            settings.reference_max_tokens)
 
 
 def record_what_was_compiled(
@@ -262,12 +319,18 @@ def _precompile_locked(
         check_known(settings, model_path, env)
     started = time.monotonic()
     logged = None
+    references: dict[str, object] | None = {} if records_references(settings) else None
     if settings.backend == "eager":
         log.info("Backend eager compiles nothing; recording the shape only")
     else:
         invalidate_manifest(artifact)
-        logged = run_warmup(settings, model_path, env)
+        logged = run_warmup(settings, model_path, env, references)
     compile_seconds = time.monotonic() - started
+    # Before the catalog entry and the manifest (whose checksums cover the file); an earlier
+    # compile's answers never stay beside graphs they were not recorded with.
+    (artifact / answers.REFERENCE_FILENAME).unlink(missing_ok=True)
+    if references:
+        answers.write(artifact, references)
 
     stack = catalog.compiler_stack()
     entry = catalog.make_entry(
@@ -301,4 +364,19 @@ def _precompile_locked(
         sizeBytes=directory_size(artifact),
         modelRevision=model_revision(model_path),
         versions=Versions(**versions, **stack),
+        references=_references_summary(references),
     )
+
+
+def _references_summary(doc: dict[str, object] | None) -> dict[str, object] | None:
+    """What status shows of the reference answers: how many prompts and tokens, from where."""
+    if not doc:
+        return None
+    prompts = doc.get("prompts") or []
+    assert isinstance(prompts, list)
+    return {
+        "source": doc.get("source"),
+        "prompts": len(prompts),
+        "tokens": sum(len(p.get("tokenIds") or []) for p in prompts),
+        "tolerance": doc.get("tolerance"),
+    }

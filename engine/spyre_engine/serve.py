@@ -24,6 +24,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from spyre_engine import answers
 from spyre_engine.launch import (
     STOP_GRACE,
     Child,
@@ -34,7 +35,12 @@ from spyre_engine.launch import (
 )
 from spyre_engine.metrics import EngineMetrics
 from spyre_engine.settings import ServeSettings
-from spyre_engine.summary import REASON_ENGINE_FAILED, FailureSummary, write_termination_log
+from spyre_engine.summary import (
+    REASON_ENGINE_FAILED,
+    REASON_OUTPUT_MISMATCH,
+    FailureSummary,
+    write_termination_log,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +130,22 @@ class EngineServer:
         model_path: str,
         metrics: EngineMetrics,
         process_started: float,
+        references: list[answers.Answer] | None = None,
+        tolerance: float = answers.DEFAULT_TOLERANCE,
     ) -> None:
         self.settings = settings
         self.model_path = model_path
         self.metrics = metrics
         self.process_started = process_started
+        #: The artifact's reference answers, checked before Ready (None: no check).
+        self.references = references if settings.output_check != "off" else None
+        self.tolerance = settings.output_check_tolerance or tolerance
+        #: Whether vLLM loads the plugin's GoldenTokenInjector for the check (not when the
+        #: user names logits processors of their own: vLLM takes one --logits-processors).
+        self.inject = self.references is not None and not any(
+            a.split("=", 1)[0] == "--logits-processors" for a in settings.vllm_args)
+        #: Why the engine stops with OutputMismatch (the check's summary), if it does.
+        self.failure: FailureSummary | None = None
         self.internal_port = settings.internal_port or free_port()
         self.upstream = f"http://127.0.0.1:{self.internal_port}"
         self.child: Child | None = None
@@ -162,6 +179,7 @@ class EngineServer:
             host="127.0.0.1",
             port=self.internal_port,
             prefix_caching=self.settings.prefix_caching,
+            logits_processors=[answers.INJECTOR] if self.inject else None,
         )
         log.info("Starting vLLM on %s: %s", self.upstream, " ".join(cmd))
         spawned = time.monotonic()
@@ -176,7 +194,8 @@ class EngineServer:
         if self.engine_failed:
             write_termination_log(
                 self.settings.termination_log,
-                FailureSummary(reason=REASON_ENGINE_FAILED, message=self.engine_failed),
+                self.failure
+                or FailureSummary(reason=REASON_ENGINE_FAILED, message=self.engine_failed),
             )
             return 1
         return 0
@@ -233,6 +252,8 @@ class EngineServer:
                 ) as resp:
                     answer = f"HTTP {resp.status}"
                     if resp.status == 200:
+                        if not await self._answers_right():
+                            return
                         now = time.monotonic()
                         self.metrics.startup_phase_seconds.labels("engine_start").set(now - spawned)
                         self.metrics.startup_phase_seconds.labels("total").set(
@@ -256,6 +277,46 @@ class EngineServer:
                     f"vLLM exited with code {self.child.proc.returncode}: {self.child.last_error()}"
                 )
                 return
+
+    async def _answers_right(self) -> bool:
+        """Before Ready: the artifact's reference prompts answered and compared (answers.py).
+        False once the engine is stopping with OutputMismatch (enforce)."""
+        if self.references is None:
+            return True
+        assert self._session is not None
+        session = self._session
+        headers = {"Content-Type": "application/json"}
+        if os.environ.get("VLLM_API_KEY"):
+            headers["Authorization"] = f"Bearer {os.environ['VLLM_API_KEY']}"
+
+        async def post(body: dict[str, object]) -> dict[str, object]:
+            async with session.post(self.upstream + "/v1/completions", json=body,
+                                    headers=headers) as resp:
+                data = await resp.read()
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}: {data[:300]!r}")
+                out: dict[str, object] = json.loads(data)
+                return out
+
+        t0 = time.monotonic()
+        try:
+            verdict = await answers.check(post, served_name(self.settings, self.model_path),
+                                          self.references, self.tolerance, inject=self.inject)
+        except (ValueError, aiohttp.ClientError, OSError) as exc:
+            self._fail(f"checking the answers against the artifact's reference failed: {exc}")
+            return False
+        self.metrics.startup_phase_seconds.labels("output_check").set(time.monotonic() - t0)
+        if verdict.ok:
+            log.info("Output check passed: %s", verdict.message())
+            return True
+        if self.settings.output_check == "warn":
+            log.warning("Output check failed (output_check=warn, serving anyway): %s",
+                        verdict.message())
+            return True
+        self.failure = FailureSummary(reason=REASON_OUTPUT_MISMATCH, message=verdict.message(),
+                                      output_check=verdict.summary())
+        self._fail(f"{REASON_OUTPUT_MISMATCH}: {verdict.message()}")
+        return False
 
     def _fail(self, message: str) -> None:
         if self.draining:
@@ -397,6 +458,11 @@ class EngineServer:
         self.metrics.inflight.inc()
         try:
             body = await request.read()
+            if self.inject and answers.INJECTOR_KEY.encode() in body:
+                # The injector raises inside vLLM's worker on a malformed expectation, and
+                # vLLM treats that as fatal: the key is the output check's alone.
+                return _json_error(400, f"vllm_xargs.{answers.INJECTOR_KEY} is reserved for "
+                                   "the engine's output check", "BadRequestError")
             flight.pump = asyncio.create_task(self._forward(request, body, flight))
             try:
                 return await flight.pump
@@ -478,8 +544,15 @@ def artifact_labels(settings: ServeSettings, model_path: str) -> dict[str, str]:
     }
 
 
-def serve(settings: ServeSettings, model_path: str, metrics: EngineMetrics, started: float) -> int:
+def serve(
+    settings: ServeSettings,
+    model_path: str,
+    metrics: EngineMetrics,
+    started: float,
+    references: list[answers.Answer] | None = None,
+    tolerance: float = answers.DEFAULT_TOLERANCE,
+) -> int:
     """Run the front until shutdown; the exit code of ``spyre-engine serve``."""
     metrics.artifact_info.labels(**artifact_labels(settings, model_path)).set(1)
-    server = EngineServer(settings, model_path, metrics, started)
+    server = EngineServer(settings, model_path, metrics, started, references, tolerance)
     return asyncio.run(server.run())

@@ -167,6 +167,15 @@ class PrecompileSettings(EngineSettings):
         "model_configs.yaml (SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG=1); --no-require-known-config "
         "lets the plugin cap it instead",
     )
+    reference_answers: Literal["record", "off"] = Field(
+        "record",
+        description="Record the artifact's reference answers (a greedy generation of a small "
+        "prompt set: token ids and logprobs; decoders only) that serving engines check their "
+        "own answers against before they turn Ready",
+    )
+    reference_max_tokens: int = Field(
+        16, ge=1, le=128, description="Tokens generated per reference prompt"
+    )
 
 
 class ServeSettings(EngineSettings):
@@ -192,6 +201,19 @@ class ServeSettings(EngineSettings):
         "checksums",
         description="Before loading, check the artifact against the manifest precompile wrote: "
         "sizes and sha256 (checksums), sizes only (sizes; reads no file), or not at all (off)",
+    )
+    output_check: Literal["enforce", "warn", "off"] = Field(
+        "enforce",
+        description="Before turning Ready, answer the artifact's reference prompts and compare "
+        "(answers.py): a mismatch stops the engine with OutputMismatch (enforce), is logged "
+        "(warn), or nothing is asked (off). An artifact without reference answers is served",
+    )
+    output_check_tolerance: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Largest difference of a token's probability from the reference's "
+        "(default: upstream's, 0.08; 0.17 for a quantized model)",
     )
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ import json
 import logging
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,8 @@ REASON_UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
 REASON_UNSUPPORTED_BASE = "UnsupportedBase"
 #: ``gc``: the API server could not be asked which artifacts are in use; nothing was removed.
 REASON_IN_USE_UNKNOWN = "InUseUnknown"
+#: ``serve``: the engine's answers left the artifact's reference answers (answers.py).
+REASON_OUTPUT_MISMATCH = "OutputMismatch"
 
 
 class Versions(BaseModel):
@@ -65,6 +67,11 @@ class PrecompileSummary(BaseModel):
     versions: Versions = Field(
         default_factory=lambda: Versions.model_validate({}), description="Package versions"
     )
+    references: dict[str, object] | None = Field(
+        None,
+        description="The reference answers recorded beside the artifact (answers.py): prompts, "
+        "tokens, source; None when none were recorded",
+    )
 
     def to_line(self) -> str:
         """One line of JSON with the camelCase keys the operator reads."""
@@ -74,15 +81,24 @@ class PrecompileSummary(BaseModel):
 class FailureSummary(BaseModel):
     """What any failing ``spyre-engine`` command wrote to its termination log."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     reason: str = Field(description="CamelCase reason, e.g. ArtifactMismatch")
     message: str = Field(description="One human-readable line")
+    output_check: dict[str, object] | None = Field(
+        default=None,
+        validation_alias=AliasChoices("outputCheck", "output_check"),
+        description="OutputMismatch: the check's summary (answers.Verdict.summary: the first "
+        "diverging prompt, position, expected and actual token)",
+    )
 
     def to_line(self) -> str:
         """One line of JSON; the message is flattened to a single line."""
         flat = " ".join(self.message.split())
-        return json.dumps({"reason": self.reason, "message": flat}, separators=(",", ":"))
+        line: dict[str, object] = {"reason": self.reason, "message": flat}
+        if self.output_check is not None:
+            line["outputCheck"] = self.output_check
+        return json.dumps(line, separators=(",", ":"))
 
 
 def parse_termination_message(text: str | None) -> PrecompileSummary | FailureSummary | None:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from spyre_engine import catalog, manifest
-from spyre_engine.summary import PrecompileSummary, parse_termination_message
-from spyre_engine.testing.process import engine_command
+from spyre_engine import answers, catalog, manifest
+from spyre_engine.summary import FailureSummary, PrecompileSummary, parse_termination_message
+from spyre_engine.testing.process import EngineProcess, engine_command
 
-from .conftest import SHAPE, precompile_eager, run_engine
+from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -71,11 +75,13 @@ def test_concurrent_precompiles_keep_every_entry(tiny_model: Path, tmp_path: Pat
     assert not list(art.glob(".catalog-*.tmp"))
 
 
-@pytest.mark.slow
-def test_inductor_precompile_compiles_into_the_artifact(tiny_model: Path, tmp_path: Path) -> None:
-    """The real compile path: vLLM starts with the shape and the plugin warms up into art."""
-    art = tmp_path / "art"
-    term = tmp_path / "term"
+@pytest.fixture(scope="module")
+def inductor_artifact(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+                      ) -> tuple[Path, Path]:
+    """The real compile path, once per module: vLLM starts with the shape and the plugin warms
+    up into the artifact; (artifact, termination log)."""
+    tmp = tmp_path_factory.mktemp("inductor")
+    art, term = tmp / "art", tmp / "term"
     proc = run_engine(
         "precompile",
         "--model",
@@ -90,6 +96,13 @@ def test_inductor_precompile_compiles_into_the_artifact(tiny_model: Path, tmp_pa
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return art, term
+
+
+@pytest.mark.slow
+def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple[Path, Path]
+                                                       ) -> None:
+    art, term = inductor_artifact
     summary = parse_termination_message(term.read_text())
     assert isinstance(summary, PrecompileSummary)
     assert summary.compile_seconds > 1
@@ -100,3 +113,63 @@ def test_inductor_precompile_compiles_into_the_artifact(tiny_model: Path, tmp_pa
     doc = manifest.verify(art)
     assert any(f["path"].startswith("inductor/") for f in doc["files"])
     assert not manifest.compare(art, doc).unlisted
+    # The reference answers were recorded while vLLM ran, and the manifest covers them.
+    refs, ref_doc = answers.read(art) or ([], {})
+    assert len(refs) == len(answers.DEFAULT_PROMPTS), ref_doc
+    assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in refs), refs
+    assert ref_doc["recordedWith"]["backend"] == "inductor"
+    assert answers.REFERENCE_FILENAME in {f["path"] for f in doc["files"]}
+    assert summary.references is not None and summary.references["prompts"] == len(refs)
+
+def _post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.mark.slow
+def test_an_engine_answering_as_its_artifacts_reference_serves_and_one_that_does_not_stops(
+    inductor_artifact: tuple[Path, Path], tiny_model: Path,
+    start_engine: Callable[..., EngineProcess], tmp_path: Path,
+) -> None:
+    """Issue 30, on the engine: the artifact's own answers pass the check before Ready; the
+    output check's key is refused to the public; reference answers the engine does not give
+    (here: the recorded probabilities raised to 0.9) stop it with OutputMismatch, naming the
+    first diverging prompt and position, before it ever turned Ready."""
+    art, _ = inductor_artifact
+    serve = ["--model", str(tiny_model), "--artifact-dir", str(art), "--backend", "inductor",
+             *SHAPE]
+    engine = start_engine(*serve)
+    engine.wait_started(STARTUP_TIMEOUT)
+    assert "Output check passed" in engine.log_path.read_text(), engine.log_tail()
+    refs, _ = answers.read(art) or ([], {})
+    status, body = _post(f"{engine.url}/v1/completions", {
+        **answers.request_body("tiny-granite", refs[0].prompt_token_ids, 2, refs[0], 0.08)})
+    assert status == 400 and "reserved" in json.dumps(body), (status, body)
+    engine.kill()
+
+    ref_file = art / answers.REFERENCE_FILENAME
+    original = ref_file.read_text()
+    doc = json.loads(original)
+    for p in doc["prompts"]:
+        p["logprobs"] = [math.log(0.9)] * len(p["logprobs"])
+    try:
+        answers.write(art, doc)
+        manifest.write_manifest(art)
+        term = tmp_path / "term"
+        wrong = start_engine(*serve, "--termination-log", str(term))
+        assert wrong.wait_exit(STARTUP_TIMEOUT) == 1, wrong.log_tail()
+        failure = parse_termination_message(term.read_text())
+        assert isinstance(failure, FailureSummary) and failure.reason == "OutputMismatch", (
+            term.read_text())
+        first = (failure.output_check or {}).get("firstMismatch")
+        assert isinstance(first, dict) and first["prompt"] == 0 and first["position"] == 0, (
+            failure)
+        assert "position 0" in failure.message, failure.message
+    finally:
+        ref_file.write_text(original)
+        manifest.write_manifest(art)
