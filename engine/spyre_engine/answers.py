@@ -42,7 +42,7 @@ FORMAT = 1
 INJECTOR = "sendnn_inference.v1.sample.golden_token_injector:GoldenTokenInjector"
 #: The key of ``SamplingParams.extra_args`` the injector reads (``vllm_xargs`` over HTTP).
 INJECTOR_KEY = "golden_token_injector"
-#: Upstream's tolerances on probabilities (SENDNN_INFERENCE_TEST_ABS_TOL and the quantized one).
+#: Upstream's tolerances on probabilities (its tests' ABS_TOL and QUANTIZED_ABS_TOL defaults).
 DEFAULT_TOLERANCE = 0.08
 QUANTIZED_TOLERANCE = 0.17
 DEFAULT_MAX_TOKENS = 16

@@ -97,8 +97,14 @@ ENGINE_FAILED = "EngineFailed"
 ARTIFACT_CORRUPT = "ArtifactCorrupt"
 #: A serving pod found no catalog entry it can serve for its shape.
 ARTIFACT_MISMATCH = "ArtifactMismatch"
+#: A serving pod's answers to the artifact's reference prompts left the reference answers
+#: (engine/spyre_engine/answers.py): it stopped before turning Ready. Not compiled again for it
+#: (a compile of the same inputs gives the same graphs).
+OUTPUT_MISMATCH = "OutputMismatch"
+#: Serving pods' reasons that say the artifact is damaged or missing: it is compiled again once.
+ARTIFACT_REFUSED_REASONS = frozenset({ARTIFACT_CORRUPT, ARTIFACT_MISMATCH})
 #: Engine failure reasons of a serving pod that replace the generic EngineFailed in conditions.
-ENGINE_SERVE_REASONS = frozenset({ARTIFACT_CORRUPT, ARTIFACT_MISMATCH})
+ENGINE_SERVE_REASONS = ARTIFACT_REFUSED_REASONS | {OUTPUT_MISMATCH}
 #: A serving container cannot start because its image cannot be pulled (ErrImagePull,
 #: ImagePullBackOff, InvalidImageName; the message is the kubelet's).
 IMAGE_PULL_FAILED = "ImagePullFailed"
@@ -185,6 +191,7 @@ WARNING_REASONS = frozenset(
         ENGINE_FAILED,
         ARTIFACT_CORRUPT,
         ARTIFACT_MISMATCH,
+        OUTPUT_MISMATCH,
         IMAGE_PULL_FAILED,
         CONTAINER_CONFIG_ERROR,
         ROLLOUT_STALLED,

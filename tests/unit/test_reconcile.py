@@ -257,3 +257,23 @@ def test_pooling_model_args() -> None:
     # CPU backend: the precompile pod needs no cards and no Spyre scheduler
     res = d.job.spec.template.spec.containers[0].resources
     assert not (res.limits or {})
+
+
+def test_an_output_mismatch_is_the_condition_reason_and_compiles_nothing_again() -> None:
+    """Issue 30: a serving pod whose answers left the artifact's reference answers stops with
+    OutputMismatch; the model says so (the first diverging prompt and position are in the
+    message) and does not recompile: the same inputs give the same graphs."""
+    m = model("m", GENERATE)
+    obs = Observed(cache_pvc=BOUND, job=job_obj(m, "Complete"))
+    obs.deployment = deployment_obj(decide(m, obs, NOW), ready=0)
+    key = plan_for(m).short_key
+    msg = json.dumps({"reason": "OutputMismatch", "message": "prompt 0 (p0) position 3: "
+                      "expected token 12 (p 0.90), got 7 (p 0.20)",
+                      "outputCheck": {"checked": 6, "firstMismatch": {"position": 3}}})
+    obs.server_pods = [{"name": "m-abc", "artifact": key,
+                        "terminated": {"exitCode": 1, "message": msg}}]
+    d = decide(m, obs, NOW)
+    for type_ in (C.DEGRADED, C.READY):
+        assert cond(d, type_)["reason"] == C.OUTPUT_MISMATCH
+        assert "position 3" in cond(d, type_)["message"]
+    assert d.events and d.events[0][:2] == ("Warning", C.OUTPUT_MISMATCH)

@@ -124,6 +124,18 @@ def test_a_remembered_artifact_the_servers_refuse_is_compiled_again() -> None:
     assert decide(reverted, obs, T3).job is None
 
 
+def test_a_remembered_artifact_whose_servers_answer_wrongly_is_not_compiled_again() -> None:
+    """Issue 30: OutputMismatch says the artifact runs but answers unlike its reference; a
+    compile of the same inputs gives the same graphs, so none is started for it."""
+    a, b, dep_b = _history()
+    reverted = _with_status(a, b["status"])
+    msg = json.dumps({"reason": "OutputMismatch", "message": "prompt 0 (p0) position 3: ..."})
+    obs = Observed(cache_pvc=CLAIM, deployment=dep_b)
+    obs.server_pods = [{"name": "m-x", "artifact": plan_for(a).short_key,
+                        "terminated": {"exitCode": 1, "message": msg}}]
+    assert decide(reverted, obs, T3).job is None
+
+
 def test_the_list_is_bounded_and_keeps_the_most_recently_used() -> None:
     a = model("m", GENERATE)
     status: dict[str, Any] = {"cache": {"artifacts": [

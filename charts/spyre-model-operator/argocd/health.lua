@@ -23,6 +23,7 @@ local failure_reasons = {
   ClaimTerminating = true,
   ArtifactCorrupt = true,
   ArtifactMismatch = true,
+  OutputMismatch = true,
   RolloutStalled = true,
   InvalidSpec = true,
   NameConflict = true,

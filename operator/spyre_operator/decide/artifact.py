@@ -492,6 +492,6 @@ def _refused_by_servers(plan: ModelPlan, obs: Observed) -> str | None:
             continue
         term = p.get("terminated") or {}
         parsed = parse_termination_message(term.get("message"))
-        if isinstance(parsed, EngineFailure) and parsed.reason in C.ENGINE_SERVE_REASONS:
+        if isinstance(parsed, EngineFailure) and parsed.reason in C.ARTIFACT_REFUSED_REASONS:
             return f"pod {p.get('name')} refused the artifact ({parsed.reason})"
     return None
