@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from spyre_operator import conditions as C
+from spyre_operator.decide.observed import RETRY_ANNOTATION
 from spyre_operator.desired import names
 from spyre_operator.reconcile import MAX_REMEMBERED, Observed, decide, served_key
 
@@ -237,3 +238,79 @@ def test_a_complete_job_whose_artifact_a_gc_job_removed_since_runs_again() -> No
     assert [(r.__name__, n) for r, n in d.delete] == [("Job", plan_for(b).job_name)]
     obs.collected = {plan_for(b).key: BEFORE_COMPILE}
     assert cond(decide(b, obs, T3), C.ARTIFACT_READY)["status"] == "True"
+
+
+def _switched_to_b() -> tuple[dict[str, Any], dict[str, Any], Observed]:
+    """A served and rolled out; the spec edited to B, compiled; the Deployment switched to B
+    with A's pod still serving (maxUnavailable 0) and B's first pod not Ready yet."""
+    a = model("m", GENERATE)
+    d = decide(a, _complete(a), T0)
+    dep_a = deployment_obj(d, ready=1)
+    obs = _complete(a)
+    obs.deployment = dep_a
+    d = decide(_with_status(a, d.status), obs, T0)
+    assert d.status["lastGoodArtifactKey"] == plan_for(a).key
+    assert json.loads(d.status["lastGoodServedSpec"])["compile"] == json.loads(
+        d.status["servedSpec"])["compile"]
+    b = _with_status(model("m", {**GENERATE, "compile": {"maxModelLen": 3072}}), d.status)
+    obs = _complete(b)
+    obs.deployment = dep_a
+    d = decide(b, obs, T1)
+    assert _deployment_key(d) == plan_for(b).key
+    dep_b = deployment_obj(d, ready=1, replicas=2)
+    dep_b["status"]["updatedReplicas"] = 1  # B's pod is not Ready: A's serves
+    obs.deployment = dep_b
+    d = decide(_with_status(b, d.status), obs, T1)
+    assert d.status["lastGoodArtifactKey"] == plan_for(a).key, "B has not rolled out"
+    return a, _with_status(b, d.status), obs
+
+
+MISMATCH = json.dumps({"reason": "OutputMismatch",
+                       "message": "prompt 0 (p0) position 3: expected token 17, got 42"})
+
+
+def test_an_artifact_whose_answers_differ_is_refused_and_the_previous_one_serves_again() -> None:
+    """Issue 30: B's first pod stopped on OutputMismatch: B is Failed (no compile: the same
+    inputs give the same graphs), the Deployment goes back to A (status remembers it as the
+    last one rolled out), Ready says A serves and why B does not."""
+    a, b, obs = _switched_to_b()
+    obs.server_pods = [{"name": "m-b", "artifact": plan_for(b).short_key,
+                        "terminated": {"exitCode": 1, "message": MISMATCH}}]
+    d = decide(b, obs, T2)
+    art = d.status["artifact"]
+    assert (art["key"], art["phase"], art["reason"]) == (plan_for(b).key, "Failed",
+                                                         "OutputMismatch")
+    assert "position 3: expected token 17, got 42" in art["message"]
+    assert plan_for(b).job_name not in [n for _, n in d.delete], "no compile again"
+    assert _deployment_key(d) == plan_for(a).key, "the Deployment serves A again"
+    ready = cond(d, C.READY)
+    assert (ready["status"], ready["reason"]) == ("True", C.SERVING_PREVIOUS_ARTIFACT)
+    assert "output check" in ready["message"] and "expected token 17" in ready["message"]
+    assert cond(d, C.ARTIFACT_READY)["reason"] == "OutputMismatch"
+    assert any(e[0] == "Warning" and "OutputMismatch" in e[2] for e in d.events)
+
+    # Rolled back: B's pods are gone, status remembers the refusal; A keeps serving.
+    back = deployment_obj(d, ready=1)
+    obs2 = _complete(b)
+    obs2.deployment = back
+    b2 = _with_status(b, d.status)
+    d2 = decide(b2, obs2, T3)
+    assert d2.status["artifact"]["phase"] == "Failed"
+    assert _deployment_key(d2) == plan_for(a).key
+    assert d2.status["lastGoodArtifactKey"] == plan_for(a).key
+
+    # The retry annotation asks for the check again: B is Ready and served again.
+    b3 = _with_status(b2, d2.status)
+    b3["metadata"].setdefault("annotations", {})[RETRY_ANNOTATION] = "1"
+    d3 = decide(b3, obs2, T3)
+    assert d3.status["artifact"]["phase"] == "Ready"
+    assert _deployment_key(d3) == plan_for(b).key
+    # ... and the same value once consumed does not undo the next refusal.
+    obs2.server_pods = obs.server_pods
+    d4 = decide(_with_status(b3, d3.status), obs2, T3)
+    assert d4.status["artifact"]["phase"] == "Failed"
+    assert _deployment_key(d4) == plan_for(a).key
+    d5 = decide(_with_status(b3, d4.status), Observed(cache_pvc=CLAIM, job=obs2.job,
+                                                     job_pods=obs2.job_pods,
+                                                     deployment=deployment_obj(d4, 1)), T3)
+    assert d5.status["artifact"]["phase"] == "Failed"

@@ -1524,6 +1524,19 @@ class SpyreModelStatus(ApiModel):
             "servingArtifactKey."
         ),
     )
+    last_good_artifact_key: str | None = Field(
+        default=None,
+        description=(
+            "The artifact the Deployment last finished rolling out with every replica Ready "
+            "(an engine that checks its answers turns Ready only once they matched the "
+            "artifact's reference): what a model serves again when a newer artifact is "
+            "refused for OutputMismatch."
+        ),
+    )
+    last_good_served_spec: str | None = Field(
+        default=None,
+        description="The spec lastGoodArtifactKey was served from (canonical JSON).",
+    )
     replicas: int | None = Field(default=None, description="Serving pods (all versions).")
     ready_replicas: int | None = Field(default=None, description="Ready serving pods.")
     selector: str | None = Field(

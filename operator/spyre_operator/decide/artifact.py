@@ -55,6 +55,11 @@ class ArtifactOutcome:
         return str(self.status["phase"])
 
     @property
+    def answers_refused(self) -> bool:
+        """Compiled, but its serving pods' answers differ from its reference (OutputMismatch)."""
+        return self.phase == FAILED and self.status.get("reason") == C.OUTPUT_MISMATCH
+
+    @property
     def problem(self) -> str | None:
         """What Degraded says about the artifact: a failed compile, or a precompile pod that
         only a fix lets start."""
@@ -238,7 +243,7 @@ def decide_artifact(
         return out
     state = _job_state(job)
     if state == READY:
-        return _compiled(a, job)
+        return _unless_answers_refused(a, _compiled(a, job))
     if state == FAILED:
         return _after_failure(a, job)
     return _running(a, job)
@@ -253,7 +258,7 @@ def _without_job(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome:
         return out
     known = _known_on_claim(a, model)
     if known is not None:
-        return known
+        return _unless_answers_refused(a, known)
     if a.cache.missing:
         return a.pending("waiting for the cache claim", reason=C.CLAIM_NOT_FOUND)
     if a.old.get("phase") == FAILED:
@@ -281,9 +286,7 @@ def waiting_since(model: dict[str, Any], plan: ModelPlan, now: str) -> str:
     """Since when the model waits for a compile slot for this (claim, key): what its status
     recorded (so a restarted operator keeps the order), else now."""
     old = (model.get("status") or {}).get("artifact") or {}
-    if old.get("key") == plan.key and old.get("claim") == plan.claim and old.get(
-        "waitingSince"
-    ):
+    if old.get("key") == plan.key and old.get("claim") == plan.claim and old.get("waitingSince"):
         return str(old["waitingSince"])
     return now
 
@@ -434,9 +437,7 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
 def _ready_condition(plan: ModelPlan, st: dict[str, Any], remembered: bool = False) -> C.Cond:
     detail = ""
     if st.get("compileSeconds") is not None:
-        detail = (
-            f" (compiled in {st['compileSeconds']:.0f}s, {_human_size(st.get('sizeBytes'))})"
-        )
+        detail = f" (compiled in {st['compileSeconds']:.0f}s, {_human_size(st.get('sizeBytes'))})"
     if remembered:
         detail += f"; compiled earlier ({st.get('completedAt') or 'time unknown'}), not again"
     return C.Cond(
@@ -477,6 +478,53 @@ def _remembered_on_claim(
     for a in _remembered(model):
         if a["key"] == plan.key and a["claim"] == plan.claim and a.get("claimUID") == pvc_uid:
             return a
+    return None
+
+
+def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> ArtifactOutcome:
+    """A compiled artifact whose serving pods stopped on OutputMismatch is refused: Failed
+    with that reason (not compiled again: the same inputs give the same graphs), and status
+    remembers it once the pods are gone, so the model does not switch back to it. The retry
+    annotation, set to a new value, asks for the check again."""
+    if out.phase != READY:
+        return out
+    refused_before = a.old.get("phase") == FAILED and a.old.get("reason") == C.OUTPUT_MISMATCH
+    if refused_before and a.token != a.old_token:
+        out.status = _clean({**out.status, "retryToken": a.token})
+        out.cond = C.Cond(
+            C.ARTIFACT_READY, C.TRUE, out.cond.reason,
+            f"{out.cond.message}; checking its answers again ({RETRY_ANNOTATION}={a.token})",
+        )  # fmt: skip
+        return out
+    why = _answers_refused_by_servers(a.plan, a.obs)
+    if why is not None:
+        token = a.token
+    elif refused_before:
+        why, token = a.old.get("message") or "its answers differ from its reference", a.old_token
+    else:
+        return out
+    st = _clean(
+        {**out.status, "phase": FAILED, "reason": C.OUTPUT_MISMATCH, "message": why,
+         "retryToken": token}
+    )  # fmt: skip
+    text = (
+        f"{why}; not promoted, the artifact served before keeps serving (set the annotation "
+        f"{RETRY_ANNOTATION} to a new value to check this one again)"
+    )[:1024]
+    refused = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.OUTPUT_MISMATCH, text))
+    refused.job = out.job
+    return refused
+
+
+def _answers_refused_by_servers(plan: ModelPlan, obs: Observed) -> str | None:
+    """A serving pod of this key that stopped on OutputMismatch: which, and the first
+    divergence (the engine's termination message)."""
+    for p in obs.server_pods:
+        if p.get("artifact") != plan.short_key:
+            continue
+        parsed = parse_termination_message((p.get("terminated") or {}).get("message"))
+        if isinstance(parsed, EngineFailure) and parsed.reason == C.OUTPUT_MISMATCH:
+            return f"pod {p.get('name')}: answers unlike the artifact's reference: {parsed.message}"
     return None
 
 

@@ -31,7 +31,7 @@ from .cache_status import decide_cache_status
 from .observed import DEFAULT_POLICY, Decision, Observed, Policy, _parse_time
 from .routing import decide_routing
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
-from .serving import decide_serving
+from .serving import decide_serving, last_good
 from .slots import WAITING_RECHECK_SECONDS
 from .status import decide_status, scheduler_silence
 
@@ -101,8 +101,9 @@ def decide(
         spec = SpyreModelSpec.model_validate(model.get("spec") or {})
     except ValidationError as e:
         return _invalid_status(model, e, generation, now)
-    plan = with_live_claim(plan_model(name, ns, meta.get("uid", ""), spec, policy.site),
-                           obs.cache_pvc)
+    plan = with_live_claim(
+        plan_model(name, ns, meta.get("uid", ""), spec, policy.site), obs.cache_pvc
+    )
     effective = effective_status(plan.spec, plan.from_defaults, plan.storage_class(obs.cache_pvc))
     if plan.image_refusal:
         return _refused_status(
@@ -130,8 +131,7 @@ def decide(
     ):
         d.delete.append((Job, job_name))  # an earlier spec's compile: stop it, free its cards
     if serving.plan is not None and serving.key is not None:
-        d.apply.append(mark_rolled_out(build_deployment(serving.plan, serving.key),
-                                       obs.deployment))
+        d.apply.append(mark_rolled_out(build_deployment(serving.plan, serving.key), obs.deployment))
     # Deletes run before applies (controller.execute): the operator's HPA is gone before the
     # ScaledObject is written (KEDA refuses a target another HPA scales).
     d.delete += zero.delete
@@ -158,8 +158,9 @@ def decide(
     if obs.foreign:
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
-    silent, recheck = scheduler_silence(obs.server_pods, _parse_time(now) or datetime.now(UTC),
-                                        policy.scheduler_silence_seconds)
+    silent, recheck = scheduler_silence(
+        obs.server_pods, _parse_time(now) or datetime.now(UTC), policy.scheduler_silence_seconds
+    )
     for again in (recheck, obs.recheck_after):
         if again is not None:
             d.requeue_after = min(d.requeue_after or again, again)
@@ -188,6 +189,10 @@ def decide(
     if serving.key and serving.plan is not None:
         status["servingArtifactKey"] = serving.key
         status["servedSpec"] = served_spec_json(serving.plan.spec)
+    good_key, good_spec = last_good(obs.deployment, old_status)
+    if good_key and good_spec:
+        status["lastGoodArtifactKey"] = good_key
+        status["lastGoodServedSpec"] = good_spec
     d.status = status
     d.events = _events(old_status.get("conditions"), conds)
     return d
@@ -224,7 +229,11 @@ def _events(
     shown = []
     for c in C.transitions(old, new):
         if c["type"] not in (
-            C.READY, C.ARTIFACT_READY, C.DEGRADED, C.CACHE_VOLUME_READY, C.ROUTING_READY
+            C.READY,
+            C.ARTIFACT_READY,
+            C.DEGRADED,
+            C.CACHE_VOLUME_READY,
+            C.ROUTING_READY,
         ) and not (c["type"] == C.PROGRESSING and c["reason"] in C.WAITING_REASONS):
             continue
         if c["type"] == C.DEGRADED and c["status"] == C.FALSE and not old:

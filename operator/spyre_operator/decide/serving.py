@@ -3,11 +3,16 @@ what its rollout and serving pods report (pure, no I/O)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from .. import conditions as C
 from .. import pods as P
+from ..api.v1alpha1 import SpyreModelSpec
+from ..desired import names
 from ..desired.plan import ModelPlan, plan_model
 from ..summary import EngineFailure, parse_termination_message
 from .artifact import ArtifactOutcome
@@ -25,9 +30,7 @@ class ServingOutcome:
     waiting: str | None = None
 
     def current(self, plan: ModelPlan) -> bool:
-        return (
-            self.plan is not None and self.key == plan.key and self.plan.claim == plan.claim
-        )
+        return self.plan is not None and self.key == plan.key and self.plan.claim == plan.claim
 
 
 def decide_serving(
@@ -60,7 +63,44 @@ def decide_serving(
             f"Deployment switches to artifact {plan.short_key} when a slot frees"
         )
         return previous
+    if artifact.answers_refused:
+        # OutputMismatch: the artifact the Deployment last rolled out (status remembers it:
+        # the live Deployment may already be the refused one's) serves again.
+        last = last_good_serving(plan, old_status or {})
+        if last.plan is not None and last.key != plan.key:
+            return last
     return _previous_serving(plan, obs, old_status)
+
+
+def last_good_serving(plan: ModelPlan, status: dict[str, Any]) -> ServingOutcome:
+    """status.lastGoodArtifactKey and the spec it was served from, at the spec's replicas."""
+    key, raw = status.get("lastGoodArtifactKey"), status.get("lastGoodServedSpec")
+    if not key or not raw:
+        return ServingOutcome()
+    try:
+        spec = SpyreModelSpec.model_validate(json.loads(raw))
+    except (ValueError, ValidationError):
+        return ServingOutcome()
+    spec = spec.model_copy(update={"replicas": plan.spec.replicas})
+    return ServingOutcome(
+        plan_model(plan.name, plan.namespace, plan.uid, spec, plan.site.for_served_spec()), key
+    )
+
+
+def last_good(deployment: dict[str, Any] | None, status: dict[str, Any]) -> tuple[Any, Any]:
+    """(lastGoodArtifactKey, lastGoodServedSpec): the live Deployment's artifact once its
+    rollout is done with every replica available (each passed its output check before Ready,
+    where the engine checks), else what status remembers."""
+    if deployment is not None:
+        spec = deployment.get("spec") or {}
+        replicas = int(spec.get("replicas", 1) or 0)
+        key = served_key(deployment)
+        raw = (deployment.get("metadata", {}).get("annotations") or {}).get(
+            names.SERVED_SPEC_ANNOTATION
+        )
+        if replicas > 0 and key and raw and _rollout(deployment, replicas, key).done:
+            return key, raw
+    return status.get("lastGoodArtifactKey"), status.get("lastGoodServedSpec")
 
 
 def _previous_serving(

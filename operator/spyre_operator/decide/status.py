@@ -198,18 +198,22 @@ def _ready(
             C.READY,
             C.TRUE,
             C.SERVING_PREVIOUS_ARTIFACT,
-            f"serving {what} while {plan.short_key} on PVC {plan.claim} "
-            + (
-                "failed to compile"
-                if artifact.phase == FAILED
-                else f"cannot compile yet ({artifact.stuck.reason})"
-                if artifact.stuck is not None
-                else f"waits for a rollout slot ({C.WAITING_FOR_ROLLOUT_SLOT})"
-                if serving.waiting
-                else f"waits for a precompile slot ({C.WAITING_FOR_COMPILE_SLOT})"
-                if artifact.waiting
-                else "compiles"
-            ),
+            (
+                f"serving {what} while {plan.short_key} on PVC {plan.claim} "
+                + (
+                    f"failed its output check ({artifact.status.get('message')})"
+                    if artifact.answers_refused
+                    else "failed to compile"
+                    if artifact.phase == FAILED
+                    else f"cannot compile yet ({artifact.stuck.reason})"
+                    if artifact.stuck is not None
+                    else f"waits for a rollout slot ({C.WAITING_FOR_ROLLOUT_SLOT})"
+                    if serving.waiting
+                    else f"waits for a precompile slot ({C.WAITING_FOR_COMPILE_SLOT})"
+                    if artifact.waiting
+                    else "compiles"
+                )
+            )[:1024],
         )
     if roll.available > 0:
         return C.Cond(
