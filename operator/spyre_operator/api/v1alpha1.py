@@ -591,6 +591,16 @@ class ServingSpec(ApiModel):
         default=True,
         description="Enable vLLM automatic prefix caching (generate models; pooling ignores it).",
     )
+    output_check: Literal["Enforce", "Warn", "Off"] = Field(
+        default="Enforce",
+        description=(
+            "Before a serving pod turns Ready, it answers the reference prompts its artifact's "
+            "precompile recorded (greedy token ids and logprobs) and compares, as upstream's "
+            "tests do. Enforce: a mismatch stops the pod with OutputMismatch, the artifact is "
+            "not promoted and the one served before keeps serving. Warn: logged only. Off: no "
+            "check (an artifact without references is served either way)."
+        ),
+    )
     extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
         default=None,
         description=(

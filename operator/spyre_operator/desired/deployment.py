@@ -90,6 +90,9 @@ def serve_args(plan: ModelPlan, key: str) -> list[str]:
     ]  # fmt: skip
     if not plan.is_pooling:
         args.append("--prefix-caching" if spec.serving.prefix_caching else "--no-prefix-caching")
+    if spec.serving.output_check != "Enforce":
+        # Only when not the default: an engine image from before the check knows no such flag.
+        args += ["--output-check", spec.serving.output_check.lower()]
     if spec.serving.extra_args:
         args += ["--", *spec.serving.extra_args]
     return args
