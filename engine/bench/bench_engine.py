@@ -485,12 +485,19 @@ def print_phases(res: dict) -> None:  # type: ignore[type-arg]
         print(f"| {name} | {i:.2f} | {e:.2f} | {i - e:+.2f} | {(i - e) / gap:.0%} |")
     print(f"| **total to ready** | {ind_total:.2f} | {eag_total:.2f} | {gap:+.2f} | 100% |")
     print(f"inductor/eager: {ind_total / eag_total:.2f}x")
-    for key in ("engine_start", "verify", "total"):
+    for key in ("engine_start", "verify", "output_check", "total"):
         i = mean("inductor", lambda r, k=key: r["metric"].get(k, 0.0))
         e = mean("eager", lambda r, k=key: r["metric"].get(k, 0.0))
         print(
             f"spyre_engine_startup_phase_seconds{{phase={key!r}}}: inductor {i:.2f}, eager {e:.2f}"
         )
+    check = mean("inductor", lambda r: r["metric"].get("output_check", 0.0))
+    compiled = float((res.get("precompile") or {}).get("compileSeconds") or 0.0)
+    print(
+        f"output check (the artifact's reference prompts answered and compared before Ready): "
+        f"{check:.2f} s = {check / ind_total:.0%} of the inductor start to ready"
+        + (f", {check / compiled:.1%} of its compile ({compiled:.1f} s)" if compiled else "")
+    )
     rebuilt = [r.get("pch_rebuilt") for r in runs["inductor"]]
     private = [r.get("private_bytes", 0) / 1e6 for r in runs["inductor"]]  # type: ignore[operator]
     print(
@@ -530,6 +537,7 @@ def main() -> int:
         out["precompile_inductor"] = precompile(model, work / "art-inductor", "inductor", work)
         precompile(model, work / "art-eager-phases", "eager", work)
         res = phases(model, work / "art-inductor", work / "art-eager-phases", work, args.rounds)
+        res["precompile"] = out["precompile_inductor"]
         out["phases"] = res
         print(json.dumps(out, indent=2, default=str))
         print_phases(res)
@@ -565,6 +573,7 @@ def main() -> int:
         }
         precompile(model, work / "art-eager-phases", "eager", work)
         out["phases"] = phases(model, warm_art, work / "art-eager-phases", work, args.rounds)
+        out["phases"]["precompile"] = out["precompile_inductor"]  # type: ignore[index]
 
     eager_art = work / "art-eager"
     precompile(model, eager_art, "eager", work, EAGER_SHAPE)
