@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
 class EngineMetrics:
@@ -41,6 +41,19 @@ class EngineMetrics:
         self.aborted_at_deadline = Counter(
             "spyre_engine_requests_aborted_at_drain_deadline",
             "In-flight requests ended with an error because the drain deadline passed",
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "spyre_engine_requests",
+            "Inference requests (POST /v1/...) answered, by status class (2xx, 4xx, 5xx); not "
+            "the 503s of a drain or of a model still loading",
+            ["code"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "spyre_engine_request_duration_seconds",
+            "Seconds from an inference request to the end of its answer (a stream's last event)",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=self.registry,
         )
         self.ready = Gauge(

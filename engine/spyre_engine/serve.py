@@ -24,7 +24,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from spyre_engine import answers
+from spyre_engine import answers, canary
 from spyre_engine.launch import (
     STOP_GRACE,
     Child,
@@ -36,6 +36,7 @@ from spyre_engine.launch import (
 from spyre_engine.metrics import EngineMetrics
 from spyre_engine.settings import ServeSettings
 from spyre_engine.summary import (
+    REASON_CANARY_FAILED,
     REASON_ENGINE_FAILED,
     REASON_OUTPUT_MISMATCH,
     FailureSummary,
@@ -101,6 +102,11 @@ HARD_EXIT_AFTER_DEADLINE = ABORT_GRACE + CHILD_STOP_GRACE + HTTP_STOP_GRACE + 2.
 #: While vLLM starts, how often the wrapper says what its /health answered (a slow start or a
 #: hang is then visible in the log, not only as a probe that never succeeds).
 STARTUP_REPORT_SECONDS = 30.0
+#: A canary that broke its bounds fails readiness first and keeps answering this long before it
+#: drains: the operator's readiness probe (every 5 s, 2 failures) and the endpoint update
+#: (ENDPOINT_GRACE_SECONDS, 5 s) take it out of the Service first, so clients do not meet the
+#: drain's 503s (tests/unit/test_canary.py compares them with the operator's).
+CANARY_UNREADY_SECONDS = 15.0
 
 
 def _json_error(status: int, message: str, kind: str, close: bool = False) -> web.Response:
@@ -146,6 +152,25 @@ class EngineServer:
             a.split("=", 1)[0] == "--logits-processors" for a in settings.vllm_args)
         #: Why the engine stops with OutputMismatch (the check's summary), if it does.
         self.failure: FailureSummary | None = None
+        #: --canary-seconds: the bounds the canary judges its own requests against.
+        self.canary = (
+            canary.CanaryBounds(
+                settings.canary_seconds,
+                settings.canary_max_error_ratio,
+                settings.canary_min_requests,
+                settings.canary_max_mean_latency,
+            )
+            if settings.canary_seconds > 0
+            else None
+        )
+        self.tally = canary.Tally()
+        #: monotonic end of the canary's window (set at Ready)
+        self.canary_until: float | None = None
+        self.faults = canary.FaultInjector(settings.fault_error_ratio)
+        #: readiness fails (a canary that broke its bounds, before it drains)
+        self.unready = False
+        #: a failure that lets in-flight requests finish (the drain deadline) before exiting
+        self.drain_on_failure = False
         self.internal_port = settings.internal_port or free_port()
         self.upstream = f"http://127.0.0.1:{self.internal_port}"
         self.child: Child | None = None
@@ -261,6 +286,10 @@ class EngineServer:
                         )
                         self.started = True
                         self.metrics.ready.set(1)
+                        if self.canary is not None:
+                            self.canary_until = now + self.canary.seconds
+                            log.info("Serving as a canary for %.0fs: %s", self.canary.seconds,
+                                     self.canary)
                         log.info(
                             "vLLM is serving after %.1fs (%.1fs since process start)",
                             now - spawned,
@@ -330,7 +359,8 @@ class EngineServer:
     async def _drain(self) -> None:
         """Wait for in-flight requests until the deadline, then abort the rest."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (0.0 if self.engine_failed else self.settings.drain_timeout)
+        graceful = not self.engine_failed or self.drain_on_failure
+        deadline = loop.time() + (self.settings.drain_timeout if graceful else 0.0)
         while self.flights and loop.time() < deadline:
             self._flights_changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -395,9 +425,9 @@ class EngineServer:
 
     async def readiness_probe(self, request: web.Request) -> web.Response:
         """200 only when started and not draining."""
-        if self.started and not self.draining:
+        if self.started and not self.draining and not self.unready:
             return web.json_response({"status": "ready"})
-        status = "draining" if self.draining else "starting"
+        status = "draining" if self.draining or self.unready else "starting"
         return web.json_response({"status": status}, status=503)
 
     async def liveness_probe(self, request: web.Request) -> web.Response:
@@ -445,7 +475,8 @@ class EngineServer:
         )
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
-        """Forward anything else to vLLM, tracking it as in flight."""
+        """Forward anything else to vLLM, tracking it as in flight; inference requests are
+        counted (``spyre_engine_requests_total``) and judged by a canary."""
         if self.draining:
             self.metrics.rejected_draining.inc()
             return _json_error(
@@ -453,6 +484,44 @@ class EngineServer:
             )
         if not self.started:
             return _json_error(503, "The model is still loading", "ServiceUnavailableError")
+        if not canary.is_inference(request.method, request.path):
+            return await self._in_flight(request)
+        t0 = time.monotonic()
+        if self.faults.fails_next():
+            resp: web.StreamResponse = _json_error(
+                500, "injected fault (--fault-error-ratio)", "InternalServerError"
+            )
+        else:
+            resp = await self._in_flight(request)
+        self._answered(resp.status, time.monotonic() - t0)
+        return resp
+
+    def _answered(self, status: int, seconds: float) -> None:
+        """Count an inference request; a canary in its window judges it."""
+        self.metrics.requests.labels(canary.status_class(status)).inc()
+        self.metrics.request_seconds.observe(seconds)
+        if self.canary is None or self.canary_until is None or self.unready or self.draining:
+            return
+        if time.monotonic() > self.canary_until:
+            return
+        self.tally.add(status, seconds)
+        why = canary.verdict(self.canary, self.tally)
+        if why is not None:
+            self._canary_failed(why)
+
+    def _canary_failed(self, why: str) -> None:
+        log.error("%s: %s; leaving the Service, then draining", REASON_CANARY_FAILED, why)
+        self.unready = True
+        self.metrics.ready.set(0)
+        self.failure = FailureSummary(reason=REASON_CANARY_FAILED, message=why)
+        self.drain_on_failure = True
+
+        def stop() -> None:
+            self._fail(f"{REASON_CANARY_FAILED}: {why}")
+
+        asyncio.get_running_loop().call_later(CANARY_UNREADY_SECONDS, stop)
+
+    async def _in_flight(self, request: web.Request) -> web.StreamResponse:
         flight = Flight()
         self.flights.add(flight)
         self.metrics.inflight.inc()

@@ -216,6 +216,30 @@ class ServeSettings(EngineSettings):
         "(default: upstream's, 0.08; 0.17 for a quantized model)",
     )
 
+    canary_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Serve as a canary for this many SECONDS from Ready (canary.py): while the "
+        "window is open, inference requests breaking the bounds below stop the engine with "
+        "CanaryFailed (readiness fails first, then it drains). 0: not a canary",
+    )
+    canary_max_error_ratio: float = Field(
+        0.05, ge=0, le=1, description="Canary bound: the largest share of server errors (5xx)"
+    )
+    canary_min_requests: int = Field(
+        10, ge=1, description="Canary: requests answered before the bounds are judged"
+    )
+    canary_max_mean_latency: float | None = Field(
+        None, gt=0, description="Canary bound: the largest mean request latency in SECONDS"
+    )
+    fault_error_ratio: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Tests and chaos drills: answer this share of inference requests (POST "
+        "/v1/...) with HTTP 500 without forwarding them, evenly (every 1/RATIO-th). 0: none",
+    )
+
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServeSettings:
         if self.metrics_port is not None and self.metrics_port in (self.port, self.internal_port):

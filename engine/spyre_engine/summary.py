@@ -32,6 +32,8 @@ REASON_UNSUPPORTED_BASE = "UnsupportedBase"
 REASON_IN_USE_UNKNOWN = "InUseUnknown"
 #: ``serve``: the engine's answers left the artifact's reference answers (answers.py).
 REASON_OUTPUT_MISMATCH = "OutputMismatch"
+#: ``serve --canary-seconds``: the canary's own requests broke the model's bounds (canary.py).
+REASON_CANARY_FAILED = "CanaryFailed"
 
 
 class Versions(BaseModel):

@@ -101,10 +101,18 @@ ARTIFACT_MISMATCH = "ArtifactMismatch"
 #: (engine/spyre_engine/answers.py): it stopped before turning Ready. Not compiled again for it
 #: (a compile of the same inputs gives the same graphs).
 OUTPUT_MISMATCH = "OutputMismatch"
+#: A canary pod's own requests broke spec.serving.canary's bounds (error share or mean latency;
+#: engine/spyre_engine/canary.py): it stopped, the model keeps the previous artifact.
+CANARY_FAILED = "CanaryFailed"
+#: Progressing=True: the new artifact serves on its canary pods beside the previous one.
+CANARY_RUNNING = "CanaryRunning"
+#: Serving pods' reasons that refuse a compiled artifact without compiling it again: the model
+#: keeps (or goes back to) the artifact it last rolled out.
+SERVING_REFUSED_REASONS = frozenset({OUTPUT_MISMATCH, CANARY_FAILED})
 #: Serving pods' reasons that say the artifact is damaged or missing: it is compiled again once.
 ARTIFACT_REFUSED_REASONS = frozenset({ARTIFACT_CORRUPT, ARTIFACT_MISMATCH})
 #: Engine failure reasons of a serving pod that replace the generic EngineFailed in conditions.
-ENGINE_SERVE_REASONS = ARTIFACT_REFUSED_REASONS | {OUTPUT_MISMATCH}
+ENGINE_SERVE_REASONS = ARTIFACT_REFUSED_REASONS | SERVING_REFUSED_REASONS
 #: A serving container cannot start because its image cannot be pulled (ErrImagePull,
 #: ImagePullBackOff, InvalidImageName; the message is the kubelet's).
 IMAGE_PULL_FAILED = "ImagePullFailed"
@@ -192,6 +200,7 @@ WARNING_REASONS = frozenset(
         ARTIFACT_CORRUPT,
         ARTIFACT_MISMATCH,
         OUTPUT_MISMATCH,
+        CANARY_FAILED,
         IMAGE_PULL_FAILED,
         CONTAINER_CONFIG_ERROR,
         ROLLOUT_STALLED,

@@ -7,8 +7,15 @@ answers them with the plugin's GoldenTokenInjector loaded before it turns Ready.
 Here the model's weights change on its claim after the second artifact's precompile loaded them
 (the same model name over changed weights, as a cache built from other inputs would be): the new
 artifact's pod answers unlike its reference, stops with ``OutputMismatch``, the artifact is
-refused and the Deployment goes back to the first one, which never stopped serving: no request
-fails. The first artifact's pods checked their own answers and passed.
+refused and the Deployment stays on (or goes back to) the first one, which never stopped
+serving: no request fails. The first artifact's pods checked their own answers and passed.
+
+The model runs a canary (``spec.serving.canary``): the second artifact's first pod is a canary
+pod, so the main Deployment never moves. A third artifact (eager: no references, no check)
+whose engine answers every request with a 500 (``SPYRE_ENGINE_FAULT_ERROR_RATIO``, the engine's
+fault flag) passes the check nobody asks and takes its share of the traffic as a canary: it
+breaks the bounds, stops with ``CanaryFailed``, and the model keeps the first artifact. The only
+failed requests are the canary's injected 500s, none once it is gone.
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ MODEL = "checked"
 #: The model's own directory on the model claim (its weights are swapped in this test only).
 PATH = "swappable"
 WEIGHTS = "model.safetensors"
+#: A long window: the canary must fail on its bounds, never pass by running out the clock.
+CANARY = {"replicas": 1, "durationSeconds": 1800, "minRequests": 3, "maxErrorRatio": 0.2}
+FAULT = {"name": "SPYRE_ENGINE_FAULT_ERROR_RATIO", "value": "1"}
 #: Adds noise to every weight of a safetensors file (a different model of the same shape).
 _PERTURB = r"""
 import sys, torch
@@ -55,8 +65,15 @@ save_file({k: (v + torch.randn_like(v) * (v.float().std() + 0.05)).to(v.dtype)
 """
 
 
-def _spec(env: RealEnv, **compile_: Any) -> dict[str, Any]:
-    return model_spec(env.image, path=PATH, compile={"backend": "inductor", **compile_})
+def _spec(env: RealEnv, serving: dict[str, Any] | None = None, **compile_: Any) -> dict[str, Any]:
+    return model_spec(env.image, path=PATH, compile={"backend": "inductor", **compile_},
+                      serving={"canary": CANARY, **(serving or {})})  # fmt: skip
+
+
+def _canary_gone(env: RealEnv) -> bool:
+    return env.kube.get("deployment", names.canary_name(MODEL)) is None and not [
+        p for p in support.server_pods(env.cp, env.ns, MODEL)
+        if p["metadata"]["labels"].get(names.CANARY_LABEL)]  # fmt: skip
 
 
 def _job_log(env: RealEnv, job: str) -> str:
@@ -128,10 +145,37 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
                                   for p in support.server_pods(env.cp, env.ns, MODEL)), 300,
                       "only artifact 1's pods are left")  # fmt: skip
         steady.wait_successes(len(steady.results()) + 3)
+        env.kube.wait(lambda: _canary_gone(env), 120, "the refused artifact's canary removed")
+        assert not failures(steady.results()), failures(steady.results())[:5]
+
+        # A canary that answers 500: it fails on its bounds and the model keeps artifact 1.
+        env.kube.apply_model(MODEL, _spec(env, {"env": [FAULT]}, backend="eager"))
+        env.kube.wait(lambda: (support.condition(env.kube.model(MODEL), "Progressing") or {})
+                      .get("reason") == C.CANARY_RUNNING, 600,
+                      "the third artifact's canary")  # fmt: skip
+
+        def canary_failed() -> dict[str, Any] | None:
+            m = env.kube.model(MODEL)
+            art = m["status"].get("artifact") or {}
+            return m if art.get("reason") == C.CANARY_FAILED else None
+
+        m = env.kube.wait(canary_failed, 600, "the third artifact refused for CanaryFailed")
+        art, canary = m["status"]["artifact"], m["status"]["canary"]
+        assert art["phase"] == "Failed" and "failed with a server error" in art["message"], art
+        assert canary["phase"] == "Failed" and canary["artifactKey"] == art["key"], canary
+        assert _served_key(env) == key1, "the main Deployment never left artifact 1"
+        degraded = support.condition(m, "Degraded")
+        assert degraded and degraded["reason"] == C.CANARY_FAILED, degraded
+        env.kube.wait(lambda: _canary_gone(env), 180, "the failed canary removed")
+        gone_at = time.time()
+        steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3)
     finally:
         results = steady.stop()
         shutil.rmtree(model_dir, ignore_errors=True)
-    print(f"steady traffic: {len(results)} requests, {len(failures(results))} failed")
-    assert not failures(results), failures(results)[:5]
+    bad = failures(results)
+    print(f"steady traffic: {len(results)} requests, {len(bad)} failed (the canary's 500s)")
+    assert bad, "the faulty canary took no share of the traffic"
+    assert all(r["status"] == 500 and "injected fault" in r.get("body", "") for r in bad), bad[:5]
+    assert all(r["t1"] <= gone_at for r in bad), "a request failed after the canary was gone"
     assert _served_key(env) == key1
     assert env.kube.model(MODEL)["status"]["lastGoodArtifactKey"] == key1

@@ -24,6 +24,7 @@ local failure_reasons = {
   ArtifactCorrupt = true,
   ArtifactMismatch = true,
   OutputMismatch = true,
+  CanaryFailed = true,
   RolloutStalled = true,
   InvalidSpec = true,
   NameConflict = true,

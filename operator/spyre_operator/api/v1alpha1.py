@@ -562,6 +562,54 @@ class AllowedClients(ApiModel):
 API_KEY_ENV = "VLLM_API_KEY"
 
 
+class CanarySpec(ApiModel):
+    """A new artifact's first pods serve beside the previous artifact's and judge their own
+    requests before the Deployment rolls out to it."""
+
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description=(
+            "Canary pods of the new artifact, on top of spec.replicas (they need cards of their "
+            "own); the Service spreads requests over every pod, so they get about replicas / "
+            "(spec.replicas + replicas) of the traffic."
+        ),
+    )
+    duration_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=86400,
+        description=(
+            "How long every canary pod serves within its bounds, from the canary's pods all "
+            "being available, before the Deployment rolls out to the new artifact."
+        ),
+    )
+    max_error_ratio: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description=(
+            "The largest share of a canary pod's inference requests answered with a server "
+            "error (5xx); above it, the pod stops with CanaryFailed and the model rolls back."
+        ),
+    )
+    min_requests: int = Field(
+        default=10,
+        ge=1,
+        le=1000000,
+        description="Requests a canary pod answers before its bounds are judged.",
+    )
+    max_mean_latency_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "The largest mean latency of a canary pod's inference requests (to the end of the "
+            "answer); unset: latency is not judged."
+        ),
+    )
+
+
 class ServingSpec(ApiModel):
     """How the inference pods run. Nothing here changes the artifact key but the compile-time
     variables in env and the whole CPUs of resources (the plugin's thread count)."""
@@ -599,6 +647,16 @@ class ServingSpec(ApiModel):
             "tests do. Enforce: a mismatch stops the pod with OutputMismatch, the artifact is "
             "not promoted and the one served before keeps serving. Warn: logged only. Off: no "
             "check (an artifact without references is served either way)."
+        ),
+    )
+    canary: CanarySpec | None = Field(
+        default=None,
+        description=(
+            "Promote a new artifact through a canary: once compiled, it first serves on "
+            "canary.replicas pods beside the previous artifact's for canary.durationSeconds; a "
+            "canary pod whose requests break the bounds stops with CanaryFailed, and the model "
+            "keeps the previous artifact (Degraded CanaryFailed). Unset: a new artifact rolls "
+            "out as soon as it is compiled. The first artifact of a model has no canary."
         ),
     )
     extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
@@ -1500,6 +1558,25 @@ class ScaleToZeroStatus(ApiModel):
     )
 
 
+class CanaryStatus(ApiModel):
+    """spec.serving.canary's progress for the spec's artifact."""
+
+    artifact_key: str | None = Field(default=None, description="The artifact on the canary.")
+    phase: Literal["Running", "Passed", "Failed"] | None = Field(
+        default=None,
+        description=(
+            "Running: its pods serve beside the previous artifact's. Passed: the Deployment "
+            "rolls out to it. Failed: a canary pod broke the bounds (CanaryFailed), the "
+            "previous artifact keeps serving."
+        ),
+    )
+    start_time: str | None = Field(
+        default=None, description="When every canary pod was available (the window's start)."
+    )
+    passed_time: str | None = Field(default=None, description="When the canary passed.")
+    message: str | None = Field(default=None, description="Why it failed.")
+
+
 class SpyreModelStatus(ApiModel):
     """Observed state of a SpyreModel."""
 
@@ -1546,6 +1623,9 @@ class SpyreModelStatus(ApiModel):
     last_good_served_spec: str | None = Field(
         default=None,
         description="The spec lastGoodArtifactKey was served from (canonical JSON).",
+    )
+    canary: CanaryStatus | None = Field(
+        default=None, description="Only with serving.canary: the new artifact's canary."
     )
     replicas: int | None = Field(default=None, description="Serving pods (all versions).")
     ready_replicas: int | None = Field(default=None, description="Ready serving pods.")

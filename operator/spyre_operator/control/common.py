@@ -177,13 +177,19 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     reason = (pod.get("status") or {}).get("reason")
     if reason:  # set when the kubelet ended the pod itself (Evicted, NodeShutdown, ...)
         out["reason"] = reason
+    canary = labels.get(names.CANARY_LABEL) == "true"
+    if canary:
+        out["canary"] = True
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         state = cs.get("state") or {}
         last = cs.get("lastState") or {}
         # The last termination explains a container that is down now (restarting, crash
         # looping); once it runs and is ready again, an old OOM kill is history, not a failure.
+        # A canary's is its verdict (CanaryFailed) even once the kubelet has restarted it.
         term = state.get("terminated") or (
-            last.get("terminated") if not cs.get("ready") and not state.get("running") else None
+            last.get("terminated")
+            if canary or (not cs.get("ready") and not state.get("running"))
+            else None
         )
         if term:
             out["terminated"] = {

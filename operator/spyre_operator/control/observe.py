@@ -75,6 +75,7 @@ class Observer:
             or self.c.caches.one("pvcs", (ns, model_claim)) is not None,
             job=job,
             deployment=self.c.caches.one("deployments", (ns, names.server_name(name))),
+            canary_deployment=self.c.caches.one("deployments", (ns, names.canary_name(name))),
             service=self.c.caches.one("services", (ns, names.server_name(name))),
             pdb=self.c.caches.one("pdbs", (ns, names.server_name(name))),
             hpa=self.c.caches.one("hpas", (ns, names.server_name(name))),
@@ -87,6 +88,10 @@ class Observer:
             claim_name_users=[u.owner for u in users if u.volume is None],
             claim_artifact_bytes=self.c.gc.claim_artifact_bytes(ns, plan_claim, users),
         )
+        if obs.canary_deployment is not None:
+            obs.canary_foreign = foreign_owner("Deployment", obs.canary_deployment, name)
+            if obs.canary_foreign:
+                obs.canary_deployment = None  # not ours: neither written nor read as ours
         self._observe_inference_pool(obs, ns, name)
         self._observe_scale_to_zero(obs, ns, name)
         self._observe_jobs(obs, ns, name, plan_claim, job_name)

@@ -56,8 +56,9 @@ class ArtifactOutcome:
 
     @property
     def answers_refused(self) -> bool:
-        """Compiled, but its serving pods' answers differ from its reference (OutputMismatch)."""
-        return self.phase == FAILED and self.status.get("reason") == C.OUTPUT_MISMATCH
+        """Compiled, but refused by its serving pods: their answers differ from its reference
+        (OutputMismatch), or its canary broke the model's bounds (CanaryFailed)."""
+        return self.phase == FAILED and self.status.get("reason") in C.SERVING_REFUSED_REASONS
 
     @property
     def problem(self) -> str | None:
@@ -482,13 +483,16 @@ def _remembered_on_claim(
 
 
 def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> ArtifactOutcome:
-    """A compiled artifact whose serving pods stopped on OutputMismatch is refused: Failed
-    with that reason (not compiled again: the same inputs give the same graphs), and status
-    remembers it once the pods are gone, so the model does not switch back to it. The retry
-    annotation, set to a new value, asks for the check again."""
+    """A compiled artifact whose serving pods stopped on OutputMismatch or CanaryFailed is
+    refused: Failed with that reason (not compiled again: the same inputs give the same
+    graphs), and status remembers it once the pods are gone, so the model does not switch
+    back to it. The retry annotation, set to a new value, asks for the check (or the canary)
+    again."""
     if out.phase != READY:
         return out
-    refused_before = a.old.get("phase") == FAILED and a.old.get("reason") == C.OUTPUT_MISMATCH
+    refused_before = (
+        a.old.get("phase") == FAILED and a.old.get("reason") in C.SERVING_REFUSED_REASONS
+    )
     if refused_before and a.token != a.old_token:
         out.status = _clean({**out.status, "retryToken": a.token})
         out.cond = C.Cond(
@@ -496,35 +500,43 @@ def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifact
             f"{out.cond.message}; checking its answers again ({RETRY_ANNOTATION}={a.token})",
         )  # fmt: skip
         return out
-    why = _answers_refused_by_servers(a.plan, a.obs)
-    if why is not None:
+    found = _answers_refused_by_servers(a.plan, a.obs)
+    if found is not None:
+        reason, why = found
         token = a.token
     elif refused_before:
-        why, token = a.old.get("message") or "its answers differ from its reference", a.old_token
+        reason = a.old.get("reason") or C.OUTPUT_MISMATCH
+        why, token = a.old.get("message") or "its serving pods refused it", a.old_token
     else:
         return out
     st = _clean(
-        {**out.status, "phase": FAILED, "reason": C.OUTPUT_MISMATCH, "message": why,
-         "retryToken": token}
-    )  # fmt: skip
+        {**out.status, "phase": FAILED, "reason": reason, "message": why, "retryToken": token}
+    )
     text = (
         f"{why}; not promoted, the artifact served before keeps serving (set the annotation "
         f"{RETRY_ANNOTATION} to a new value to check this one again)"
     )[:1024]
-    refused = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.OUTPUT_MISMATCH, text))
+    refused = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, text))
     refused.job = out.job
     return refused
 
 
-def _answers_refused_by_servers(plan: ModelPlan, obs: Observed) -> str | None:
-    """A serving pod of this key that stopped on OutputMismatch: which, and the first
-    divergence (the engine's termination message)."""
+def _answers_refused_by_servers(plan: ModelPlan, obs: Observed) -> tuple[str, str] | None:
+    """A serving pod of this key that stopped on OutputMismatch (the first divergence) or
+    CanaryFailed (the bound it broke): the reason, and which pod said what (the engine's
+    termination message)."""
     for p in obs.server_pods:
         if p.get("artifact") != plan.short_key:
             continue
         parsed = parse_termination_message((p.get("terminated") or {}).get("message"))
-        if isinstance(parsed, EngineFailure) and parsed.reason == C.OUTPUT_MISMATCH:
-            return f"pod {p.get('name')}: answers unlike the artifact's reference: {parsed.message}"
+        if not isinstance(parsed, EngineFailure):
+            continue
+        if parsed.reason == C.OUTPUT_MISMATCH:
+            return parsed.reason, (
+                f"pod {p.get('name')}: answers unlike the artifact's reference: {parsed.message}"
+            )
+        if parsed.reason == C.CANARY_FAILED:
+            return parsed.reason, f"canary pod {p.get('name')}: {parsed.message}"
     return None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.networking_v1 import NetworkPolicy
@@ -28,6 +29,7 @@ from ..rollout import mark_rolled_out
 from .artifact import decide_artifact
 from .cache import decide_cache
 from .cache_status import decide_cache_status
+from .canary import decide_canary
 from .observed import DEFAULT_POLICY, Decision, Observed, Policy, _parse_time
 from .routing import decide_routing
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
@@ -115,6 +117,9 @@ def decide(
     cache = decide_cache(plan, obs)
     artifact = decide_artifact(plan, obs, model, cache, now, policy)
     serving = decide_serving(plan, obs, artifact, old_status)
+    canary = decide_canary(plan, obs, artifact, serving, old_status, now)
+    if canary.hold is not None:
+        serving = canary.hold  # the previous artifact serves while the canary runs
 
     routing = decide_routing(plan, obs, old_status.get("conditions"))
     zero = decide_scale_to_zero(plan, obs, old_status.get("conditions"))
@@ -122,6 +127,8 @@ def decide(
     d = Decision(job=artifact.job, requeue_after=artifact.requeue_after)
     if serving.waiting:
         d.requeue_after = min(d.requeue_after or WAITING_RECHECK_SECONDS, WAITING_RECHECK_SECONDS)
+    if canary.requeue_after is not None:
+        d.requeue_after = min(d.requeue_after or canary.requeue_after, canary.requeue_after)
     if cache.pvc is not None:
         d.apply.append(cache.pvc)
     if artifact.delete_job:
@@ -132,6 +139,10 @@ def decide(
         d.delete.append((Job, job_name))  # an earlier spec's compile: stop it, free its cards
     if serving.plan is not None and serving.key is not None:
         d.apply.append(mark_rolled_out(build_deployment(serving.plan, serving.key), obs.deployment))
+    if canary.deployment is not None:
+        d.apply.append(canary.deployment)
+    elif canary.delete:
+        d.delete.append((Deployment, names.canary_name(name)))
     # Deletes run before applies (controller.execute): the operator's HPA is gone before the
     # ScaledObject is written (KEDA refuses a target another HPA scales).
     d.delete += zero.delete
@@ -164,7 +175,9 @@ def decide(
     for again in (recheck, obs.recheck_after):
         if again is not None:
             d.requeue_after = min(d.requeue_after or again, again)
-    computed = C.with_kstatus(decide_status(plan, obs, cache, artifact, serving, zero, silent))
+    computed = C.with_kstatus(
+        decide_status(plan, obs, cache, artifact, serving, zero, silent, canary.cond)
+    )
     if routing.cond is not None:
         computed.append(routing.cond)
     conds = C.merge_conditions(old_status.get("conditions"), computed, generation, now)
@@ -183,6 +196,8 @@ def decide(
     cache_status = decide_cache_status(model, plan, obs, artifact, serving, now)
     if cache_status is not None:
         status["cache"] = cache_status
+    if canary.status:
+        status["canary"] = canary.status
     s2z = _scale_to_zero_status(plan, zero, old_status, now)
     if s2z:
         status["scaleToZero"] = s2z

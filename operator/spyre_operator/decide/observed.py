@@ -110,6 +110,10 @@ class Observed:
     owned_jobs: list[dict[str, Any]] = field(default_factory=list)
     needed_jobs: set[tuple[str, str]] = field(default_factory=set)
     deployment: dict[str, Any] | None = None
+    #: spec.serving.canary's Deployment (names.canary_name), if there is one
+    canary_deployment: dict[str, Any] | None = None
+    #: why a Deployment under the canary's name is not the operator's (no canary is started)
+    canary_foreign: str | None = None
     service: dict[str, Any] | None = None
     pdb: dict[str, Any] | None = None
     hpa: dict[str, Any] | None = None

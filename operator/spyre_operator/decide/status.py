@@ -44,6 +44,8 @@ class _StatusFacts:
     conflict: str | None
     #: A scale-to-zero model: why it would not answer at zero (None: it would, or not one).
     zero_problem: str | None = None
+    #: Progressing while the spec's artifact runs its canary (decide/canary.py), if it does.
+    canary: C.Cond | None = None
     #: Serving pods no scheduler has looked at for SCHEDULER_SILENCE_SECONDS (why), if any.
     no_scheduler: str | None = None
 
@@ -73,6 +75,7 @@ def decide_status(
     serving: ServingOutcome,
     zero: ScaleToZeroOutcome | None = None,
     no_scheduler: str | None = None,
+    canary: C.Cond | None = None,
 ) -> list[C.Cond]:
     """Ready, Progressing and Degraded (CacheVolumeReady and ArtifactReady come as they are).
 
@@ -90,6 +93,7 @@ def decide_status(
         conflict=_conflict(plan, obs),
         zero_problem=_zero_problem(zero),
         no_scheduler=no_scheduler,
+        canary=canary,
     )
     conds = [
         _ready(plan, cache, artifact, serving, facts),
@@ -201,8 +205,13 @@ def _ready(
             (
                 f"serving {what} while {plan.short_key} on PVC {plan.claim} "
                 + (
-                    f"failed its output check ({artifact.status.get('message')})"
+                    f"failed its canary ({artifact.status.get('message')})"
                     if artifact.answers_refused
+                    and artifact.status.get("reason") == C.CANARY_FAILED
+                    else f"failed its output check ({artifact.status.get('message')})"
+                    if artifact.answers_refused
+                    else "runs its canary"
+                    if f.canary is not None
                     else "failed to compile"
                     if artifact.phase == FAILED
                     else f"cannot compile yet ({artifact.stuck.reason})"
@@ -253,6 +262,8 @@ def _progressing(
         return C.Cond(C.PROGRESSING, C.TRUE, reason, artifact.cond.message)
     if serving.waiting:
         return C.Cond(C.PROGRESSING, C.TRUE, C.WAITING_FOR_ROLLOUT_SLOT, serving.waiting)
+    if f.canary is not None:
+        return f.canary
     if serving.key is None or (f.current and roll.done) or roll.stall:
         return C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
     available = f"{roll.available}/{plan.spec.replicas} replicas available"

@@ -22,7 +22,7 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 
-from ..api.v1alpha1 import API_KEY_ENV, SpyreModelSpec
+from ..api.v1alpha1 import API_KEY_ENV, CanarySpec, SpyreModelSpec
 from . import names
 from .job import TERMINATION_LOG
 from .owners import controller_ref
@@ -74,8 +74,8 @@ def server_labels(plan: ModelPlan, key: str) -> dict[str, str]:
     }
 
 
-def serve_args(plan: ModelPlan, key: str) -> list[str]:
-    """`spyre-engine serve` arguments for the artifact ``key``."""
+def serve_args(plan: ModelPlan, key: str, canary: CanarySpec | None = None) -> list[str]:
+    """`spyre-engine serve` arguments for the artifact ``key`` (a canary's: with its bounds)."""
     spec = plan.spec
     args = [
         "serve",
@@ -93,6 +93,14 @@ def serve_args(plan: ModelPlan, key: str) -> list[str]:
     if spec.serving.output_check != "Enforce":
         # Only when not the default: an engine image from before the check knows no such flag.
         args += ["--output-check", spec.serving.output_check.lower()]
+    if canary is not None:
+        args += [
+            "--canary-seconds", str(canary.duration_seconds),
+            "--canary-max-error-ratio", str(canary.max_error_ratio),
+            "--canary-min-requests", str(canary.min_requests),
+        ]  # fmt: skip
+        if canary.max_mean_latency_seconds is not None:
+            args += ["--canary-max-mean-latency", str(canary.max_mean_latency_seconds)]
     if spec.serving.extra_args:
         args += ["--", *spec.serving.extra_args]
     return args
@@ -139,7 +147,29 @@ def container_ports(spec: SpyreModelSpec) -> list[ContainerPort]:
     return ports
 
 
-def build_deployment(plan: ModelPlan, key: str) -> Deployment:
+def build_canary_deployment(plan: ModelPlan, key: str) -> Deployment:
+    """spec.serving.canary's Deployment: the new artifact ``key`` on canary.replicas pods that
+    judge their own requests (``--canary-seconds``). Its pods carry the server selector's
+    labels, so the model's Service spreads requests over them and the main Deployment's; its
+    own selector adds CANARY_LABEL (ReplicaSets select by pod-template-hash too, so neither
+    Deployment's ReplicaSets take the other's pods)."""
+    canary = plan.spec.serving.canary
+    assert canary is not None
+    dep = build_deployment(plan, key, canary)
+    assert dep.metadata is not None and dep.spec is not None
+    assert dep.spec.template.metadata is not None
+    labels = {**(dep.metadata.labels or {}), names.CANARY_LABEL: "true"}
+    dep.metadata.name = names.canary_name(plan.name)
+    dep.metadata.labels = labels
+    dep.spec.replicas = canary.replicas
+    dep.spec.selector = LabelSelector(
+        matchLabels={**names.server_selector(plan.name), names.CANARY_LABEL: "true"}
+    )
+    dep.spec.template.metadata.labels = labels
+    return dep
+
+
+def build_deployment(plan: ModelPlan, key: str, canary: CanarySpec | None = None) -> Deployment:
     """The Deployment serving artifact ``key`` (the spec's key, or the previous one while the
     new artifact compiles)."""
     spec = plan.spec
@@ -163,7 +193,7 @@ def build_deployment(plan: ModelPlan, key: str) -> Deployment:
         name="engine",
         image=spec.engine.image,
         imagePullPolicy=spec.engine.image_pull_policy,
-        args=serve_args(plan, key),
+        args=serve_args(plan, key, canary),
         env=env,
         ports=container_ports(spec),
         resources=resources(spec.serving.resources, card_requests(spec, on_cards)),

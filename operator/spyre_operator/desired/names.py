@@ -108,6 +108,20 @@ def engine_service_name(model: str) -> str:
     return _derived(model, valid, ENGINE_SUFFIX)
 
 
+#: Suffix of the canary Deployment (spec.serving.canary): a new artifact's first pods.
+CANARY_SUFFIX = "-canary"
+#: On the canary Deployment and its pods (value "true"), in its selector: the main Deployment's
+#: selector (server_selector) matches the canary's pods too, so the Service reaches them.
+CANARY_LABEL = f"{GROUP}/canary"
+
+
+def canary_name(model: str) -> str:
+    """``<model>-canary``, a valid Deployment name of at most 63 characters (as engine)."""
+    name = model + CANARY_SUFFIX
+    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
+    return _derived(model, valid, CANARY_SUFFIX)
+
+
 #: Suffix of the ExternalName Service in a scale-to-zero model's namespace that names the
 #: operator's cold-start responder (the add-on dials a failover Service in the HTTPScaledObject's
 #: own namespace only).

@@ -1,0 +1,81 @@
+"""A canary judges its own traffic: ``spyre-engine serve --canary-seconds N`` counts the inference
+requests it answers from Ready on (their status and seconds, the same figures as
+``spyre_engine_requests_total`` and ``spyre_engine_request_duration_seconds``) and, while the
+window is open, stops with ``CanaryFailed`` once they break the model's bounds: the share of
+server errors, or the mean latency. The operator runs a new artifact's first pods this way
+beside the previous artifact's and rolls back on that reason (operator/spyre_operator/decide/
+canary.py). Pure, no I/O; the fault injector lets tests and chaos drills make a canary fail."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def is_inference(method: str, path: str) -> bool:
+    """What the canary judges and the request series count: the OpenAI API's POSTs."""
+    return method == "POST" and path.startswith("/v1/")
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx"
+
+
+@dataclass(frozen=True)
+class CanaryBounds:
+    """The model's bounds (spec.serving.canary), as the engine's flags give them."""
+
+    seconds: float
+    max_error_ratio: float
+    min_requests: int
+    max_mean_latency: float | None = None
+
+
+@dataclass
+class Tally:
+    """The canary's inference requests since Ready."""
+
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+    def add(self, status: int, seconds: float) -> None:
+        self.requests += 1
+        self.errors += status >= 500
+        self.seconds += seconds
+
+
+def verdict(bounds: CanaryBounds, tally: Tally) -> str | None:
+    """Why the canary fails, or None while it keeps within its bounds. Nothing is judged
+    before ``min_requests`` requests: one early error is not a rate."""
+    if tally.requests < max(bounds.min_requests, 1):
+        return None
+    ratio = tally.errors / tally.requests
+    if ratio > bounds.max_error_ratio:
+        return (
+            f"{tally.errors} of its {tally.requests} requests failed with a server error "
+            f"({ratio:.0%}, the bound is {bounds.max_error_ratio:.0%})"
+        )
+    mean = tally.seconds / tally.requests
+    if bounds.max_mean_latency is not None and mean > bounds.max_mean_latency:
+        return (
+            f"its {tally.requests} requests took {mean:.2f} s on average (the bound is "
+            f"{bounds.max_mean_latency:.2f} s)"
+        )
+    return None
+
+
+class FaultInjector:
+    """``--fault-error-ratio R``: the share R of inference requests is answered 500 without
+    reaching vLLM, evenly and deterministically (request n fails when floor(n R) grows), so a
+    test knows how many fail. For tests and chaos drills; 0 (the default) injects nothing."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+        self.seen = 0
+
+    def fails_next(self) -> bool:
+        if self.ratio <= 0:
+            return False
+        self.seen += 1
+        return math.floor(self.seen * self.ratio) > math.floor((self.seen - 1) * self.ratio)

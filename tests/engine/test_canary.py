@@ -1,0 +1,63 @@
+"""A canary judges its own requests (issue 30): real vLLM on CPU, faults injected by the engine's
+own flag; the engine leaves the Service (readiness), keeps answering for its grace, drains and
+stops with CanaryFailed in its termination log."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from spyre_engine.serve import CANARY_UNREADY_SECONDS, HARD_EXIT_AFTER_DEADLINE
+
+from .test_drain import MODEL, _serve, precompile_eager
+
+pytestmark = pytest.mark.engine
+
+DRAIN = 5.0
+
+
+def _complete(url: str) -> int:
+    r = httpx.post(f"{url}/v1/completions", timeout=120,
+                   json={"model": MODEL, "prompt": "hello", "max_tokens": 2})  # fmt: skip
+    return r.status_code
+
+
+def _counts(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {m[1]: float(m[2]) for m in
+            re.finditer(r'^spyre_engine_requests_total\{code="(\w+)"\} (\S+)$', text, re.M)
+            if m}  # fmt: skip
+
+
+def test_a_canary_that_breaks_its_bounds_leaves_the_service_then_stops_with_canary_failed(
+    start_engine, tiny_model: Path, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    art = tmp_path / "art"
+    precompile_eager(tiny_model, art)
+    engine = _serve(
+        start_engine, tiny_model, art, DRAIN,
+        "--canary-seconds", "600", "--canary-min-requests", "4",
+        "--canary-max-error-ratio", "0.3", "--fault-error-ratio", "0.5",
+    )  # fmt: skip
+    assert engine.probe("/health/ready") == 200
+    # GETs are not judged nor faulted
+    assert httpx.get(f"{engine.url}/v1/models", timeout=30).status_code == 200
+    # Every second request fails (the injector); 2 of 4 > 30% once 4 are answered.
+    assert [_complete(engine.url) for _ in range(3)] == [200, 500, 200]
+    assert engine.probe("/health/ready") == 200, "3 requests: not judged yet"
+    assert _complete(engine.url) == 500
+    failed_at = time.monotonic()
+    assert engine.probe("/health/ready") == 503, "out of the Service at once"
+    assert _counts(engine.url) == {"2xx": 2.0, "5xx": 2.0}
+    # It still answers while the endpoint update reaches the clients (no drain 503s yet).
+    assert _complete(engine.url) == 200
+    code = engine.wait_exit(CANARY_UNREADY_SECONDS + DRAIN + HARD_EXIT_AFTER_DEADLINE)
+    assert code == 1, engine.log_tail()
+    assert time.monotonic() - failed_at >= CANARY_UNREADY_SECONDS - 1
+    summary = json.loads((art.parent / f"{art.name}.termlog").read_text())
+    assert summary["reason"] == "CanaryFailed"
+    assert "2 of its 4 requests failed with a server error (50%" in summary["message"]

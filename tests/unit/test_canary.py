@@ -1,0 +1,188 @@
+"""spec.serving.canary (issue 30): a new artifact serves on canary pods beside the previous one
+for a window, then rolls out; a canary pod that stops with CanaryFailed rolls the model back."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from spyre_operator import conditions as C
+from spyre_operator.decide.observed import RETRY_ANNOTATION
+from spyre_operator.desired import names
+from spyre_operator.reconcile import Observed, decide, served_key
+
+from .samples import GENERATE
+from .test_reconcile import cond, deployment_obj, plan_for
+from .test_rollback import _complete, _deployment_key, _with_status, model
+
+T0, T1, T2, T3, T4 = (f"2026-11-21T10:0{i}:00Z" for i in range(5))
+CANARY = {"replicas": 1, "durationSeconds": 120, "maxErrorRatio": 0.05, "minRequests": 10}
+FAILED = json.dumps({"reason": "CanaryFailed",
+                     "message": "6 of its 10 requests failed with a server error (60%, the "
+                                "bound is 5%)"})  # fmt: skip
+
+
+def _spec(max_model_len: int | None = None) -> dict[str, Any]:
+    spec = copy.deepcopy(GENERATE)
+    spec["serving"] = {**spec.get("serving", {}), "canary": CANARY}
+    if max_model_len is not None:
+        spec["compile"] = {"maxModelLen": max_model_len}
+    return spec
+
+
+def _canary(d: Any) -> dict[str, Any] | None:
+    dep = next((o for o in d.apply if o.kind == "Deployment"
+                and o.metadata.name == names.canary_name("m")), None)  # fmt: skip
+    return dep.to_dict() if dep is not None else None
+
+
+def _main_key(d: Any) -> str | None:
+    dep = next((o for o in d.apply if o.kind == "Deployment" and o.metadata.name == "m"), None)
+    return served_key(dep.to_dict()) if dep is not None else None
+
+
+def _available(dep: dict[str, Any], n: int) -> dict[str, Any]:
+    dep = copy.deepcopy(dep)
+    dep["metadata"]["generation"] = 1
+    dep["status"] = {"observedGeneration": 1, "replicas": n, "updatedReplicas": n,
+                     "readyReplicas": n, "availableReplicas": n}  # fmt: skip
+    return dep
+
+
+def _a_serves_then_b_compiled() -> tuple[dict[str, Any], dict[str, Any], Observed]:
+    """A rolled out (no canary: a model's first artifact has none); the spec edited to B and
+    B compiled. Returns (a, b with status, obs with A's Deployment)."""
+    a = model("m", _spec())
+    d = decide(a, _complete(a), T0)
+    assert _canary(d) is None, "the first artifact of a model has no canary"
+    dep_a = deployment_obj(d, ready=1)
+    obs = _complete(a)
+    obs.deployment = dep_a
+    d = decide(_with_status(a, d.status), obs, T0)
+    b = _with_status(model("m", _spec(3072)), d.status)
+    obs = _complete(b)
+    obs.deployment = dep_a
+    return a, b, obs
+
+
+def test_a_new_artifact_runs_its_canary_beside_the_previous_one_then_rolls_out() -> None:
+    a, b, obs = _a_serves_then_b_compiled()
+    key_a, key_b = plan_for(a).key, plan_for(b).key
+    d = decide(b, obs, T1)
+    assert _main_key(d) == key_a, "the main Deployment keeps A while the canary runs"
+    canary = _canary(d)
+    assert canary is not None and served_key(canary) == key_b
+    assert canary["spec"]["replicas"] == 1
+    selector = canary["spec"]["selector"]["matchLabels"]
+    assert selector == {**names.server_selector("m"), names.CANARY_LABEL: "true"}
+    pod_labels = canary["spec"]["template"]["metadata"]["labels"]
+    assert names.server_selector("m").items() <= pod_labels.items(), "the Service reaches it"
+    args = canary["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--canary-seconds") + 1] == "120"
+    assert args[args.index("--canary-max-error-ratio") + 1] == "0.05"
+    progressing = cond(d, C.PROGRESSING)
+    assert (progressing["status"], progressing["reason"]) == ("True", C.CANARY_RUNNING)
+    assert "starts (0/1 canary pod available)" in progressing["message"]
+    ready = cond(d, C.READY)
+    assert (ready["status"], ready["reason"]) == ("True", C.SERVING_PREVIOUS_ARTIFACT)
+    assert "runs its canary" in ready["message"]
+    assert d.status["canary"] == {"artifactKey": key_b, "phase": "Running"}
+
+    # Its pod is available: the window starts, and a resync before its end changes nothing.
+    obs.canary_deployment = _available(canary, 1)
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T1)
+    assert d.status["canary"] == {"artifactKey": key_b, "phase": "Running", "startTime": T1}
+    assert _main_key(d) == key_a and d.requeue_after is not None and d.requeue_after <= 120
+    assert "within its bounds (at most 5% server errors" in cond(d, C.PROGRESSING)["message"]
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T2)  # 60 s in
+    assert _main_key(d) == key_a and d.status["canary"]["startTime"] == T1
+
+    # The window passed: the Deployment rolls out to B; the canary stays until that is done.
+    d = decide(b, obs, T3)
+    assert d.status["canary"]["phase"] == "Passed" and d.status["canary"]["passedTime"] == T3
+    assert _main_key(d) == key_b
+    assert (names.canary_name("m")) not in [n for _, n in d.delete]
+    dep_b = deployment_obj(d, ready=1, replicas=2)
+    dep_b["status"]["updatedReplicas"] = 1  # rolling
+    obs.deployment = dep_b
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T3)
+    assert _main_key(d) == key_b and _canary(d) is None
+    assert names.canary_name("m") not in [n for _, n in d.delete]
+    obs.deployment = deployment_obj(d, ready=1)  # rolled out
+    d = decide(_with_status(b, d.status), obs, T4)
+    assert names.canary_name("m") in [n for _, n in d.delete], "removed once B rolled out"
+    assert d.status["canary"]["phase"] == "Passed"
+    assert d.status["lastGoodArtifactKey"] == key_b
+
+
+def test_a_canary_that_breaks_its_bounds_rolls_back_and_a_retry_runs_it_again() -> None:
+    a, b, obs = _a_serves_then_b_compiled()
+    key_a, key_b = plan_for(a).key, plan_for(b).key
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T1)
+    # The canary pod stopped on CanaryFailed (the kubelet may have restarted it already).
+    obs.server_pods = [{"name": "m-canary-x", "artifact": plan_for(b).short_key, "canary": True,
+                        "terminated": {"exitCode": 1, "message": FAILED}}]  # fmt: skip
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T2)
+    art = d.status["artifact"]
+    assert (art["key"], art["phase"], art["reason"]) == (key_b, "Failed", C.CANARY_FAILED)
+    assert "6 of its 10 requests failed" in art["message"]
+    assert _main_key(d) == key_a and _canary(d) is None
+    assert names.canary_name("m") in [n for _, n in d.delete]
+    assert plan_for(b).job_name not in [n for _, n in d.delete], "not compiled again"
+    assert d.status["canary"]["phase"] == "Failed"
+    ready = cond(d, C.READY)
+    assert (ready["status"], ready["reason"]) == ("True", C.SERVING_PREVIOUS_ARTIFACT)
+    assert "failed its canary" in ready["message"]
+    degraded = cond(d, C.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("True", C.CANARY_FAILED)
+    assert any(e[0] == "Warning" and C.CANARY_FAILED in e[2] for e in d.events)
+    assert C.event_type(C.CANARY_FAILED) == "Warning"
+
+    # The canary is gone; status remembers the refusal: A keeps serving, no new canary.
+    obs.canary_deployment, obs.server_pods = None, []
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T3)
+    assert d.status["artifact"]["phase"] == "Failed" and _canary(d) is None
+    assert _main_key(d) == key_a
+
+    # The retry annotation runs the canary again, from a new window.
+    b = _with_status(b, d.status)
+    b["metadata"].setdefault("annotations", {})[RETRY_ANNOTATION] = "1"
+    d = decide(b, obs, T4)
+    assert d.status["artifact"]["phase"] == "Ready"
+    assert _canary(d) is not None and _main_key(d) == key_a
+    assert d.status["canary"] == {"artifactKey": key_b, "phase": "Running"}
+
+
+def test_without_canary_a_new_artifact_rolls_out_at_once_and_a_leftover_canary_goes() -> None:
+    a, b, obs = _a_serves_then_b_compiled()
+    plain = copy.deepcopy(b)
+    del plain["spec"]["serving"]["canary"]
+    d = decide(plain, obs, T1)
+    assert _deployment_key(d) == plan_for(b).key and _canary(d) is None
+    assert "canary" not in d.status
+    # A canary Deployment left from before the setting was removed is deleted.
+    obs.canary_deployment = {"metadata": {"name": names.canary_name("m")}}
+    d = decide(plain, obs, T1)
+    assert names.canary_name("m") in [n for _, n in d.delete]
+
+
+def test_an_operator_restarted_mid_canary_keeps_its_window() -> None:
+    """The window's start is in status, not in memory: a fresh decision with the same
+    cluster state and status keeps it (and passes at the same time)."""
+    a, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    d = decide(_with_status(b, d.status), obs, T1)
+    saved = _with_status(b, d.status)
+    again = decide(copy.deepcopy(saved), obs, T2)
+    assert again.status["canary"]["startTime"] == T1
+    assert decide(copy.deepcopy(saved), obs, T3).status["canary"]["phase"] == "Passed"
