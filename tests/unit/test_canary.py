@@ -186,3 +186,13 @@ def test_an_operator_restarted_mid_canary_keeps_its_window() -> None:
     again = decide(copy.deepcopy(saved), obs, T2)
     assert again.status["canary"]["startTime"] == T1
     assert decide(copy.deepcopy(saved), obs, T3).status["canary"]["phase"] == "Passed"
+
+
+def test_no_canary_when_nothing_serves_the_previous_artifact() -> None:
+    """Scaled to zero, or every pod of the previous artifact down: a switch takes nothing
+    away from users and there is nothing to compare with."""
+    a, b, obs = _a_serves_then_b_compiled()
+    assert obs.deployment is not None
+    obs.deployment["status"]["availableReplicas"] = 0
+    d = decide(b, obs, T1)
+    assert _canary(d) is None and _main_key(d) == plan_for(b).key

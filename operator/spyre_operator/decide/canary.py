@@ -55,7 +55,7 @@ def decide_canary(
 
     A canary runs when serving.canary is set, the spec's artifact is ready and the Deployment
     would switch to it from another artifact that serves (the first artifact of a model has
-    none). It passes once every canary pod has been available for durationSeconds without
+    none, nor a model at zero replicas or whose pods all fail: nothing to compare with). It passes once every canary pod has been available for durationSeconds without
     breaking the bounds; the Deployment then rolls out and the canary is removed when that
     rollout is done. It fails when a canary pod stops with CanaryFailed: the artifact is
     refused (status.artifact says why; the retry annotation runs the canary again).
@@ -77,6 +77,9 @@ def decide_canary(
     if spec is None or artifact.phase != READY or not serving.current(plan):
         return out  # none asked; the artifact is not ready, refused, or waits for a slot
     previous = _previous_serving(plan, obs, old_status)
+    serves = int(((obs.deployment or {}).get("status") or {}).get("availableReplicas") or 0)
+    if serves == 0 or plan.spec.replicas == 0:
+        return out  # nothing serves the previous artifact (scaled to zero, crashing): switch
     if previous.plan is None or previous.key == plan.key:
         # A first rollout, or the Deployment serves this artifact already: a canary that
         # passed stays until that rollout is done (it still takes its share meanwhile).
