@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.desired.deployment import build_deployment
+from spyre_operator.desired.deployment import build_canary_deployment, build_deployment
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.pvc import build_cache_pvc, cache_owners
@@ -31,6 +31,10 @@ DATA = Path(__file__).parent / "data"
 #: The samples rendered once more with scale to zero, and the addresses the operator's
 #: configuration would pass (KEDA's HTTP add-on scaler, Prometheus, our cold-start responder).
 SCALE_TO_ZERO_SAMPLES = ("generate",)
+#: The samples rendered once more with a canary (spec.serving.canary): its Deployment.
+CANARY_SAMPLES = ("generate",)
+CANARY: dict[str, Any] = {"replicas": 1, "durationSeconds": 600, "maxErrorRatio": 0.02,
+                          "minRequests": 20, "maxMeanLatencySeconds": 4.5}
 SCALE_TO_ZERO: dict[str, Any] = {
     "minReplicas": 0, "maxReplicas": 4, "targetQueueLength": 2, "targetKvCacheUsage": 0.8,
     "scaleToZero": {"idleSeconds": 600, "maxWaitSeconds": 240},
@@ -82,11 +86,16 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
         objs["scaledobject"] = build_scaled_object(
             s2z, scaler_address=SCALER, prometheus_address=PROMETHEUS
         )
+    if sample in CANARY_SAMPLES:
+        serving = {**(spec_doc.get("serving") or {}), "canary": CANARY}
+        canary = plan_model(sample, "team-a", f"uid-{sample}",
+                            SpyreModelSpec.model_validate({**spec_doc, "serving": serving}))
+        objs["canary"] = build_canary_deployment(canary, canary.key)
     return {k: v.to_dict() for k, v in objs.items()}
 
 
 KINDS = ("job", "deployment", "service", "pdb", "pvc", "inferencepool", "engineservice",
-         "httpscaledobject", "scaledobject")
+         "httpscaledobject", "scaledobject", "canary")
 SAMPLES = {**ALL, **UNDER_SITE}
 
 
