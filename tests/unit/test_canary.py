@@ -196,3 +196,18 @@ def test_no_canary_when_nothing_serves_the_previous_artifact() -> None:
     obs.deployment["status"]["availableReplicas"] = 0
     d = decide(b, obs, T1)
     assert _canary(d) is None and _main_key(d) == plan_for(b).key
+
+
+def test_a_restarted_canary_pod_still_reports_why_it_stopped() -> None:
+    """The kubelet restarts the container that stopped on CanaryFailed: its last state is the
+    verdict (a main Deployment's pod running again is history, not a failure)."""
+    from spyre_operator.control.common import compact_pod
+
+    def pod(canary: bool) -> dict[str, Any]:
+        labels = {names.ARTIFACT_LABEL: "abc", **({names.CANARY_LABEL: "true"} if canary else {})}
+        return {"metadata": {"name": "p", "labels": labels}, "status": {"containerStatuses": [
+            {"ready": False, "state": {"running": {"startedAt": T4}},
+             "lastState": {"terminated": {"exitCode": 1, "message": FAILED}}}]}}  # fmt: skip
+
+    assert compact_pod(pod(canary=True))["terminated"]["message"] == FAILED
+    assert "terminated" not in compact_pod(pod(canary=False))
