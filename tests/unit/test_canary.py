@@ -211,3 +211,17 @@ def test_a_restarted_canary_pod_still_reports_why_it_stopped() -> None:
 
     assert compact_pod(pod(canary=True))["terminated"]["message"] == FAILED
     assert "terminated" not in compact_pod(pod(canary=False))
+
+
+def test_a_canary_pod_that_fails_its_output_check_ends_the_canary() -> None:
+    a, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    mismatch = json.dumps({"reason": "OutputMismatch", "message": "prompt 0 position 3: ..."})
+    obs.canary_deployment = _canary(d)
+    obs.server_pods = [{"name": "m-canary-x", "artifact": plan_for(b).short_key, "canary": True,
+                        "terminated": {"exitCode": 1, "message": mismatch}}]  # fmt: skip
+    d = decide(_with_status(b, d.status), obs, T2)
+    assert d.status["artifact"]["reason"] == C.OUTPUT_MISMATCH
+    assert d.status["canary"]["phase"] == "Failed" and "position 3" in d.status["canary"]["message"]
+    assert names.canary_name("m") in [n for _, n in d.delete]
+    assert _main_key(d) == plan_for(a).key

@@ -55,9 +55,10 @@ def decide_canary(
 
     A canary runs when serving.canary is set, the spec's artifact is ready and the Deployment
     would switch to it from another artifact that serves (the first artifact of a model has
-    none, nor a model at zero replicas or whose pods all fail: nothing to compare with). It passes once every canary pod has been available for durationSeconds without
-    breaking the bounds; the Deployment then rolls out and the canary is removed when that
-    rollout is done. It fails when a canary pod stops with CanaryFailed: the artifact is
+    none, nor a model at zero replicas or whose pods all fail: nothing to compare with). It
+    passes once every canary pod has been available for durationSeconds without breaking the
+    bounds; the Deployment then rolls out and the canary is removed when that rollout is done.
+    It fails when a canary pod stops with CanaryFailed (or OutputMismatch): the artifact is
     refused (status.artifact says why; the retry annotation runs the canary again).
     """
     spec = plan.spec.serving.canary
@@ -65,12 +66,14 @@ def decide_canary(
     mine = old.get("artifactKey") == plan.key
     live = obs.canary_deployment
     out = CanaryOutcome(delete=live is not None)
-    if artifact.answers_refused and artifact.status.get("reason") == C.CANARY_FAILED:
-        out.status = {
-            "artifactKey": plan.key,
-            "phase": FAILED,
-            "message": str(artifact.status.get("message") or "")[:1024],
-        }
+    if artifact.answers_refused:
+        # CanaryFailed, or a canary pod's OutputMismatch: either way the canary is over.
+        if mine or artifact.status.get("reason") == C.CANARY_FAILED:
+            out.status = {
+                "artifactKey": plan.key,
+                "phase": FAILED,
+                "message": str(artifact.status.get("message") or "")[:1024],
+            }
         return out
     if mine:
         out.status = old
