@@ -139,14 +139,33 @@ def run_warmup(
             remove_dead_sockets(tmp)
 
 
-def records_references(settings: PrecompileSettings) -> bool:
-    """Whether this precompile records reference answers: decoders, on a backend that runs the
-    model (sendnn_compile_only runs nothing; eager compiles nothing and starts no vLLM)."""
-    return (
-        settings.reference_answers == "record"
-        and not settings.is_pooling
-        and settings.backend in ("sendnn", "inductor")
-    )
+def reference_backend(settings: PrecompileSettings) -> str | None:
+    """The backend this precompile records the artifact's reference answers on (None: none).
+
+    Decoders only. ``sendnn`` and ``inductor`` record on the vLLM that compiled, on their own
+    backend. ``sendnn_compile_only`` runs nothing (it builds the cards' graphs on a CPU node),
+    so a second vLLM on ``eager`` answers for it on the same node: the same model code on CPU,
+    as upstream's tests compare the cards with CPU outputs. ``eager`` compiles nothing; its pods
+    run the very code a reference would, so it records none.
+    """
+    if settings.reference_answers != "record" or settings.is_pooling:
+        return None
+    return {"sendnn": "sendnn", "inductor": "inductor", COMPILE_ONLY_BACKEND: "eager"}.get(
+        settings.backend)
+
+
+def record_references_on(
+    settings: PrecompileSettings, model_path: str, backend: str
+) -> dict[str, object]:
+    """The reference answers from a vLLM of the same shape on ``backend`` (another than the
+    artifact's), started for nothing else and stopped after; it writes nothing to the artifact."""
+    other = settings.model_copy(update={"backend": backend})
+    log.info("Recording the reference answers on %s (%s runs no model)", backend,
+             settings.backend)
+    references: dict[str, object] = {}
+    run_warmup(other, model_path, plugin_env(other, require_precompiled=False), references)
+    references["source"] = backend
+    return references
 
 
 def _post_json(url: str, body: dict[str, object], timeout: float = 600) -> dict[str, object]:
@@ -319,13 +338,16 @@ def _precompile_locked(
         check_known(settings, model_path, env)
     started = time.monotonic()
     logged = None
-    references: dict[str, object] | None = {} if records_references(settings) else None
+    recorded_on = reference_backend(settings)
+    references: dict[str, object] | None = {} if recorded_on == settings.backend else None
     if settings.backend == "eager":
         log.info("Backend eager compiles nothing; recording the shape only")
     else:
         invalidate_manifest(artifact)
         logged = run_warmup(settings, model_path, env, references)
     compile_seconds = time.monotonic() - started
+    if recorded_on is not None and recorded_on != settings.backend:
+        references = record_references_on(settings, model_path, recorded_on)
     # Before the catalog entry and the manifest (whose checksums cover the file); an earlier
     # compile's answers never stay beside graphs they were not recorded with.
     (artifact / answers.REFERENCE_FILENAME).unlink(missing_ok=True)

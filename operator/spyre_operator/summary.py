@@ -26,6 +26,9 @@ class ArtifactSummary:
     versions: dict[str, Any]
     #: The commit an hf:// model resolved to (``@main`` -> a sha), when the engine reports it.
     model_revision: str | None = None
+    #: What the precompile recorded of the artifact's reference answers (source, prompts,
+    #: tokens, tolerance), when it recorded any.
+    references: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,4 +78,5 @@ def parse_termination_message(text: str | None) -> ArtifactSummary | EngineFailu
         size_bytes=num(doc.get("sizeBytes"), int),
         versions=dict(doc["versions"]) if isinstance(doc.get("versions"), dict) else {},
         model_revision=str(doc["modelRevision"]) if doc.get("modelRevision") else None,
+        references=dict(doc["references"]) if isinstance(doc.get("references"), dict) else None,
     )

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from spyre_engine import answers, catalog, manifest
+from spyre_engine.precompile import record_references_on, reference_backend
+from spyre_engine.settings import PrecompileSettings
 from spyre_engine.summary import FailureSummary, PrecompileSummary, parse_termination_message
 from spyre_engine.testing.process import EngineProcess, engine_command
 
@@ -120,6 +122,45 @@ def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple
     assert ref_doc["recordedWith"]["backend"] == "inductor"
     assert answers.REFERENCE_FILENAME in {f["path"] for f in doc["files"]}
     assert summary.references is not None and summary.references["prompts"] == len(refs)
+
+
+@pytest.mark.parametrize(("backend", "recorded_on"), [
+    ("sendnn", "sendnn"), ("inductor", "inductor"), ("sendnn_compile_only", "eager"),
+    ("eager", None)])  # fmt: skip
+def test_each_backend_records_its_references_on(backend: str, recorded_on: str | None,
+                                                tmp_path: Path) -> None:
+    """The cards' graphs built on a CPU node (sendnn_compile_only) get references from eager on
+    that node; eager itself compiles nothing to check. Decoders only, and never when off."""
+    s = PrecompileSettings(model="m", artifact_dir=tmp_path, backend=backend)
+    assert reference_backend(s) == recorded_on
+    assert reference_backend(s.model_copy(update={"reference_answers": "off"})) is None
+    assert reference_backend(s.model_copy(update={"task": "embed"})) is None
+
+
+@pytest.mark.slow
+def test_a_compile_only_artifact_gets_references_from_eager_that_inductor_answers_within(
+    inductor_artifact: tuple[Path, Path], tiny_model: Path, tmp_path: Path,
+) -> None:
+    """sendnn_compile_only runs no model, so its precompile answers the prompts on a second,
+    eager vLLM of the same shape (a real one here; the compile itself needs torch_sendnn). It
+    writes nothing into the artifact, and a compiled backend's answers (inductor's, standing in
+    for the cards') pass against what eager recorded."""
+    art = tmp_path / "art"
+    art.mkdir()
+    settings = PrecompileSettings(model=str(tiny_model), artifact_dir=art,
+                                  backend="sendnn_compile_only", max_model_len=512,
+                                  max_num_seqs=4, max_num_batched_tokens=128)  # fmt: skip
+    doc = record_references_on(settings, str(tiny_model), "eager")
+    assert doc["source"] == "eager" and doc["recordedWith"]["backend"] == "eager", doc
+    assert sorted(p.name for p in art.iterdir()) == [], "the eager run wrote into the artifact"
+    answers.write(tmp_path, doc)
+    eager, _ = answers.read(tmp_path) or ([], {})
+    assert len(eager) == len(answers.DEFAULT_PROMPTS)
+    assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in eager), eager
+    compiled, _ = answers.read(inductor_artifact[0]) or ([], {})
+    verdict = answers.judge(eager, compiled, float(doc["tolerance"]))  # type: ignore[arg-type]
+    assert verdict.ok, verdict
+
 
 def _post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(),

@@ -53,13 +53,20 @@ WEIGHTS = "model.safetensors"
 #: A long window: the canary must fail on its bounds, never pass by running out the clock.
 CANARY = {"replicas": 1, "durationSeconds": 1800, "minRequests": 3, "maxErrorRatio": 0.2}
 FAULT = {"name": "SPYRE_ENGINE_FAULT_ERROR_RATIO", "value": "1"}
-#: Adds noise to every weight of a safetensors file (a different model of the same shape).
-_PERTURB = r"""
-import sys, torch
+#: The tiny model answers near-uniformly (528 tokens, each ~0.2%): no comparison of
+#: probabilities tells one such model from another. Its final norm scaled by 30 makes it as
+#: sure of its tokens as a trained model is (top-1 ~1.0), written in place (before any
+#: compile); the perturbed copy (noise on every weight) is then a different model of the same
+#: shape, just as sure of other tokens.
+_SHARPEN_AND_PERTURB = r"""
+import os, sys, torch
 from safetensors.torch import load_file, save_file
 src, dest = sys.argv[1], sys.argv[2]
-torch.manual_seed(7)
 t = load_file(src)
+t["model.norm.weight"] = t["model.norm.weight"] * 30
+save_file(t, src + ".tmp")
+os.replace(src + ".tmp", src)
+torch.manual_seed(7)
 save_file({k: (v + torch.randn_like(v) * (v.float().std() + 0.05)).to(v.dtype)
            if v.is_floating_point() else v for k, v in t.items()}, dest)
 """
@@ -92,9 +99,11 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
     support.create_model_pvc(env.cp, env.ns, path=PATH)
     model_dir = claim_host_dir(env.cp, env.kube, MODEL_CLAIM) / PATH
     perturbed = model_dir.parent / f".{PATH}-perturbed.safetensors"
-    subprocess.run([sys.executable, "-c", _PERTURB, str(model_dir / WEIGHTS), str(perturbed)],
+    subprocess.run([sys.executable, "-c", _SHARPEN_AND_PERTURB, str(model_dir / WEIGHTS),
+                    str(perturbed)],
                    check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
-    os.chmod(perturbed, 0o644)
+    for f in (perturbed, model_dir / WEIGHTS):
+        os.chmod(f, 0o644)
 
     t0 = time.monotonic()
     env.kube.apply_model(MODEL, _spec(env))

@@ -1,15 +1,19 @@
 """spec.serving.outputCheck reaches the engine as the setting it means (issue 30): the operator's
-serve arguments, parsed by the engine's own parser and settings."""
+serve arguments, parsed by the engine's own parser and settings; and what the engine's
+precompile recorded of its reference answers reaches status."""
 
 from __future__ import annotations
 
 import pytest
 from spyre_engine.cli import build_parser, load_settings
 from spyre_engine.settings import ServeSettings, split_passthrough
+from spyre_engine.summary import PrecompileSummary
 from spyre_operator.desired.deployment import serve_args
+from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
-from .test_reconcile import plan_for
+from .test_reconcile import NOW, job_obj, plan_for
+from .test_reconcile_correctness import bound
 
 
 def _engine_settings(mode: str | None) -> tuple[list[str], ServeSettings]:
@@ -36,3 +40,21 @@ def test_the_default_passes_no_flag_so_an_older_engine_still_starts() -> None:
         args, settings = _engine_settings(mode)
         assert "--output-check" not in args
         assert settings.output_check == "enforce"
+
+
+def test_the_precompiles_reference_summary_is_in_the_artifacts_status() -> None:
+    """The engine's own summary line (PrecompileSummary.to_line, as the Job's termination log
+    holds it) to status.artifact.references; absent when the precompile recorded none."""
+    m = model("m", GENERATE)
+    refs = {"source": "eager", "prompts": 4, "tokens": 64, "tolerance": 0.08}
+
+    def artifact(references: dict[str, object] | None) -> dict[str, object]:
+        line = PrecompileSummary(key=plan_for(m).key, path="/cache/x", compileSeconds=3,
+                                 sizeBytes=10, references=references).to_line()  # fmt: skip
+        obs = Observed(cache_pvc=bound(), job=job_obj(m, "Complete"),
+                       job_pods=[{"name": "p", "terminated": {"exitCode": 0, "message": line}}])
+        art: dict[str, object] = decide(m, obs, NOW).status["artifact"]
+        return art
+
+    assert artifact(refs)["references"] == refs
+    assert "references" not in artifact(None)

@@ -1354,6 +1354,23 @@ class Condition(ApiModel):
     )
 
 
+class ReferencesStatus(ApiModel):
+    """The artifact's reference answers, as its precompile recorded them (issue 30)."""
+
+    source: str | None = Field(
+        default=None,
+        description=(
+            "Where they were answered: self (the vLLM that compiled, on the artifact's own "
+            "backend) or eager (a CPU run for sendnn_compile_only, which runs no model)."
+        ),
+    )
+    prompts: int | None = Field(default=None, description="Prompts answered.")
+    tokens: int | None = Field(default=None, description="Tokens generated over all prompts.")
+    tolerance: float | None = Field(
+        default=None, description="Largest probability difference a serving pod may show."
+    )
+
+
 class ArtifactStatus(ApiModel):
     """The compiled artifact for the current spec."""
 
@@ -1406,6 +1423,14 @@ class ArtifactStatus(ApiModel):
         description=(
             "CamelCase reason of the last failed compile (PrecompileFailed, or the engine's "
             "own, e.g. ModelNotFound); kept with the message once the failed Job is removed."
+        ),
+    )
+    references: ReferencesStatus | None = Field(
+        default=None,
+        description=(
+            "The reference answers every serving pod checks its own against before it turns "
+            "Ready; absent when the precompile recorded none (eager, a pooling model, an "
+            "engine from before the check)."
         ),
     )
     waiting_since: str | None = Field(

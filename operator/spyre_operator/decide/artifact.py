@@ -104,6 +104,9 @@ def _ready_status(plan: ModelPlan, obs: Observed, job: dict[str, Any]) -> dict[s
             out["sizeBytes"] = parsed.size_bytes
         if parsed.model_revision:
             out["modelRevision"] = parsed.model_revision
+        if parsed.references:
+            out["references"] = {k: parsed.references.get(k) for k in
+                                 ("source", "prompts", "tokens", "tolerance")}  # fmt: skip
         if parsed.key and parsed.key != plan.key:
             out["message"] = f"engine reported key {parsed.key}, expected {plan.key}"
     return out
