@@ -65,6 +65,7 @@ from .control.observe import Observer
 from .control.queue import WorkQueue
 from .control.routing import Router
 from .control.status import StatusReporter
+from .decide.serving import pods_missing
 from .desired.plan import plan_model
 from .gc import GarbageCollector
 from .metrics import Instruments
@@ -295,13 +296,14 @@ class Controller:
             await self.observer.precompile(key, obs)
         if plan is not None:
             await self.observer.mirror_slice(obs, plan)
-        short = False  # replicas missing: their pods explain why, and may change unwatched
-        if plan is not None and obs.deployment is not None:
-            st = obs.deployment.get("status") or {}
-            wanted = plan.spec.replicas
-            if (st.get("replicas") or 0) > 0 and (st.get("availableReplicas") or 0) < wanted:
-                short = True
-                obs.server_pods = await self.observer.recent_server_pods(key)
+        # Pods missing (the main Deployment's, or the canary's): theirs explain why, and may
+        # change unwatched.
+        short = plan is not None and (
+            pods_missing(obs.deployment, plan.spec.replicas)
+            or pods_missing(obs.canary_deployment)
+        )
+        if short:
+            obs.server_pods = await self.observer.recent_server_pods(key)
         if plan is not None and plan.claim_managed:
             obs.collected = await self.gc.collected(ns, plan.claim)
         if plan is not None:  # no await from here to the reservation: slots are counted once

@@ -225,3 +225,71 @@ def test_a_canary_pod_that_fails_its_output_check_ends_the_canary() -> None:
     assert d.status["canary"]["phase"] == "Failed" and "position 3" in d.status["canary"]["message"]
     assert names.canary_name("m") in [n for _, n in d.delete]
     assert _main_key(d) == plan_for(a).key
+
+
+def test_the_reconcile_lists_the_pods_of_a_canary_that_does_not_come_up() -> None:
+    """The canary pod stops with CanaryFailed (or OutputMismatch) and restarts: the pod is not
+    watched and the main Deployment is whole, so only the canary Deployment's missing pod says
+    to look. (On the real node the refusal never came: pods were listed only when the main
+    Deployment was short.) The reconcile lists the pods, refuses the artifact, and looks again
+    later while a pod is missing."""
+    import asyncio
+
+    from .test_controller_failures import controller_with, until_requeued
+
+    _, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    canary = _canary(d)
+    assert canary is not None
+    canary["metadata"]["generation"] = 1
+    canary["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                        "availableReplicas": 0, "unavailableReplicas": 1}  # fmt: skip
+    obs.canary_deployment = canary
+    b = _with_status(b, d.status)
+    pod = {"name": "m-canary-0", "artifact": plan_for(b).short_key, "canary": True,
+           "phase": "Running", "ready": False,
+           "terminated": {"exitCode": 1, "reason": "Error", "message": FAILED}}  # fmt: skip
+    c, applier = controller_with(b)
+    listed: list[Any] = []
+
+    async def server_pods(key: Any) -> list[dict[str, Any]]:
+        listed.append(key)
+        return [pod]
+
+    async def nothing(*args: Any) -> None:
+        return None
+
+    c.observer.observe = lambda *args: obs  # type: ignore[method-assign]
+    c.observer.precompile = nothing  # type: ignore[method-assign]
+    c.observer.recent_server_pods = server_pods  # type: ignore[method-assign]
+    delays: list[float] = []
+    c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+
+    async def once() -> None:
+        c.start()
+        c.queue.add(("ns", "m"))
+        await until_requeued(c, delays, 0.01)
+        await c.stop()
+
+    asyncio.run(once())
+    assert listed == [("ns", "m")], "the canary's pods were not looked at"
+    assert applier.statuses, "nothing written"
+    art = applier.statuses[-1]["artifact"]
+    assert art["reason"] == C.CANARY_FAILED and "canary pod m-canary-0" in art["message"], art
+    assert delays, "no second look while the canary pod is missing"
+
+
+def test_pods_are_missing_when_fewer_are_available_than_exist_or_are_wanted() -> None:
+    """A surge rollout to a new artifact keeps the old pod available (maxUnavailable 0): the
+    new pod refusing the artifact shows only as one more pod than are available."""
+    from spyre_operator.decide.serving import pods_missing
+
+    def dep(replicas: int, available: int) -> dict[str, Any]:
+        return {"status": {"replicas": replicas, "availableReplicas": available}}
+
+    assert pods_missing(dep(2, 1), 1), "a surge rollout whose new pod does not come up"
+    assert pods_missing(dep(1, 0)), "a canary whose pod does not come up"
+    assert pods_missing(dep(1, 1), 2), "a scale-up not there yet"
+    assert not pods_missing(dep(1, 1), 1) and not pods_missing(dep(3, 3), 1)
+    assert not pods_missing(dep(0, 0), 1), "no pod yet: nothing to explain"
+    assert not pods_missing(None, 1)

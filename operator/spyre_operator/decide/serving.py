@@ -150,6 +150,19 @@ def _rollout(deployment: dict[str, Any] | None, replicas: int, key: str | None) 
     return Rollout(done, total, available, stall)
 
 
+def pods_missing(deployment: dict[str, Any] | None, wanted: int = 0) -> bool:
+    """Whether a Deployment has fewer available pods than it has, or than ``wanted``: a pod
+    that does not come up, whose container status (unwatched) says why. That is a crash loop,
+    a pod waiting for a node, or a new artifact's pod refusing it (OutputMismatch,
+    CanaryFailed) while the previous pods stay available (a surge rollout, or a canary
+    Deployment beside the main one)."""
+    if not deployment:
+        return False
+    st = deployment.get("status") or {}
+    total = st.get("replicas") or 0
+    return total > 0 and (st.get("availableReplicas") or 0) < max(total, wanted)
+
+
 #: ``pod.status.reason`` of pods the kubelet ended itself.
 NODE_ENDED_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeShutdown", "Terminated"})
 
