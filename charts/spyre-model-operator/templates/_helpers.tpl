@@ -101,10 +101,12 @@ object does not exist yet.
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "patch", "delete"]
 # Serving Deployments: watched (all of them, so a same-named one that is not the operator's
-# is reported, never taken over), server-side applied. Deleted only by the garbage collector.
+# is reported, never taken over), server-side applied. The serving Deployment is deleted only
+# by the garbage collector; a canary Deployment (<model>-canary, spec.serving.canary) is deleted
+# by the operator when its canary ends (passed and rolled out, failed, or turned off).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Serving Services (watched as Deployments) and the cache PVCs: server-side applied.
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
