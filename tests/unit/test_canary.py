@@ -293,3 +293,29 @@ def test_pods_are_missing_when_fewer_are_available_than_exist_or_are_wanted() ->
     assert not pods_missing(dep(1, 1), 1) and not pods_missing(dep(3, 3), 1)
     assert not pods_missing(dep(0, 0), 1), "no pod yet: nothing to explain"
     assert not pods_missing(None, 1)
+
+
+def test_the_writer_deletes_no_deployment_but_the_models_own_canary() -> None:
+    """The chart lets the operator delete Deployments for the canary's sake; a decision to
+    delete any other (the serving Deployment: a bug) is refused before the API is asked, and
+    so is the canary's name when no canary of this model was observed."""
+    import asyncio
+
+    import pytest
+    from lightkube.resources.apps_v1 import Deployment
+
+    from .test_controller_failures import controller_with
+
+    _, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    canary = _canary(d)
+    c, applier = controller_with(b)
+    for target, seen in (("m", canary), (names.canary_name("m"), None)):
+        d.delete = [(Deployment, target)]
+        obs.canary_deployment = seen
+        with pytest.raises(RuntimeError, match="deletes only the model's own canary"):
+            asyncio.run(c.writer.execute(b, obs, d))
+    assert not [w for w in applier.writes if w[0] == "delete"], applier.writes
+    d.delete, obs.canary_deployment = [(Deployment, names.canary_name("m"))], canary
+    asyncio.run(c.writer.execute(b, obs, d))
+    assert ("delete", "Deployment") in applier.writes

@@ -63,6 +63,15 @@ class Writer:
         if not self.c.may_write():
             raise NotLeader("leader lease not held; not writing")
         for resource, obj_name in d.delete:
+            if resource.__name__ == "Deployment" and (
+                obj_name != names.canary_name(name) or obs.canary_deployment is None
+            ):
+                # The chart grants delete on Deployments for the canary's alone: a serving
+                # Deployment is only ever removed by the garbage collector with its model.
+                raise RuntimeError(
+                    f"refusing to delete Deployment {ns}/{obj_name}: the operator deletes only "
+                    f"the model's own canary Deployment ({names.canary_name(name)})"
+                )
             live = None
             if resource.__name__ == "Job":  # the spec's Job, or one an earlier spec left
                 live = next(
