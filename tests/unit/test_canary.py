@@ -233,9 +233,7 @@ def test_the_reconcile_lists_the_pods_of_a_canary_that_does_not_come_up() -> Non
     to look. (On the real node the refusal never came: pods were listed only when the main
     Deployment was short.) The reconcile lists the pods, refuses the artifact, and looks again
     later while a pod is missing."""
-    import asyncio
-
-    from .test_controller_failures import controller_with, until_requeued
+    from .test_controller_failures import controller_with, reconcile_once
 
     _, b, obs = _a_serves_then_b_compiled()
     d = decide(b, obs, T1)
@@ -262,16 +260,7 @@ def test_the_reconcile_lists_the_pods_of_a_canary_that_does_not_come_up() -> Non
     c.observer.observe = lambda *args: obs  # type: ignore[method-assign]
     c.observer.precompile = nothing  # type: ignore[method-assign]
     c.observer.recent_server_pods = server_pods  # type: ignore[method-assign]
-    delays: list[float] = []
-    c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
-
-    async def once() -> None:
-        c.start()
-        c.queue.add(("ns", "m"))
-        await until_requeued(c, delays, 0.01)
-        await c.stop()
-
-    asyncio.run(once())
+    delays = reconcile_once(c)
     assert listed == [("ns", "m")], "the canary's pods were not looked at"
     assert applier.statuses, "nothing written"
     art = applier.statuses[-1]["artifact"]

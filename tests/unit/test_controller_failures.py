@@ -62,6 +62,21 @@ async def until_requeued(c: Controller, delays: list[float], tick: float) -> Non
             return
 
 
+def reconcile_once(c: Controller, tick: float = 0.01) -> list[float]:
+    """Start ``c``, reconcile ns/m until it asked for a requeue, stop; the requeue delays."""
+    delays: list[float] = []
+    c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+
+    async def once() -> None:
+        c.start()
+        c.queue.add(("ns", "m"))
+        await until_requeued(c, delays, tick)
+        await c.stop()
+
+    asyncio.run(once())
+    return delays
+
+
 def serving_status(m: dict[str, Any]) -> dict[str, Any]:
     """A status as the operator wrote it: the model compiles (nothing observed yet)."""
     return decide(m, Observed(), NOW).status
@@ -223,16 +238,7 @@ def test_a_job_a_sharer_created_an_instant_ago_is_no_failure(message: str,
         raise ApiError(status=Status(code=422, message=message))
 
     applier.ensure_job = refuse  # type: ignore[method-assign]
-    delays: list[float] = []
-    c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
-
-    async def once() -> None:
-        c.start()
-        c.queue.add(("ns", "m"))
-        await until_requeued(c, delays, 0.01)
-        await c.stop()
-
-    asyncio.run(once())
+    delays = reconcile_once(c)
     written = [C.find(st["conditions"], C.DEGRADED) for st in applier.statuses]
     degraded = [d for d in written if d is not None and d["status"] == C.TRUE]
     assert bool(degraded) == reported, applier.statuses

@@ -4,6 +4,7 @@ artifacts on a claim."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -528,12 +529,7 @@ def _answers_refused_by_servers(plan: ModelPlan, obs: Observed) -> tuple[str, st
     """A serving pod of this key that stopped on OutputMismatch (the first divergence) or
     CanaryFailed (the bound it broke): the reason, and which pod said what (the engine's
     termination message)."""
-    for p in obs.server_pods:
-        if p.get("artifact") != plan.short_key:
-            continue
-        parsed = parse_termination_message((p.get("terminated") or {}).get("message"))
-        if not isinstance(parsed, EngineFailure):
-            continue
+    for p, parsed in _server_failures(plan, obs):
         if parsed.reason == C.OUTPUT_MISMATCH:
             return parsed.reason, (
                 f"pod {p.get('name')}: answers unlike the artifact's reference: {parsed.message}"
@@ -550,11 +546,19 @@ def _refused_by_servers(plan: ModelPlan, obs: Observed) -> str | None:
     precompile removes what the manifest shows damaged first). A Job that still exists is not
     re-run by this: one automatic recompile, never a loop.
     """
+    for p, parsed in _server_failures(plan, obs):
+        if parsed.reason in C.ARTIFACT_REFUSED_REASONS:
+            return f"pod {p.get('name')} refused the artifact ({parsed.reason})"
+    return None
+
+
+def _server_failures(
+    plan: ModelPlan, obs: Observed
+) -> Iterator[tuple[dict[str, Any], EngineFailure]]:
+    """The serving pods of this key whose engine stopped with a reason, and that reason."""
     for p in obs.server_pods:
         if p.get("artifact") != plan.short_key:
             continue
-        term = p.get("terminated") or {}
-        parsed = parse_termination_message(term.get("message"))
-        if isinstance(parsed, EngineFailure) and parsed.reason in C.ARTIFACT_REFUSED_REASONS:
-            return f"pod {p.get('name')} refused the artifact ({parsed.reason})"
-    return None
+        parsed = parse_termination_message((p.get("terminated") or {}).get("message"))
+        if isinstance(parsed, EngineFailure):
+            yield p, parsed

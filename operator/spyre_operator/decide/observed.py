@@ -238,9 +238,12 @@ def served_key(deployment: dict[str, Any] | None) -> str | None:
     return deployment.get("metadata", {}).get("annotations", {}).get(names.ARTIFACT_KEY_ANNOTATION)
 
 
-def _remembered_serving(status: dict[str, Any]) -> tuple[str | None, SpyreModelSpec | None]:
-    """The key and spec status says the Deployment serves (servingArtifactKey, servedSpec)."""
-    key, raw = status.get("servingArtifactKey"), status.get("servedSpec")
+def _remembered_serving(
+    status: dict[str, Any], key_field: str = "servingArtifactKey", spec_field: str = "servedSpec"
+) -> tuple[str | None, SpyreModelSpec | None]:
+    """The key and spec status says the Deployment serves (servingArtifactKey, servedSpec), or
+    another pair of status fields of that shape (lastGoodArtifactKey, lastGoodServedSpec)."""
+    key, raw = status.get(key_field), status.get(spec_field)
     if not key or not raw:
         return None, None
     try:

@@ -3,11 +3,8 @@ what its rollout and serving pods report (pure, no I/O)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import ValidationError
 
 from .. import conditions as C
 from .. import pods as P
@@ -74,17 +71,7 @@ def decide_serving(
 
 def last_good_serving(plan: ModelPlan, status: dict[str, Any]) -> ServingOutcome:
     """status.lastGoodArtifactKey and the spec it was served from, at the spec's replicas."""
-    key, raw = status.get("lastGoodArtifactKey"), status.get("lastGoodServedSpec")
-    if not key or not raw:
-        return ServingOutcome()
-    try:
-        spec = SpyreModelSpec.model_validate(json.loads(raw))
-    except (ValueError, ValidationError):
-        return ServingOutcome()
-    spec = spec.model_copy(update={"replicas": plan.spec.replicas})
-    return ServingOutcome(
-        plan_model(plan.name, plan.namespace, plan.uid, spec, plan.site.for_served_spec()), key
-    )
+    return _serving(plan, *_remembered_serving(status, "lastGoodArtifactKey", "lastGoodServedSpec"))
 
 
 def last_good(deployment: dict[str, Any] | None, status: dict[str, Any]) -> tuple[Any, Any]:
@@ -110,12 +97,16 @@ def _previous_serving(
     live_key, old_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
     if not live_key or old_spec is None:
         live_key, old_spec = _remembered_serving(old_status or {})
-    if not live_key or old_spec is None:
+    return _serving(plan, live_key, old_spec)
+
+
+def _serving(plan: ModelPlan, key: str | None, spec: SpyreModelSpec | None) -> ServingOutcome:
+    """Artifact ``key`` served from an earlier ``spec``, at the current spec's replicas."""
+    if not key or spec is None:
         return ServingOutcome()
-    old_spec = old_spec.model_copy(update={"replicas": plan.spec.replicas})
+    spec = spec.model_copy(update={"replicas": plan.spec.replicas})
     return ServingOutcome(
-        plan_model(plan.name, plan.namespace, plan.uid, old_spec, plan.site.for_served_spec()),
-        live_key,
+        plan_model(plan.name, plan.namespace, plan.uid, spec, plan.site.for_served_spec()), key
     )
 
 
