@@ -28,12 +28,16 @@ Nothing here imports vLLM: the engine process only talks to it over HTTP.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: The file beside the artifact's catalog (covered by the manifest's checksums).
 REFERENCE_FILENAME = "spyre_reference_answers.json"
@@ -329,6 +333,37 @@ def document(answers: Sequence[Answer], source: str, backend: str, versions: dic
             for a in answers
         ],
     }
+
+
+def weights_fingerprint(model_path: Path) -> str | None:
+    """What identifies the model's files without reading them: a sha256 over every file's
+    path, size and modification time under ``model_path`` (a stat each, so a restart of a
+    large model costs nothing). A file replaced by another (the same model name over changed
+    weights) changes it; so does a copy, which then checks once more. None: not a directory."""
+    if not model_path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for path in sorted(p for p in model_path.rglob("*") if p.is_file()):
+        st = path.stat()
+        h.update(f"{path.relative_to(model_path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def passed_before(doc: dict[str, Any], model_path: Path, verified: str | None) -> bool:
+    """Whether a serving engine may skip the check: the operator says this artifact passed it
+    before (``verified``, where), and the model's files are those the reference answers
+    (``doc``) were recorded from. Logs which, and why."""
+    if not verified:
+        return False
+    recorded = doc.get("weights")
+    if isinstance(recorded, str) and recorded == weights_fingerprint(model_path):
+        log.info("Output check skipped: %s, and the model's files are those its reference "
+                 "answers were recorded from", verified)
+        return True
+    log.info("Output check runs although %s: the model's files are not those its reference "
+             "answers were recorded from%s", verified,
+             "" if isinstance(recorded, str) else " (the artifact does not say which)")
+    return False
 
 
 def write(artifact: Path, doc: dict[str, Any]) -> Path:

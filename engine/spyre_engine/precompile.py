@@ -340,6 +340,8 @@ def _precompile_locked(
     logged = None
     recorded_on = reference_backend(settings)
     references: dict[str, object] | None = {} if recorded_on == settings.backend else None
+    # Before any load: the reference answers are those of the files as they were then.
+    weights = answers.weights_fingerprint(Path(model_path)) if recorded_on else None
     if settings.backend == "eager":
         log.info("Backend eager compiles nothing; recording the shape only")
     else:
@@ -352,6 +354,13 @@ def _precompile_locked(
     # compile's answers never stay beside graphs they were not recorded with.
     (artifact / answers.REFERENCE_FILENAME).unlink(missing_ok=True)
     if references:
+        if weights is not None and weights == answers.weights_fingerprint(Path(model_path)):
+            # A serving pod finding the same files, on an artifact that passed before, need
+            # not check again (serve's --output-verified).
+            references["weights"] = weights
+        elif weights is not None:
+            log.warning("The model's files changed while the precompile ran: every serving "
+                        "pod checks its answers")
         answers.write(artifact, references)
 
     stack = catalog.compiler_stack()

@@ -208,6 +208,12 @@ class ServeSettings(EngineSettings):
         "(answers.py): a mismatch stops the engine with OutputMismatch (enforce), is logged "
         "(warn), or nothing is asked (off). An artifact without reference answers is served",
     )
+    output_verified: str | None = Field(
+        None,
+        description="This artifact passed its output check before (the operator says where, "
+        "from the model's <model>-output-check ConfigMap): the check is skipped if the model's "
+        "files are those its reference answers were recorded from, else it runs",
+    )
     output_check_tolerance: float | None = Field(
         None,
         gt=0,

@@ -59,6 +59,7 @@ INDEX_NAMES = (
     "pdbs",
     "hpas",
     "networkpolicies",
+    "configmaps",
     "pvcs",
     "endpointslices",
     "child_names",
@@ -448,11 +449,12 @@ def index_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[
 @kopf.index("policy", "v1", "poddisruptionbudgets", id="pdbs")
 @kopf.index("autoscaling", "v2", "horizontalpodautoscalers", id="hpas")
 @kopf.index("networking.k8s.io", "v1", "networkpolicies", id="networkpolicies")
+@kopf.index("", "v1", "configmaps", id="configmaps")
 def index_named_children(
     namespace: str, name: str, body: kopf.Body, **_: Any
 ) -> dict[Any, Any]:
-    """Deployments, Services, PDBs and HPAs by (namespace, name): the operator's in full, others as
-    a stub (name, labels, ownerReferences).
+    """Deployments, Services, PDBs, HPAs, NetworkPolicies and ConfigMaps by (namespace, name):
+    the operator's in full, others as a stub (name, labels, ownerReferences).
 
     A same-named object that is not the operator's must be seen before the first write, so it
     is reported and never taken over. Indexing all of them (kopf receives their events anyway:
@@ -491,6 +493,7 @@ async def on_model(
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)
+@kopf.on.event("", "v1", "configmaps", labels=MANAGED)
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
 async def on_child(
     type: str | None, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any
@@ -514,6 +517,7 @@ async def on_child(
     "autoscaling", "v2", "horizontalpodautoscalers", labels={names.MANAGED_BY: kopf.ABSENT}
 )
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={names.MANAGED_BY: kopf.ABSENT})
+@kopf.on.event("", "v1", "configmaps", labels={names.MANAGED_BY: kopf.ABSENT})
 async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A same-named object that is not ours appeared, changed or went: re-check the model."""
     c = _controller(memo)

@@ -29,7 +29,7 @@ from lightkube import AsyncClient
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import PersistentVolumeClaim, Service
+from lightkube.resources.core_v1 import ConfigMap, PersistentVolumeClaim, Service
 from lightkube.resources.discovery_v1 import EndpointSlice
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
@@ -65,6 +65,7 @@ SOURCES: tuple[Source, ...] = (
     Source(PodDisruptionBudget, ("pdbs",)),
     Source(HorizontalPodAutoscaler, ("hpas",)),
     Source(NetworkPolicy, ("networkpolicies",)),
+    Source(ConfigMap, ("configmaps",)),
 )
 
 

@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,28 @@ def test_the_default_prompts_share_no_prefix() -> None:
     """Prefix caching would send a shared prefix down another prefill path."""
     words = [p.split()[0] for p in A.DEFAULT_PROMPTS]
     assert len(set(words)) == len(words)
+
+
+def test_a_restart_skips_the_check_only_on_the_files_the_reference_was_recorded_from(
+    tmp_path: Path,
+) -> None:
+    """Item 4: an artifact that passed before (the operator's word) is not checked again while
+    the model's files are those its answers were recorded from; a file replaced under the same
+    name (changed weights), an artifact that does not say, or no word: checked."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"w" * 64)
+    doc = {"weights": A.weights_fingerprint(model)}
+    said = "artifact abc passed the output check"
+    assert A.passed_before(doc, model, said)
+    assert not A.passed_before(doc, model, None) and not A.passed_before(doc, model, "")
+    assert not A.passed_before({}, model, said)
+    replaced = tmp_path / "new.safetensors"
+    replaced.write_bytes(b"v" * 64)  # same size, another file renamed over the old one
+    st = (model / "model.safetensors").stat()
+    os.utime(replaced, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    os.replace(replaced, model / "model.safetensors")
+    assert not A.passed_before(doc, model, said)
+    assert A.weights_fingerprint(tmp_path / "absent") is None
+    assert not A.passed_before({"weights": None}, tmp_path / "absent", said)

@@ -102,8 +102,8 @@ def inductor_artifact(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.mark.slow
-def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple[Path, Path]
-                                                       ) -> None:
+def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple[Path, Path],
+                                                        tiny_model: Path) -> None:
     art, term = inductor_artifact
     summary = parse_termination_message(term.read_text())
     assert isinstance(summary, PrecompileSummary)
@@ -120,6 +120,8 @@ def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple
     assert len(refs) == len(answers.DEFAULT_PROMPTS), ref_doc
     assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in refs), refs
     assert ref_doc["recordedWith"]["backend"] == "inductor"
+    # ... from these files (a restart on them need not check again: answers.passed_before)
+    assert ref_doc["weights"] == answers.weights_fingerprint(tiny_model), ref_doc.get("weights")
     assert answers.REFERENCE_FILENAME in {f["path"] for f in doc["files"]}
     assert summary.references is not None and summary.references["prompts"] == len(refs)
 
@@ -180,7 +182,9 @@ def test_an_engine_answering_as_its_artifacts_reference_serves_and_one_that_does
     """Issue 30, on the engine: the artifact's own answers pass the check before Ready; the
     output check's key is refused to the public; reference answers the engine does not give
     (here: the recorded probabilities raised to 0.9) stop it with OutputMismatch, naming the
-    first diverging prompt and position, before it ever turned Ready."""
+    first diverging prompt and position, before it ever turned Ready. An engine told the
+    artifact passed before (the operator's SPYRE_ENGINE_OUTPUT_VERIFIED) on the very files the
+    answers were recorded from asks nothing: it turns Ready on those same answers."""
     art, _ = inductor_artifact
     serve = ["--model", str(tiny_model), "--artifact-dir", str(art), "--backend", "inductor",
              *SHAPE]
@@ -211,6 +215,13 @@ def test_an_engine_answering_as_its_artifacts_reference_serves_and_one_that_does
         assert isinstance(first, dict) and first["prompt"] == 0 and first["position"] == 0, (
             failure)
         assert "position 0" in failure.message, failure.message
+        restarted = start_engine(*serve, env={
+            "SPYRE_ENGINE_OUTPUT_VERIFIED": "artifact x passed before"})
+        restarted.wait_started(STARTUP_TIMEOUT)
+        log = restarted.log_path.read_text()
+        assert "Output check skipped: artifact x passed before" in log, restarted.log_tail()
+        assert "Output check passed" not in log, restarted.log_tail()
+        restarted.kill()
     finally:
         ref_file.write_text(original)
         manifest.write_manifest(art)

@@ -23,6 +23,7 @@ from spyre_operator.desired.scaletozero import (
     build_scaled_object,
 )
 from spyre_operator.desired.service import build_pdb, build_service
+from spyre_operator.desired.verified import build_verified_configmap
 
 from ..unit.samples import ALL, SITE, UNDER_SITE
 
@@ -91,11 +92,12 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
         canary = plan_model(sample, "team-a", f"uid-{sample}",
                             SpyreModelSpec.model_validate({**spec_doc, "serving": serving}))
         objs["canary"] = build_canary_deployment(canary, canary.key)
+        objs["outputcheck"] = build_verified_configmap(canary, canary.key)
     return {k: v.to_dict() for k, v in objs.items()}
 
 
 KINDS = ("job", "deployment", "service", "pdb", "pvc", "inferencepool", "engineservice",
-         "httpscaledobject", "scaledobject", "canary")
+         "httpscaledobject", "scaledobject", "canary", "outputcheck")
 SAMPLES = {**ALL, **UNDER_SITE}
 
 

@@ -10,6 +10,10 @@ artifact's pod answers unlike its reference, stops with ``OutputMismatch``, the 
 refused and the Deployment stays on (or goes back to) the first one, which never stopped
 serving: no request fails. The first artifact's pods checked their own answers and passed.
 
+Once the first artifact has served every replica, the operator names it in the model's
+``<model>-output-check`` ConfigMap, and its pod, deleted, is replaced by one that skips the
+check (the same files: issue 30's "cheap when nothing changed").
+
 The model runs a canary (``spec.serving.canary``): the second artifact's first pod is a canary
 pod, so the main Deployment never moves. A third artifact (eager: no references, no check)
 whose engine answers every request with a 500 (``SPYRE_ENGINE_FAULT_ERROR_RATIO``, the engine's
@@ -113,6 +117,18 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
     [pod] = support.server_pods(env.cp, env.ns, MODEL)
     log = env.cp.kubectl("logs", "-n", env.ns, pod["metadata"]["name"]).stdout
     assert "Output check passed" in log and "answered as the reference" in log, log[-3000:]
+    # Artifact 1 passed on every replica: the operator names it, and a pod that starts on it
+    # again (here: the pod deleted, its replacement on the same files) asks nothing.
+    env.kube.wait(lambda: names.short_key(key1) in ((env.kube.get(
+        "configmap", names.verified_name(MODEL)) or {}).get("data") or {}), 120,
+        "artifact 1 named in the model's output-check ConfigMap")  # fmt: skip
+    env.cp.kubectl("delete", "pod", "-n", env.ns, pod["metadata"]["name"], "--wait=false")
+    [again] = env.kube.wait(lambda: [p for p in support.server_pods(env.cp, env.ns, MODEL)
+                                     if p["metadata"]["name"] != pod["metadata"]["name"]
+                                     and support.pod_ready(p)] or None, 300,
+                            "the replacement pod Ready")  # fmt: skip
+    log = env.cp.kubectl("logs", "-n", env.ns, again["metadata"]["name"]).stdout
+    assert "Output check skipped" in log and "Output check passed" not in log, log[-3000:]
 
     url = support.service_url(env.cp, env.ns, MODEL)
     steady = Steady(env.client, url)

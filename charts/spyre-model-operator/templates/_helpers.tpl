@@ -126,6 +126,11 @@ object does not exist yet.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# <model>-output-check: the artifact whose output check passed (desired/verified.py), read by
+# its serving pods' env; watched (as Deployments), server-side applied, collected with the model.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["list", "watch", "create", "patch"]
 {{- if .Values.scaleToZero.enabled }}
 # Scale to zero (autoscaling.minReplicas 0; reconcile.decide_scale_to_zero): the
 # <model>-engine and <model>-coldstart Services are deleted when zero is switched off.

@@ -500,6 +500,8 @@ OPERATOR_ENV = (
     # the CPUs the plugin divides among its workers' threads (DT_PARALLEL_THREADS among them),
     # from serving.resources' cpu, the same in the precompile Job (desired/key.py engine_cpus)
     "SENDNN_INFERENCE_NUM_CPUS",
+    # the artifact passed its output check before: from <model>-output-check (desired/verified.py)
+    "SPYRE_ENGINE_OUTPUT_VERIFIED",
 )
 #: Environment the operator sets on the precompile container only, from precompile fields when
 #: they are given; serving.env may set it for the serving pods.

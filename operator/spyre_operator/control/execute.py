@@ -49,6 +49,7 @@ class Writer:
             "Service": obs.service,
             "PodDisruptionBudget": obs.pdb,
             "NetworkPolicy": obs.network_policy,
+            "ConfigMap": obs.verified_configmap,
             "HorizontalPodAutoscaler": obs.hpa,
             "InferencePool": obs.inference_pool,
             "HTTPScaledObject": obs.http_scaled_object,

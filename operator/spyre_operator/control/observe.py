@@ -80,6 +80,7 @@ class Observer:
             pdb=self.c.caches.one("pdbs", (ns, names.server_name(name))),
             hpa=self.c.caches.one("hpas", (ns, names.server_name(name))),
             network_policy=self.c.caches.one("networkpolicies", (ns, names.server_name(name))),
+            verified_configmap=self.c.caches.one("configmaps", (ns, names.verified_name(name))),
             job_owners=sorted(
                 {o for o in self.c.caches.all("artifact_users", (ns, plan_claim, key))},
                 key=lambda o: (o.name, o.uid),
@@ -101,6 +102,7 @@ class Observer:
             ("PodDisruptionBudget", "pdb"),
             ("HorizontalPodAutoscaler", "hpa"),
             ("NetworkPolicy", "network_policy"),
+            ("ConfigMap", "verified_configmap"),
         ):
             live = getattr(obs, attr)
             why = foreign_owner(kind, live, name) if live is not None else None

@@ -24,6 +24,7 @@ from ..desired.routing import InferencePool, inference_pool_name
 from ..desired.scaletozero import build_interceptor_service, wants_scale_to_zero
 from ..desired.service import build_pdb, build_service, wants_pdb
 from ..desired.site import effective_status
+from ..desired.verified import build_verified_configmap, verified_key, wants_verified_env
 from ..precompile_state import superseded
 from ..rollout import mark_rolled_out
 from .artifact import decide_artifact
@@ -138,7 +139,9 @@ def decide(
     ):
         d.delete.append((Job, job_name))  # an earlier spec's compile: stop it, free its cards
     if serving.plan is not None and serving.key is not None:
-        d.apply.append(mark_rolled_out(build_deployment(serving.plan, serving.key), obs.deployment))
+        dep = build_deployment(serving.plan, serving.key,
+                               verified=wants_verified_env(obs.deployment, serving.key))
+        d.apply.append(mark_rolled_out(dep, obs.deployment))
     if canary.deployment is not None:
         d.apply.append(canary.deployment)
     elif canary.delete:
@@ -161,6 +164,10 @@ def decide(
         d.apply.append(build_network_policy(plan, interceptor))
     elif obs.network_policy is not None:
         d.delete.append((NetworkPolicy, names.server_name(name)))
+    good_key, good_spec = last_good(obs.deployment, old_status)
+    checked = verified_key(good_key, good_spec)
+    if checked is not None:
+        d.apply.append(build_verified_configmap(plan, checked))
     if routing.pool is not None:
         d.apply.append(routing.pool)
     elif routing.delete:
@@ -204,7 +211,6 @@ def decide(
     if serving.key and serving.plan is not None:
         status["servingArtifactKey"] = serving.key
         status["servedSpec"] = served_spec_json(serving.plan.spec)
-    good_key, good_spec = last_good(obs.deployment, old_status)
     if good_key and good_spec:
         status["lastGoodArtifactKey"] = good_key
         status["lastGoodServedSpec"] = good_spec

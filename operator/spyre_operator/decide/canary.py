@@ -20,6 +20,7 @@ from .. import conditions as C
 from ..desired import names
 from ..desired.deployment import build_canary_deployment
 from ..desired.plan import ModelPlan
+from ..desired.verified import wants_verified_env
 from .artifact import ArtifactOutcome
 from .observed import READY, Observed, _parse_time, served_key
 from .serving import ServingOutcome, _engine_failure, _previous_serving, _rollout
@@ -100,7 +101,7 @@ def decide_canary(
             f"the canary of artifact {plan.short_key} cannot start: {obs.canary_foreign}",
         )  # fmt: skip
         return out
-    out.deployment = build_canary_deployment(plan, plan.key)
+    out.deployment = build_canary_deployment(plan, plan.key, wants_verified_env(live, plan.key))
     available = _available(live, plan.key)
     started = old.get("startTime") if mine and old.get("phase") == RUNNING else None
     if started is None and available >= spec.replicas:

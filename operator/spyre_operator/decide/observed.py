@@ -118,6 +118,8 @@ class Observed:
     pdb: dict[str, Any] | None = None
     hpa: dict[str, Any] | None = None
     network_policy: dict[str, Any] | None = None
+    #: <model>-output-check (desired/verified.py)
+    verified_configmap: dict[str, Any] | None = None
     server_pods: list[dict[str, Any]] = field(default_factory=list)
     #: Every SpyreModel in the namespace needing this (claim, key): owners of the shared Job.
     job_owners: list[OwnerRef] = field(default_factory=list)

@@ -42,6 +42,7 @@ from .pod import (
     user_env,
     volumes,
 )
+from .verified import verified_env
 
 PORT_NAME = "http"
 #: The container port of /metrics when serving.metricsPort gives them a port of their own.
@@ -147,7 +148,7 @@ def container_ports(spec: SpyreModelSpec) -> list[ContainerPort]:
     return ports
 
 
-def build_canary_deployment(plan: ModelPlan, key: str) -> Deployment:
+def build_canary_deployment(plan: ModelPlan, key: str, verified: bool = True) -> Deployment:
     """spec.serving.canary's Deployment: the new artifact ``key`` on canary.replicas pods that
     judge their own requests (``--canary-seconds``). Its pods carry the server selector's
     labels, so the model's Service spreads requests over them and the main Deployment's; its
@@ -155,7 +156,7 @@ def build_canary_deployment(plan: ModelPlan, key: str) -> Deployment:
     Deployment's ReplicaSets take the other's pods)."""
     canary = plan.spec.serving.canary
     assert canary is not None
-    dep = build_deployment(plan, key, canary)
+    dep = build_deployment(plan, key, canary, verified)
     assert dep.metadata is not None and dep.spec is not None
     assert dep.spec.template.metadata is not None
     labels = {**(dep.metadata.labels or {}), names.CANARY_LABEL: "true"}
@@ -169,9 +170,12 @@ def build_canary_deployment(plan: ModelPlan, key: str) -> Deployment:
     return dep
 
 
-def build_deployment(plan: ModelPlan, key: str, canary: CanarySpec | None = None) -> Deployment:
+def build_deployment(
+    plan: ModelPlan, key: str, canary: CanarySpec | None = None, verified: bool = True
+) -> Deployment:
     """The Deployment serving artifact ``key`` (the spec's key, or the previous one while the
-    new artifact compiles)."""
+    new artifact compiles). ``verified``: its pods read whether ``key`` passed its output check
+    before (verified.py; False for a live template from before that, kept as it is)."""
     spec = plan.spec
     on_cards = serves_on_cards(spec)
     vols, mounts = volumes(plan, read_only=True)
@@ -183,8 +187,10 @@ def build_deployment(plan: ModelPlan, key: str, canary: CanarySpec | None = None
             EnvVar(name="SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS", value="1"),
             EnvVar(name="HF_HUB_OFFLINE", value="1"),
             *api_key_env(spec),
+            *([verified_env(plan.name, key)]
+              if verified and spec.serving.output_check != "Off" else []),
         ],
-    )
+    )  # fmt: skip
     labels = server_labels(plan, key)
     pod_annotations = {**(spec.serving.pod_annotations or {}), names.ARTIFACT_KEY_ANNOTATION: key}
     if spec.serving.metrics_port is not None:

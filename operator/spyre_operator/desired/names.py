@@ -122,6 +122,17 @@ def canary_name(model: str) -> str:
     return _derived(model, valid, CANARY_SUFFIX)
 
 
+#: Suffix of the ConfigMap naming the artifact that passed its output check (desired/verified.py).
+VERIFIED_SUFFIX = "-output-check"
+
+
+def verified_name(model: str) -> str:
+    """``<model>-output-check``, a valid ConfigMap name of at most 63 characters (as engine)."""
+    name = model + VERIFIED_SUFFIX
+    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
+    return _derived(model, valid, VERIFIED_SUFFIX)
+
+
 #: Suffix of the ExternalName Service in a scale-to-zero model's namespace that names the
 #: operator's cold-start responder (the add-on dials a failover Service in the HTTPScaledObject's
 #: own namespace only).

@@ -1,0 +1,101 @@
+"""The artifact a model's serving pods need not check again (issue 30, "cheap when nothing
+changed"), and how they learn it.
+
+Every serving engine answers its artifact's reference prompts before it turns Ready
+(``serving.outputCheck``). Once an artifact has served every replica of a rollout under
+``Enforce`` (status ``lastGoodArtifactKey``: each of its pods passed), a pod that starts on it
+later (a restart, a rescheduled or added replica) need not ask again. The operator writes that
+key into the ConfigMap ``<model>-output-check`` (data: short artifact key -> why), and the pod
+template reads it through an optional ``configMapKeyRef`` into the engine's
+``SPYRE_ENGINE_OUTPUT_VERIFIED``: the kubelet resolves it when the container starts, so the
+template never changes when an artifact is verified, and a pod of an artifact not (yet) listed
+gets no value and checks. The engine skips the check only when, besides, the model's files are
+those the reference answers were recorded from (``answers.passed_before``): the same model name
+over changed weights is checked again.
+
+The ConfigMap is derived from status alone (which the operator rebuilds from the cluster), a
+child like the PDB: watched, server-side applied, never written over when same-named and not the
+operator's, collected with its model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lightkube.models.core_v1 import ConfigMapKeySelector, EnvVar, EnvVarSource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap
+from pydantic import ValidationError
+
+from ..api.v1alpha1 import SpyreModelSpec
+from . import names
+from .owners import controller_ref
+from .plan import ModelPlan
+
+#: The engine's setting (spyre_engine/settings.py, ``output_verified``).
+VERIFIED_ENV = "SPYRE_ENGINE_OUTPUT_VERIFIED"
+
+
+def verified_env(model: str, key: str) -> EnvVar:
+    """The pod's word that artifact ``key`` passed before: the ConfigMap's entry, if any."""
+    return EnvVar(
+        name=VERIFIED_ENV,
+        valueFrom=EnvVarSource(
+            configMapKeyRef=ConfigMapKeySelector(
+                name=names.verified_name(model), key=names.short_key(key), optional=True
+            )
+        ),
+    )
+
+
+def _has_verified_env(deployment: dict[str, Any]) -> bool:
+    containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers"
+    ) or []
+    return any(e.get("name") == VERIFIED_ENV for c in containers for e in c.get("env") or [])
+
+
+def wants_verified_env(live: dict[str, Any] | None, key: str) -> bool:
+    """Whether the Deployment serving ``key`` gets the reference: always, except a live one
+    already serving ``key`` without it (an earlier operator's), which keeps its template rather
+    than roll every model at the operator's upgrade; it gets it with its next artifact."""
+    if live is None or _has_verified_env(live):
+        return True
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(names.ARTIFACT_KEY_ANNOTATION) != key
+
+
+def verified_key(good_key: str | None, good_spec: str | None) -> str | None:
+    """The last good artifact, if its rollout ran under ``outputCheck: Enforce`` (under Warn a
+    pod that failed the check still turned Ready; under Off none was asked)."""
+    if not good_key or not good_spec:
+        return None
+    try:
+        spec = SpyreModelSpec.model_validate(json.loads(good_spec))
+    except (ValueError, ValidationError):
+        return None
+    return good_key if spec.serving.output_check == "Enforce" else None
+
+
+def verified_message(key: str) -> str:
+    return (
+        f"artifact {names.short_key(key)} passed its output check on every replica of its "
+        "rollout (status.lastGoodArtifactKey)"
+    )
+
+
+def build_verified_configmap(plan: ModelPlan, key: str) -> ConfigMap:
+    """``<model>-output-check``: the verified artifact (one: the last good one)."""
+    return ConfigMap(
+        metadata=ObjectMeta(
+            name=names.verified_name(plan.name),
+            namespace=plan.namespace,
+            labels={
+                **names.common_labels(names.COMPONENT_SERVER),
+                names.MODEL_LABEL: names.model_label_value(plan.name),
+            },
+            ownerReferences=[controller_ref(plan.owner)],
+        ),
+        data={names.short_key(key): verified_message(key)},
+    )

@@ -1,0 +1,113 @@
+"""Issue 30, item 4: a pod restarted on an artifact that already passed its output check does
+not check again. The operator names that artifact in ``<model>-output-check`` (from status
+alone), each pod template reads it through an optional configMapKeyRef, and a template an
+earlier operator wrote keeps its bytes (an upgrade rolls no model)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+from spyre_engine.cli import build_parser, load_settings
+from spyre_engine.settings import ServeSettings, split_passthrough
+from spyre_operator.desired import names
+from spyre_operator.desired.verified import VERIFIED_ENV
+from spyre_operator.reconcile import Observed, decide
+
+from .samples import GENERATE
+from .test_reconcile import deployment_obj, plan_for
+from .test_rollback import T0, _complete, _with_status, model
+
+
+def _configmap(d: Any) -> dict[str, Any] | None:
+    cm = next((o for o in d.apply if o.kind == "ConfigMap"), None)
+    return cm.to_dict() if cm is not None else None
+
+
+def _env(dep: dict[str, Any]) -> list[dict[str, Any]]:
+    [container] = dep["spec"]["template"]["spec"]["containers"]
+    return [e for e in container.get("env") or [] if e["name"] == VERIFIED_ENV]
+
+
+def _main(d: Any) -> dict[str, Any]:
+    dep: dict[str, Any] = next(o for o in d.apply if o.kind == "Deployment").to_dict()
+    return dep
+
+
+def _served(spec: dict[str, Any]) -> tuple[dict[str, Any], Any, Observed]:
+    """The model compiled, then its Deployment rolled out with every replica available."""
+    m = model("m", spec)
+    d = decide(m, _complete(m), T0)
+    assert _configmap(d) is None, "nothing served yet, nothing verified"
+    obs = _complete(m)
+    obs.deployment = deployment_obj(d, ready=1)
+    return _with_status(m, d.status), decide(_with_status(m, d.status), obs, T0), obs
+
+
+def test_the_artifact_that_served_every_replica_is_named_and_each_pod_reads_its_entry() -> None:
+    m, d, _ = _served(GENERATE)
+    key = plan_for(m).key
+    assert d.status["lastGoodArtifactKey"] == key
+    cm = _configmap(d)
+    assert cm is not None and cm["metadata"]["name"] == names.verified_name("m")
+    assert list(cm["data"]) == [names.short_key(key)], cm
+    assert cm["metadata"]["ownerReferences"][0]["name"] == "m"
+    [env] = _env(_main(d))
+    ref = env["valueFrom"]["configMapKeyRef"]
+    assert ref == {"name": names.verified_name("m"), "key": names.short_key(key),
+                   "optional": True}  # fmt: skip
+    # The engine's own settings read the value the kubelet resolves from that entry.
+    ours, passthrough = split_passthrough(["serve", "--model", "x", "--artifact-dir", "/a"])
+    flags = {k: v for k, v in vars(build_parser().parse_args(ours)).items() if k != "command"}
+    os.environ[VERIFIED_ENV] = cm["data"][names.short_key(key)]
+    try:
+        settings = load_settings("serve", flags, passthrough)
+    finally:
+        del os.environ[VERIFIED_ENV]
+    assert isinstance(settings, ServeSettings)
+    assert settings.output_verified == cm["data"][names.short_key(key)]
+
+
+def test_an_artifact_served_under_warn_or_off_is_not_named_and_off_reads_nothing() -> None:
+    for mode in ("Warn", "Off"):
+        spec = copy.deepcopy(GENERATE)
+        spec["serving"] = {**spec.get("serving", {}), "outputCheck": mode}
+        _, d, _ = _served(spec)
+        assert d.status["lastGoodArtifactKey"]
+        assert _configmap(d) is None, mode
+        assert bool(_env(_main(d))) == (mode == "Warn"), mode
+
+
+def test_a_template_an_earlier_operator_wrote_is_kept_until_its_next_artifact() -> None:
+    """A live Deployment serving the spec's artifact without the reference keeps its template
+    (an upgrade of the operator restarts no model); the next artifact's template has it."""
+    m, d, obs = _served(GENERATE)
+    old = copy.deepcopy(obs.deployment)
+    assert old is not None
+    for c in old["spec"]["template"]["spec"]["containers"]:
+        c["env"] = [e for e in c["env"] if e["name"] != VERIFIED_ENV]
+    obs.deployment = old
+    d = decide(m, obs, T0)
+    assert _env(_main(d)) == [], "the earlier operator's template changed: every model rolls"
+    assert _main(d)["spec"]["template"] == old["spec"]["template"]
+    edited = copy.deepcopy(GENERATE)
+    edited["compile"] = {"maxModelLen": 3072}
+    m2 = _with_status(model("m", edited), d.status)
+    obs2 = _complete(m2)
+    obs2.deployment = old
+    d2 = decide(m2, obs2, T0)
+    assert _main(d2)["metadata"]["annotations"][names.ARTIFACT_KEY_ANNOTATION] == plan_for(m2).key
+    [env] = _env(_main(d2))
+    assert env["valueFrom"]["configMapKeyRef"]["key"] == names.short_key(plan_for(m2).key)
+
+
+def test_a_same_named_configmap_that_is_not_ours_is_reported_and_not_written() -> None:
+    m, d, obs = _served(GENERATE)
+    obs.foreign["ConfigMap"] = (
+        f"ConfigMap {names.verified_name('m')} exists and is not managed by the operator: "
+        "delete it or rename the SpyreModel")
+    d = decide(m, obs, T0)
+    assert _configmap(d) is None
+    assert "not managed by the operator" in json.dumps(d.status["conditions"])
