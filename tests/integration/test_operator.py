@@ -287,12 +287,13 @@ def test_idle_period_makes_no_writes(kube: Kube, operator: OperatorProcess) -> N
 
     def versions() -> dict[str, str]:
         out = {}
-        for kind in ("deployment", "service", "pdb", "job", "pvc"):
+        for kind in ("deployment", "service", "pdb", "job", "pvc", "configmap"):
             for o in kube.items(kind):
                 out[f"{kind}/{o['metadata']['name']}"] = o["metadata"]["resourceVersion"]
         return out
 
     before, kinds_before = versions(), write_counts(operator)
+    assert "configmap/idle-output-check" in before, "its verified artifact is not named"
     writes_before = operator.namespace_writes(kube.ns)
     assert writes_before > 0, "the operator's writes to this namespace are not counted"
     # poke the operator: an unrelated label on the model triggers a full reconcile
