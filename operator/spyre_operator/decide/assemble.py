@@ -24,7 +24,7 @@ from ..desired.routing import InferencePool, inference_pool_name
 from ..desired.scaletozero import build_interceptor_service, wants_scale_to_zero
 from ..desired.service import build_pdb, build_service, wants_pdb
 from ..desired.site import effective_status
-from ..desired.verified import build_verified_configmap, verified_key, wants_verified_env
+from ..desired.verified import build_verified_configmap, wants_verified_env
 from ..precompile_state import superseded
 from ..rollout import mark_rolled_out
 from .artifact import decide_artifact
@@ -34,7 +34,7 @@ from .canary import decide_canary
 from .observed import DEFAULT_POLICY, Decision, Observed, Policy, _parse_time
 from .routing import decide_routing
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
-from .serving import decide_serving, last_good
+from .serving import decide_serving, last_good, verified_key
 from .slots import WAITING_RECHECK_SECONDS
 from .status import decide_status, scheduler_silence
 

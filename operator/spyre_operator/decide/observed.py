@@ -245,20 +245,23 @@ def _remembered_serving(
 ) -> tuple[str | None, SpyreModelSpec | None]:
     """The key and spec status says the Deployment serves (servingArtifactKey, servedSpec), or
     another pair of status fields of that shape (lastGoodArtifactKey, lastGoodServedSpec)."""
-    key, raw = status.get(key_field), status.get(spec_field)
-    if not key or not raw:
+    key, spec = status.get(key_field), parse_served_spec(status.get(spec_field))
+    if not key or spec is None:
         return None, None
-    try:
-        return str(key), SpyreModelSpec.model_validate(json.loads(raw))
-    except (ValueError, ValidationError):
-        return None, None
+    return str(key), spec
 
 
-def _served_spec(deployment: dict[str, Any]) -> SpyreModelSpec | None:
-    raw = deployment.get("metadata", {}).get("annotations", {}).get(names.SERVED_SPEC_ANNOTATION)
+def parse_served_spec(raw: str | None) -> SpyreModelSpec | None:
+    """A served spec (``served_spec_json``: an annotation or status field), None if unreadable."""
     if not raw:
         return None
     try:
         return SpyreModelSpec.model_validate(json.loads(raw))
     except (ValueError, ValidationError):
         return None
+
+
+def _served_spec(deployment: dict[str, Any]) -> SpyreModelSpec | None:
+    return parse_served_spec(
+        deployment.get("metadata", {}).get("annotations", {}).get(names.SERVED_SPEC_ANNOTATION)
+    )

@@ -13,7 +13,14 @@ from ..desired import names
 from ..desired.plan import ModelPlan, plan_model
 from ..summary import EngineFailure, parse_termination_message
 from .artifact import ArtifactOutcome
-from .observed import READY, Observed, _remembered_serving, _served_spec, served_key
+from .observed import (
+    READY,
+    Observed,
+    _remembered_serving,
+    _served_spec,
+    parse_served_spec,
+    served_key,
+)
 
 
 @dataclass
@@ -88,6 +95,16 @@ def last_good(deployment: dict[str, Any] | None, status: dict[str, Any]) -> tupl
         if replicas > 0 and key and raw and _rollout(deployment, replicas, key).done:
             return key, raw
     return status.get("lastGoodArtifactKey"), status.get("lastGoodServedSpec")
+
+
+def verified_key(good_key: str | None, good_spec: str | None) -> str | None:
+    """The last good artifact, if its rollout ran under ``outputCheck: Enforce`` (under Warn a
+    pod that failed the check still turned Ready; under Off none was asked): the one the
+    output-check ConfigMap names (desired/verified.py)."""
+    spec = parse_served_spec(good_spec)
+    if not good_key or spec is None:
+        return None
+    return good_key if spec.serving.output_check == "Enforce" else None
 
 
 def _previous_serving(

@@ -86,6 +86,13 @@ def _derived(model: str, valid: bool, suffix: str = "") -> str:
     return f"{readable[:room].rstrip('-')}-{digest}{suffix}"
 
 
+def _suffixed(model: str, suffix: str) -> str:
+    """``model + suffix`` when that is an RFC 1035 label of at most MAX_NAME characters, else
+    a derived name (as server_name) that keeps the suffix."""
+    name = model + suffix
+    return _derived(model, len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name)), suffix)
+
+
 def server_name(model: str) -> str:
     """Name of the serving Deployment, Service and PodDisruptionBudget.
 
@@ -103,9 +110,7 @@ ENGINE_SUFFIX = "-engine"
 def engine_service_name(model: str) -> str:
     """``<model>-engine`` when that is an RFC 1035 label, else a derived name (as server_name)
     that keeps the suffix: always a valid Service name of at most 63 characters."""
-    name = model + ENGINE_SUFFIX
-    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
-    return _derived(model, valid, ENGINE_SUFFIX)
+    return _suffixed(model, ENGINE_SUFFIX)
 
 
 #: Suffix of the canary Deployment (spec.serving.canary): a new artifact's first pods.
@@ -117,9 +122,7 @@ CANARY_LABEL = f"{GROUP}/canary"
 
 def canary_name(model: str) -> str:
     """``<model>-canary``, a valid Deployment name of at most 63 characters (as engine)."""
-    name = model + CANARY_SUFFIX
-    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
-    return _derived(model, valid, CANARY_SUFFIX)
+    return _suffixed(model, CANARY_SUFFIX)
 
 
 #: Suffix of the ConfigMap naming the artifact that passed its output check (desired/verified.py).
@@ -128,9 +131,7 @@ VERIFIED_SUFFIX = "-output-check"
 
 def verified_name(model: str) -> str:
     """``<model>-output-check``, a valid ConfigMap name of at most 63 characters (as engine)."""
-    name = model + VERIFIED_SUFFIX
-    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
-    return _derived(model, valid, VERIFIED_SUFFIX)
+    return _suffixed(model, VERIFIED_SUFFIX)
 
 
 #: Suffix of the ExternalName Service in a scale-to-zero model's namespace that names the
@@ -141,9 +142,7 @@ COLDSTART_SUFFIX = "-coldstart"
 
 def coldstart_service_name(model: str) -> str:
     """``<model>-coldstart``, a valid Service name of at most 63 characters (as engine)."""
-    name = model + COLDSTART_SUFFIX
-    valid = len(name) <= MAX_NAME and bool(_DNS1035_LABEL.match(name))
-    return _derived(model, valid, COLDSTART_SUFFIX)
+    return _suffixed(model, COLDSTART_SUFFIX)
 
 
 def mirror_slice_name(model: str) -> str:

@@ -20,15 +20,12 @@ operator's, collected with its model.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from lightkube.models.core_v1 import ConfigMapKeySelector, EnvVar, EnvVarSource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
-from pydantic import ValidationError
 
-from ..api.v1alpha1 import SpyreModelSpec
 from . import names
 from .owners import controller_ref
 from .plan import ModelPlan
@@ -64,18 +61,6 @@ def wants_verified_env(live: dict[str, Any] | None, key: str) -> bool:
         return True
     annotations = (live.get("metadata") or {}).get("annotations") or {}
     return annotations.get(names.ARTIFACT_KEY_ANNOTATION) != key
-
-
-def verified_key(good_key: str | None, good_spec: str | None) -> str | None:
-    """The last good artifact, if its rollout ran under ``outputCheck: Enforce`` (under Warn a
-    pod that failed the check still turned Ready; under Off none was asked)."""
-    if not good_key or not good_spec:
-        return None
-    try:
-        spec = SpyreModelSpec.model_validate(json.loads(good_spec))
-    except (ValueError, ValidationError):
-        return None
-    return good_key if spec.serving.output_check == "Enforce" else None
 
 
 def verified_message(key: str) -> str:
