@@ -12,15 +12,17 @@ and printed whole after it, so neither report is interleaved with the other; the
 session's FAILED/ERROR lines are repeated at the very end (where CI's excerpt of the output
 is). The exit status is the cluster session's when it is not 0, else the local session's.
 
-Beside them, at the lowest CPU and I/O priority, what only the cluster session's later tests
-need is built: prometheus-adapter (``tests/cluster/metrics-deps.sh``, ~1.5 min cold; the
+Beside them, on CPU nothing else wants (an idle cgroup: nice alone did not keep it there,
+tests/cluster/background.py) and at the lowest I/O priority, what only the cluster session's
+later tests need is built: prometheus-adapter (``tests/cluster/metrics-deps.sh``, ~1.5 min cold; the
 real-node autoscaling module, well after the kwok modules), KEDA and its HTTP add-on
 (``tests/cluster/keda-deps.sh``, ~7 min on a cold machine; the scale-to-zero modules) and then
 the operator image for the release's other
 architectures (``tests/images/build.sh platforms``, ~15 min of qemu cold); nothing once cached.
 The cluster session leaves a core idle for much of its run, and tests/integration/conftest.py
 orders the modules that need these last (KEDA's, then those publishing a release); they wait
-for the build (each script holds a lock) or build what is missing themselves. Keeping KEDA out
+for the build (each script holds a lock; while they wait, the build runs at a normal weight)
+or build what is missing themselves. Keeping KEDA out
 of ``make deps`` takes its ~7 minutes off a cold run's set-up, where the Go builds hold both
 cores. The build is stopped if it is still running when the sessions end.
 ``SPYRE_BACKGROUND_BUILD`` replaces its command (empty: none).
@@ -47,6 +49,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+if not __package__:  # run as a script (make test): the repository's root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.cluster import background  # noqa: E402
 
 #: The cluster session: kwok integration first (it overlaps the local session best), then the
 #: contract and real-node tests, which load the CPU themselves. Every ``integration`` test
@@ -95,7 +101,10 @@ def main(argv: list[str]) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="spyre-make-test-"))
     local_log = log_dir / "local.log"
     start = time.monotonic()
-    build = _background_build(log_dir / "build.log")
+    group = background.cgroup()
+    if group is not None:  # for the sessions' tests that wait for the build (background.needed)
+        os.environ[background.ENV] = str(group)
+    build = _background_build(log_dir / "build.log", group)
     with open(local_log, "wb") as out:
         local = subprocess.Popen(["nice", "-n", str(LOCAL_NICENESS), *_pytest(LOCAL)],
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -116,7 +125,7 @@ def main(argv: list[str]) -> int:
                 del pending[name]
         time.sleep(1)
     relay.join(timeout=30)
-    built = _stop(build, log_dir / "build.log", start)
+    built = _stop(build, group, log_dir / "build.log", start)
     sys.stdout.flush()
     print(f"\n{'=' * 30} local tests (unit, golden, engine; their session's output) "
           f"{'=' * 30}", flush=True)
@@ -134,7 +143,7 @@ def main(argv: list[str]) -> int:
     return codes["cluster"] or codes["local"]
 
 
-def _background_build(log: Path) -> subprocess.Popen[bytes] | None:
+def _background_build(log: Path, group: Path | None) -> subprocess.Popen[bytes] | None:
     command = shlex.split(os.environ.get("SPYRE_BACKGROUND_BUILD", BACKGROUND_BUILD))
     if not command:
         return None
@@ -143,14 +152,18 @@ def _background_build(log: Path) -> subprocess.Popen[bytes] | None:
         # (Ctrl-C, .ci/run's budget), which would leave a half-built image to clean up
         # idle I/O too: a cold build writes bases and layers while the node imports images
         idle_io = ["ionice", "-c", "3"] if shutil.which("ionice") else []
-        return subprocess.Popen(["nice", "-n", str(BACKGROUND_NICENESS), *idle_io, *command],
+        # idle CPU: a cgroup (nice alone weighs nothing against other sessions: background.py)
+        niced = ["nice", "-n", str(BACKGROUND_NICENESS), *idle_io, *command]
+        return subprocess.Popen(background.wrap(niced, group),
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
 
-def _stop(build: subprocess.Popen[bytes] | None, log: Path, start: float) -> str:
+def _stop(build: subprocess.Popen[bytes] | None, group: Path | None, log: Path,
+          start: float) -> str:
     """Stop the background build if it still runs; one line saying how it went."""
     if build is None:
+        background.stop(group)
         return ""
     code = build.poll()
     if code is None:
@@ -162,6 +175,8 @@ def _stop(build: subprocess.Popen[bytes] | None, log: Path, start: float) -> str
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(build.pid, signal.SIGKILL)
             build.wait()
+    background.stop(group)  # a step in a session of its own outlived the group
+    if code is None:
         return (f"{BUILT}: still running after {(time.monotonic() - start) / 60:.1f} min, "
                 "stopped")
     if code == 0:

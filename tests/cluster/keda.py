@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from tests.cluster import procs
+from tests.cluster import background, procs
 from tests.cluster.controlplane import REPO_ROOT, ControlPlane, wait_until
 from tests.cluster.procs import PidFiles
 
@@ -65,10 +65,11 @@ PROCESSES = ("keda", "keda-adapter", "http-operator", "http-scaler", "http-inter
 
 def keda_dir() -> Path:
     """Build (or reuse) the five binaries and the CRDs; their directory."""
-    out = subprocess.run(
-        [str(REPO_ROOT / "tests/cluster/keda-deps.sh")], check=True, capture_output=True,
-        text=True,
-    )  # fmt: skip
+    with background.needed():  # the background build may hold its lock: lift its CPU
+        out = subprocess.run(
+            [str(REPO_ROOT / "tests/cluster/keda-deps.sh")], check=True, capture_output=True,
+            text=True,
+        )  # fmt: skip
     return Path(out.stdout.strip().splitlines()[-1])
 
 

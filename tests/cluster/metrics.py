@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tests.cluster import procs
+from tests.cluster import background, procs
 from tests.cluster.controlplane import (
     REPO_ROOT,
     ControlPlane,
@@ -64,10 +64,11 @@ rules:
 
 def adapter_binary() -> Path:
     """Build (or reuse) prometheus-adapter and install Prometheus; the adapter's path."""
-    out = subprocess.run(
-        [str(REPO_ROOT / "tests/cluster/metrics-deps.sh")],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+    with background.needed():  # the background build may hold its lock: lift its CPU
+        out = subprocess.run(
+            [str(REPO_ROOT / "tests/cluster/metrics-deps.sh")],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
     return Path(out.stdout.strip().splitlines()[-1])
 
 

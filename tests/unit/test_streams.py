@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests import streams
+from tests.cluster import background
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,3 +184,40 @@ def test_a_failed_background_build_is_reported_without_failing_the_run(tmp_path:
     assert proc.returncode == 0, out
     assert f"{streams.BUILT} failed (exit 3)" in out, out
     assert "no-qemu-here" in out.partition("failed (exit 3)")[2], out
+
+
+def test_the_background_build_runs_in_an_idle_cgroup_and_nothing_of_it_outlives_the_run(
+        tmp_path: Path) -> None:
+    """The build and whatever it starts in a session of its own (a build step's container) run
+    in a cgroup that gets only CPU nothing else wants: with autogroups, nice 19 in another
+    session took more CPU than both test sessions (tests/cluster/background.py). A test waiting
+    for the build lifts that while it waits. At the end nothing of it is left, the cgroup
+    neither."""
+    if background.cgroup() is None:  # made here only to ask whether the machine has one
+        pytest.skip("no writable cpu cgroup on this machine (not root?)")
+    background.stop(background.cgroup())
+    waits = ("import os, pathlib\n"
+             "from tests.cluster import background\n"
+             "group = pathlib.Path(os.environ[background.ENV])\n"
+             "def idle():\n"
+             "    return (group / 'cpu.idle').read_text().strip()\n"
+             "def test_waits():\n"
+             "    assert idle() == '1'\n"
+             "    with background.needed():\n"
+             "        assert idle() == '0'\n"
+             "    assert idle() == '1'\n")
+    _tree(tmp_path, waits, "def test_u():\n    pass\n")
+    inner = tmp_path / "inner.pid"
+    build = (f"sh -c 'grep -E \"^[0-9]+:[^:]*cpu[,:]\" /proc/self/cgroup > {tmp_path}/cg; "
+             f"setsid sh -c \"echo \\$\\$ > {inner}; exec sleep 600\" & exec sleep 600'")
+    proc = _run(tmp_path, build=build)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "3 passed" in out.partition("local tests")[0], out  # test_waits among them
+    cgroup = (tmp_path / "cg").read_text().strip().rsplit(":", 1)[1]
+    assert Path(cgroup).name == f"spyre-background-{proc.pid}", cgroup
+    pid = int(inner.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+        f"/proc/{pid}/status").read_text(), "a step in a session of its own was left running"
+    assert not any(Path("/sys/fs/cgroup").glob(f"*/spyre-background-{proc.pid}")), \
+        "the cgroup was left"

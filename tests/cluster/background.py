@@ -1,0 +1,118 @@
+"""CPU for the background build (tests/streams.py) that nothing else wants: a cgroup.
+
+``nice -n 19`` alone did not keep it there. With the kernel's autogroups
+(``/proc/sys/kernel/sched_autogroup_enabled``, on by default), nice weighs a process only
+against the others of its session; every session (``setsid``) gets an equal share of the CPU
+against every other. The build ran in a session of its own, and so did whatever it ran in one
+(a build step's container): at nice 19 it took as much CPU as both test sessions together, and
+a cold run's every test took two to three times its time (.ci/README.md). Measured here: four
+busy loops on two cores, two at nice 19 in a new session, took 2/3 of the CPU.
+
+A cgroup holds every descendant whatever its session. Its ``cpu.idle`` (Linux 5.15) makes it
+run only on a CPU nothing else wants (its weight the lowest otherwise). A test that needs what
+the build makes and waits for it (its script's lock) lifts that for as long as it waits
+(:func:`needed`): a build nobody waits for never slows a test, and one a test waits for is
+not starved by the other session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+#: The variable naming the cgroup for the sessions' tests (:func:`needed`).
+ENV = "SPYRE_BACKGROUND_CGROUP"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_cpu_cgroup(root: Path) -> Path | None:
+    """This process's cgroup that has the ``cpu`` controller (v1 or v2), or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if "cpu" in controllers.split(","):  # v1: the cpu hierarchy (maybe "cpu,cpuacct")
+            for mount in (root / controllers, root / "cpu", root / "cpu,cpuacct"):
+                if (mount / "cpu.shares").exists() or (mount / rel / "cpu.shares").exists():
+                    return mount / rel
+        if controllers == "" and (root / "cgroup.controllers").exists():  # v2
+            group = root / rel
+            if "cpu" in (group / "cgroup.subtree_control").read_text().split():
+                return group
+    return None
+
+
+def cgroup(root: Path = CGROUP_ROOT) -> Path | None:
+    """A background cgroup under this process's own (created, set idle; named for this process:
+    a toy run in the unit tests has its own), or None when this machine gives none (not root,
+    no cpu controller): the build then has only its nice."""
+    parent = _own_cpu_cgroup(root)
+    if parent is None:
+        return None
+    group = parent / f"spyre-background-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        _set_idle(group, True)
+    except OSError:
+        return None
+    return group
+
+
+def _set_idle(group: Path, idle: bool) -> None:
+    if (group / "cpu.idle").exists():
+        (group / "cpu.idle").write_text("1" if idle else "0")
+    elif (group / "cpu.shares").exists():  # v1 before cpu.idle: the lowest weight
+        (group / "cpu.shares").write_text("2" if idle else "1024")
+    else:
+        (group / "cpu.weight").write_text("1" if idle else "100")
+
+
+def wrap(command: list[str], group: Path | None) -> list[str]:
+    """``command`` started inside ``group`` (as is when None)."""
+    if group is None:
+        return command
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), *command]
+
+
+def stop(group: Path | None) -> None:
+    """Whatever still runs in the cgroup killed (a build step in a session of its own outlives
+    its process group's signal), then the cgroup removed."""
+    if group is None:
+        return
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
+@contextlib.contextmanager
+def needed() -> Iterator[None]:
+    """While a test waits for what the background build makes: the build at a normal weight.
+    The build's cgroup is the one ``make test`` named in the environment (none: a no-op)."""
+    name = os.environ.get(ENV)
+    group = Path(name) if name else None
+    if group is not None and group.is_dir():
+        with contextlib.suppress(OSError):
+            _set_idle(group, False)
+    try:
+        yield
+    finally:
+        if group is not None and group.is_dir():
+            with contextlib.suppress(OSError):
+                _set_idle(group, True)
