@@ -268,6 +268,20 @@ class Applier:
             model,
         )
 
+    async def owner_exists(self, model: Mapping[str, Any]) -> bool:
+        """Whether ``model`` (its UID) is in the API server: asked before a child is created,
+        since after a watch gap the caches may hold a model deleted meanwhile, and an object
+        created for it would be the garbage collector's, again and again (resync.py)."""
+        meta = model["metadata"]
+        try:
+            live = await self.client.get(SpyreModelResource, meta["name"],
+                                         namespace=meta["namespace"])
+        except ApiError as e:
+            if e.status.code == 404:
+                return False
+            raise
+        return live.metadata is not None and live.metadata.uid == meta.get("uid")
+
     async def delete(self, resource: type, name: str, namespace: str) -> bool:
         """Delete a child (dependents are garbage-collected in the background)."""
         try:

@@ -49,6 +49,7 @@ from .control.common import (
     Caches,
     ModelKey,
     NotLeader,
+    OwnerGone,
     ReconcileHung,
     RejectedWrites,
     Stats,
@@ -310,7 +311,19 @@ class Controller:
             self.budgets.observe(key, model, plan, obs)
         decision = decide(model, obs, self.clock(), self.policy)
         self.budgets.track(key, plan, obs, decision)
-        await self.writer.execute(model, obs, decision)
+        try:
+            await self.writer.execute(model, obs, decision)
+        except OwnerGone as e:
+            # As its DELETED event would have: forgotten, out of the queues, its slot freed.
+            log.info("reconcile %s/%s: %s; nothing written", *key, e)
+            self.status.forget(key)
+            self.observer.forget(key)
+            self.budgets.stop_waiting(key)
+            if decision.job is not None and decision.job.metadata is not None:
+                self.budgets.compile_reserved.drop(ns, str(decision.job.metadata.name))
+            self.budgets.wake_compile_waiters()
+            self.budgets.wake_rollout_waiters()
+            return None
         if plan is not None:
             await self.claims.release(plan, obs.deployment)
         if plan is not None and plan.claim_managed:

@@ -24,6 +24,8 @@ class RecordingApplier:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[tuple[str, str, str]] = []
         self.rv = 100
+        #: UIDs of models the API server no longer has (deleted during a watch gap)
+        self.gone: set[str] = set()
 
     async def apply(self, obj: Any, live: Any) -> bool:
         self.writes.append(("apply", obj.kind))
@@ -32,6 +34,9 @@ class RecordingApplier:
     async def ensure_job(self, job: Any, live: Any) -> bool:
         self.writes.append(("job", job.metadata.name))
         return True
+
+    async def owner_exists(self, model: dict[str, Any]) -> bool:
+        return model["metadata"].get("uid") not in self.gone
 
     async def delete(self, resource: type, name: str, namespace: str) -> bool:
         self.writes.append(("delete", resource.__name__))

@@ -130,3 +130,37 @@ def test_the_names_of_the_managed_label_match_the_handlers() -> None:
 
     assert resync.MANAGED == handlers.MANAGED
     assert names.MANAGED_BY in resync.MANAGED
+
+
+def test_a_model_deleted_during_a_watch_gap_gets_nothing_created_before_the_resync_runs(
+) -> None:
+    """Between the watches' return and the re-list's next round, events (a child re-listed,
+    then deleted by the garbage collector) reconcile the deleted model from the caches: each
+    created its Service again, and its Job took the only compile slot (CI of e455f07). A
+    create asks the API server first; nothing is created for a model it does not have, and
+    the model waiting behind it compiles."""
+    gone, waiting = model("gone", spec(1)), model("waits", spec(2))
+    gone["metadata"]["uid"], waiting["metadata"]["uid"] = "uid-gone", "uid-waits"
+    claim = plan_for(waiting).claim
+    pvc = {**bound(), "metadata": {**bound()["metadata"], "name": claim, "namespace": "ns",
+                                   "uid": "pvc-1"}}
+    caches = Caches({
+        "models": {("ns", "gone"): [gone], ("ns", "waits"): [waiting]},
+        "jobs": {}, "claim_jobs": {}, "deployments": {},
+        "pvcs": {("ns", claim): [pvc]},
+    })
+    c = Controller(client=Lister({}), caches=caches, workers=1,  # type: ignore[arg-type]
+                   clock=lambda: NOW, max_concurrent_compiles=1)
+    applier = Cluster(caches)
+    applier.gone = {"uid-gone"}  # deleted while the watches were broken; the caches kept it
+    c.applier = applier  # type: ignore[assignment]
+
+    async def run() -> None:
+        c.enqueue([("ns", "gone"), ("ns", "waits")])
+        await drain(c)
+        assert applier.created == [plan_for(waiting).job_name], applier.created
+        assert reason(c, "waits") != C.WAITING_FOR_COMPILE_SLOT, reason(c, "waits")
+        assert c.budgets.compiles_in_use() == 1  # the waiting model's, not the ghost's
+        await c.stop()
+
+    asyncio.run(run())

@@ -115,6 +115,11 @@ class NotLeader(RuntimeError):
     """The leader lease is not held (any more): this replica must not write."""
 
 
+class OwnerGone(RuntimeError):
+    """The model a reconcile would create children for is not in the API server (any more):
+    the caches still held it after a watch gap (resync.py finds it at its next round)."""
+
+
 def unexpected(e: BaseException) -> bool:
     """An error no cluster state explains (a bug, e.g. in observe()), as opposed to the API
     server refusing or failing a request, the connection dropping, or losing the lease."""

@@ -16,7 +16,14 @@ from ..apply import STATUS_FIELDS_KEY, comparable_status
 from ..desired import names
 from ..reconcile import Decision, Observed, WriteError, decide, write_error_message
 from .base import ControllerParts
-from .common import EVENT_CONCURRENCY, NotLeader, RejectedWrites, _rejected, _terminating
+from .common import (
+    EVENT_CONCURRENCY,
+    NotLeader,
+    OwnerGone,
+    RejectedWrites,
+    _rejected,
+    _terminating,
+)
 
 #: A Job this writer deleted is remembered this long (the watch catches up well before).
 DELETED_JOB_MEMORY_SECONDS = 600.0
@@ -86,6 +93,22 @@ class Writer:
             if live is not None:
                 self.deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
             await self.c.applier.delete(resource, obj_name, ns)
+        # A child created for a model the API server no longer has would only be the garbage
+        # collector's (and created again at its next event): after a watch gap the caches can
+        # still hold a deleted model. A create asks first; an update of what exists needs not.
+        def live_of(obj: Any) -> dict[str, Any] | None:
+            if obj.kind == "Deployment" and obj.metadata.name == names.canary_name(name):
+                return obs.canary_deployment
+            if obj.kind == "Service" and obj.metadata.name in other_services:
+                return other_services[obj.metadata.name]
+            return live_by_kind.get(obj.kind)
+
+        creates = (d.job is not None and obs.job is None) or any(
+            live_of(obj) is None for obj in d.apply
+        )
+        if creates and not await self.c.applier.owner_exists(model):
+            raise OwnerGone(f"{ns}/{name} (uid {model['metadata'].get('uid')}) is not in the "
+                            "API server: deleted while the watches were broken")
         # The children do not depend on each other: write them concurrently, so a reconcile
         # costs one API round trip rather than one per child (the benchmark is bound by
         # round trips, not CPU). The Job goes first: it is the slow path (the compile).
@@ -98,10 +121,7 @@ class Writer:
             writes.append(self._ensure_job(ns, name, d.job, obs.job))
         for obj in d.apply:
             targets.append((obj.kind, obj.metadata.name))
-            live = live_by_kind.get(obj.kind)
-            if obj.kind == "Service" and obj.metadata.name in other_services:
-                live = other_services[obj.metadata.name]
-            writes.append(self.c.applier.apply(obj, live))
+            writes.append(self.c.applier.apply(obj, live_of(obj)))
         results = await asyncio.gather(*writes, return_exceptions=True)
         for (kind, obj_name), r in zip(targets, results, strict=True):
             if isinstance(r, ApiError) and _rejected(r):
