@@ -267,11 +267,14 @@ class RealNode:
         return Path(root).parent / "images"
 
     # ------------------------------------------------------------------ checks
-    def check_prerequisites(self) -> None:
+    def check_prerequisites(self, binaries: bool = True) -> None:
+        """Raise NodeError saying what is missing. ``binaries=False``: what importing images
+        needs (its containerd), not the Kubernetes binaries (built beside it by ``make deps``)."""
         problems = []
         if os.geteuid() != 0:
             problems.append("the real node needs root (namespaces, cgroups, veth)")
-        missing = [b for b in NODE_BINARIES if not os.access(self.cp.bin_dir / b, os.X_OK)]
+        missing = [b for b in NODE_BINARIES
+                   if binaries and not os.access(self.cp.bin_dir / b, os.X_OK)]
         if missing:
             problems.append(
                 f"{', '.join(missing)} missing in {self.cp.bin_dir}: run `make binaries`"
