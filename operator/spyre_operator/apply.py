@@ -273,14 +273,13 @@ class Applier:
         since after a watch gap the caches may hold a model deleted meanwhile, and an object
         created for it would be the garbage collector's, again and again (resync.py)."""
         meta = model["metadata"]
-        try:
-            live = await self.client.get(SpyreModelResource, meta["name"],
-                                         namespace=meta["namespace"])
-        except ApiError as e:
-            if e.status.code == 404:
-                return False
-            raise
-        return live.metadata is not None and live.metadata.uid == meta.get("uid")
+        # A list by name, not a get: the verbs the operator already has on SpyreModels (its
+        # watches), so no RBAC changes with this question (the chart grants list and watch).
+        async for live in self.client.list(SpyreModelResource, namespace=meta["namespace"],
+                                           fields={"metadata.name": meta["name"]}):
+            if live.metadata is not None and live.metadata.uid == meta.get("uid"):
+                return True
+        return False
 
     async def delete(self, resource: type, name: str, namespace: str) -> bool:
         """Delete a child (dependents are garbage-collected in the background)."""

@@ -81,7 +81,8 @@ README.md#rbac. Server-side apply is the `patch` verb, and it needs `create` too
 object does not exist yet.
 */}}
 {{- define "spyre.workloadRules" -}}
-# handlers.py: kopf indices and event watches on SpyreModels (list + watch).
+# handlers.py: kopf indices and event watches on SpyreModels (list + watch); apply.py
+# Applier.owner_exists: a list by name before a child is created (no get needed).
 - apiGroups: ["serving.spyre.dev"]
   resources: ["spyremodels"]
   verbs: ["list", "watch"]
