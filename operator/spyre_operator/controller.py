@@ -269,15 +269,20 @@ class Controller:
 
     # ------------------------------------------------------------------ reconcile
 
+    def _forget(self, key: ModelKey) -> None:
+        """A deleted model: its remembered status and observations dropped, out of the queues
+        for a slot."""
+        self.status.forget(key)
+        self.observer.forget(key)
+        self.budgets.stop_waiting(key)
+
     async def reconcile_key(self, key: ModelKey) -> Decision | None:
         """Reconcile one SpyreModel from the caches."""
         t0 = time.perf_counter()
         ns, name = key
         model = self.caches.one("models", key)
         if model is None or model["metadata"].get("deletionTimestamp"):
-            self.status.forget(key)
-            self.observer.forget(key)
-            self.budgets.stop_waiting(key)
+            self._forget(key)
             return None  # deleted: ownerReferences let the garbage collector clean up
         if self.install is not None and self.status.written_elsewhere(key, model):
             return None
@@ -316,9 +321,7 @@ class Controller:
         except OwnerGone as e:
             # As its DELETED event would have: forgotten, out of the queues, its slot freed.
             log.info("reconcile %s/%s: %s; nothing written", *key, e)
-            self.status.forget(key)
-            self.observer.forget(key)
-            self.budgets.stop_waiting(key)
+            self._forget(key)
             if decision.job is not None and decision.job.metadata is not None:
                 self.budgets.compile_reserved.drop(ns, str(decision.job.metadata.name))
             self.budgets.wake_compile_waiters()

@@ -44,8 +44,9 @@ def _own_cpu_cgroup(root: Path) -> Path | None:
                     return mount / rel
         if controllers == "" and (root / "cgroup.controllers").exists():  # v2
             group = root / rel
-            if "cpu" in (group / "cgroup.subtree_control").read_text().split():
-                return group
+            with contextlib.suppress(OSError):
+                if "cpu" in (group / "cgroup.subtree_control").read_text().split():
+                    return group
     return None
 
 
