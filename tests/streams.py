@@ -24,7 +24,8 @@ orders the modules that need these last (KEDA's, then those publishing a release
 for the build (each script holds a lock; while they wait, the build runs at a normal weight)
 or build what is missing themselves. Keeping KEDA out
 of ``make deps`` takes its ~7 minutes off a cold run's set-up, where the Go builds hold both
-cores. The build is stopped if it is still running when the sessions end.
+cores. The build is stopped if it is still running when the sessions end; the run's last
+lines then say how far it got (each step's end, with its time of day) and where it ran.
 ``SPYRE_BACKGROUND_BUILD`` replaces its command (empty: none).
 
 With arguments (``make test PYTEST_ARGS=...``) it is one ordinary pytest session with them.
@@ -66,11 +67,18 @@ LOCAL_NICENESS = 10
 #: The background build, on CPU nobody else wants: KEDA, then the operator for the other
 #: architectures (in the order the cluster session's last modules need them).
 _TESTS = Path(__file__).resolve().parent
+#: Each step's end is logged with the time of day: a build stopped at the end shows in the run's
+#: last lines how far it got and when (CI shows only the end of the output).
+_STEP = 'echo "[background] $(date -u +%T) {0}: exit ${1}" >&2'
 BACKGROUND_BUILD = shlex.join([
-    "sh", "-c", f"{shlex.quote(str(_TESTS / 'cluster/metrics-deps.sh'))} >/dev/null; a=$?; "
+    "sh", "-c", 'echo "[background] $(date -u +%T) started" >&2; '
+                f"{shlex.quote(str(_TESTS / 'cluster/metrics-deps.sh'))} >/dev/null; a=$?; "
+                + _STEP.format("prometheus-adapter", "a") + "; "
                 f"{shlex.quote(str(_TESTS / 'cluster/keda-deps.sh'))} >/dev/null; keda=$?; "
-                f"{shlex.quote(str(_TESTS / 'images/build.sh'))} platforms "
-                "&& exit $(( a || keda ))"])
+                + _STEP.format("KEDA", "keda") + "; "
+                f"{shlex.quote(str(_TESTS / 'images/build.sh'))} platforms >/dev/null; p=$?; "
+                + _STEP.format("other architectures", "p") + "; "
+                "exit $(( a || keda || p ))"])
 BACKGROUND_NICENESS = 19
 BUILT = "background build (prometheus-adapter, KEDA, other architectures' operator image)"
 
@@ -176,11 +184,15 @@ def _stop(build: subprocess.Popen[bytes] | None, group: Path | None, log: Path,
                 os.killpg(build.pid, signal.SIGKILL)
             build.wait()
     background.stop(group)  # a step in a session of its own outlived the group
+    where = (f"in the idle cgroup {group}" if group is not None
+             else "with nice only (no writable cpu cgroup here)")
     if code is None:
-        return (f"{BUILT}: still running after {(time.monotonic() - start) / 60:.1f} min, "
-                "stopped")
+        tail = log.read_text(errors="replace").splitlines()[-6:]
+        return "\n".join([f"{BUILT}: still running after "
+                          f"{(time.monotonic() - start) / 60:.1f} min ({where}), stopped. "
+                          "Its last lines:", *tail])
     if code == 0:
-        return ""
+        return f"{BUILT}: done ({where})"
     tail = log.read_text(errors="replace").splitlines()[-15:]
     return "\n".join([f"{BUILT} failed (exit {code}); the tests that need them built or "
                       "reported it. Its last lines:",

@@ -163,13 +163,16 @@ def test_the_cluster_sessions_failures_are_repeated_at_the_end(tmp_path: Path) -
 
 def test_the_background_build_is_stopped_with_the_sessions_and_said(tmp_path: Path) -> None:
     """The other architectures' operator image builds beside the sessions (nice 19, a process
-    group of its own); still running when they end, it is stopped, and the run says so."""
+    group of its own); still running when they end, it is stopped, and the run says so with its
+    last lines (how far it got: CI shows only the end of the output)."""
     _tree(tmp_path, "def test_i():\n    pass\n", "def test_u():\n    pass\n")
     pidfile = tmp_path / "build.pid"
-    proc = _run(tmp_path, build=f"sh -c 'echo $$ > {pidfile}; exec sleep 600'")
+    build = f"sh -c 'echo $$ > {pidfile}; echo its-last-words; exec sleep 600'"
+    proc = _run(tmp_path, build=build)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     assert f"{streams.BUILT}: still running" in out, out
+    assert "its-last-words" in out.partition("still running")[2], out
     pid = int(pidfile.read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
         f"/proc/{pid}/status").read_text(), "the background build was left running"
