@@ -320,7 +320,7 @@ class Controller:
             await self.writer.execute(model, obs, decision)
         except OwnerGone as e:
             # As its DELETED event would have: forgotten, out of the queues, its slot freed.
-            log.info("reconcile %s/%s: %s; nothing written", *key, e)
+            log.info("reconcile %s/%s: %s; forgotten", *key, e)
             self._forget(key)
             if decision.job is not None and decision.job.metadata is not None:
                 self.budgets.compile_reserved.drop(ns, str(decision.job.metadata.name))

@@ -249,3 +249,29 @@ def test_a_job_a_sharer_created_an_instant_ago_is_no_failure(message: str,
     assert bool(degraded) == reported, applier.statuses
     assert c.stats.errors == (1 if reported else 0)
     assert delays and (reported or delays[0] == 1.0), delays
+
+
+def test_a_model_deleted_before_its_status_write_is_forgotten_not_retried() -> None:
+    """The model the caches held is gone by the time its status is written (a fresh operator
+    listed a namespace being deleted): the API server's 404 on the model's own status means what
+    its DELETED event will say. Forgotten at once, as that event would have: no error, no
+    retry, no "failed (retry in ...)" warning for a model nobody has (seen in a full run: the
+    routing test, which asserts its operator logs no failed reconcile, read the one of another
+    test's namespace being deleted)."""
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import Status
+
+    m = model("m", GENERATE)
+    m["metadata"]["resourceVersion"] = "7"
+    c, applier = controller_with(m)
+
+    async def gone(name: str, ns: str, status: dict[str, Any], current: Any) -> str | None:
+        raise ApiError(status=Status(code=404, reason="NotFound",
+                                     message=f'spyremodels.serving.spyre.dev "{name}" not found'))
+
+    applier.apply_status = gone  # type: ignore[method-assign]
+    forgotten: list[Any] = []
+    c.status.forget = forgotten.append  # type: ignore[method-assign]
+    assert asyncio.run(c.reconcile_key(("ns", "m"))) is None
+    assert forgotten == [("ns", "m")]
+    assert c.stats.errors == 0

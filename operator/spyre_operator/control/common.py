@@ -117,7 +117,8 @@ class NotLeader(RuntimeError):
 
 class OwnerGone(RuntimeError):
     """The model a reconcile would create children for is not in the API server (any more):
-    the caches still held it after a watch gap (resync.py finds it at its next round)."""
+    the caches still held it after a watch gap (resync.py finds it at its next round), or it
+    was deleted before its status was written (a 404 on its own status)."""
 
 
 def unexpected(e: BaseException) -> bool:

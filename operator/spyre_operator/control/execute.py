@@ -150,7 +150,14 @@ class Writer:
                 d.status, live, self.c.install, self.c.identity, self.c.clock()
             )
         current = comparable_status(model.get("status"), d.status, owned)
-        rv = await self.c.applier.apply_status(name, ns, d.status, current)
+        try:
+            rv = await self.c.applier.apply_status(name, ns, d.status, current)
+        except ApiError as e:
+            if e.status.code != 404:
+                raise
+            # The model itself is gone (deleted since the caches read it): what its DELETED
+            # event will say, not a failure to retry.
+            raise OwnerGone(f"{ns}/{name} was deleted before its status was written") from e
         if rv is not None:
             self.c.status.remember((ns, name), model, d.status)
             self.c.status.report_pruned(model)
