@@ -67,18 +67,19 @@ LOCAL_NICENESS = 10
 #: The background build, on CPU nobody else wants: KEDA, then the operator for the other
 #: architectures (in the order the cluster session's last modules need them).
 _TESTS = Path(__file__).resolve().parent
-#: Each step's end is logged with the time of day: a build stopped at the end shows in the run's
-#: last lines how far it got and when (CI shows only the end of the output).
-_STEP = 'echo "[background] $(date -u +%T) {0}: exit ${1}" >&2'
-BACKGROUND_BUILD = shlex.join([
-    "sh", "-c", 'echo "[background] $(date -u +%T) started" >&2; '
-                f"{shlex.quote(str(_TESTS / 'cluster/metrics-deps.sh'))} >/dev/null; a=$?; "
-                + _STEP.format("prometheus-adapter", "a") + "; "
-                f"{shlex.quote(str(_TESTS / 'cluster/keda-deps.sh'))} >/dev/null; keda=$?; "
-                + _STEP.format("KEDA", "keda") + "; "
-                f"{shlex.quote(str(_TESTS / 'images/build.sh'))} platforms >/dev/null; p=$?; "
-                + _STEP.format("other architectures", "p") + "; "
-                "exit $(( a || keda || p ))"])
+#: Its steps, in that order: (name, command, its variable). Each step's end is logged with the
+#: time of day: a build stopped at the end shows in the run's last lines how far it got and when
+#: (CI shows only the end of the output).
+_STEPS = (
+    ("prometheus-adapter", shlex.quote(str(_TESTS / "cluster/metrics-deps.sh")), "a"),
+    ("KEDA", shlex.quote(str(_TESTS / "cluster/keda-deps.sh")), "keda"),
+    ("other architectures", f"{shlex.quote(str(_TESTS / 'images/build.sh'))} platforms", "p"),
+)
+BACKGROUND_BUILD = shlex.join(["sh", "-c", " ".join([
+    'echo "[background] $(date -u +%T) started" >&2;',
+    *(f'{cmd} >/dev/null; {var}=$?; echo "[background] $(date -u +%T) {name}: exit ${var}" >&2;'
+      for name, cmd, var in _STEPS),
+    f"exit $(( {' || '.join(var for _, _, var in _STEPS)} ))"])])
 BACKGROUND_NICENESS = 19
 BUILT = "background build (prometheus-adapter, KEDA, other architectures' operator image)"
 
@@ -186,17 +187,16 @@ def _stop(build: subprocess.Popen[bytes] | None, group: Path | None, log: Path,
     background.stop(group)  # a step in a session of its own outlived the group
     where = (f"in the idle cgroup {group}" if group is not None
              else "with nice only (no writable cpu cgroup here)")
-    if code is None:
-        tail = log.read_text(errors="replace").splitlines()[-6:]
-        return "\n".join([f"{BUILT}: still running after "
-                          f"{(time.monotonic() - start) / 60:.1f} min ({where}), stopped. "
-                          "Its last lines:", *tail])
     if code == 0:
         return f"{BUILT}: done ({where})"
-    tail = log.read_text(errors="replace").splitlines()[-15:]
-    return "\n".join([f"{BUILT} failed (exit {code}); the tests that need them built or "
-                      "reported it. Its last lines:",
-                      *tail])
+    if code is None:
+        said, lines = (f"{BUILT}: still running after {(time.monotonic() - start) / 60:.1f} min "
+                       f"({where}), stopped."), 6
+    else:
+        said, lines = (f"{BUILT} failed (exit {code}); the tests that need them built or "
+                       "reported it."), 15
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join([f"{said} Its last lines:", *tail])
 
 
 def _relay(proc: subprocess.Popen[bytes], failures: list[bytes]) -> None:
