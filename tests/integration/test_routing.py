@@ -74,7 +74,11 @@ def test_inference_pool_from_missing_crd_to_accepted(
     assert "inference.networking.k8s.io/v1" in c["message"]
     assert kube.condition("routed", "Degraded")["status"] == "False"
     log = routing_operator.log_tail(400)
-    assert "failed (retry in" not in log, log  # no reconcile error loop
+    # No reconcile error loop for this model. (The fresh operator also lists the models of
+    # earlier tests' namespaces being deleted: their transient errors are not this test's; the
+    # ones seen here, a 404 on a status or on a Job's owners, are unit-tested as no failures.)
+    looped = [ln for ln in log.splitlines() if "failed (retry in" in ln and f"{kube.ns}/" in ln]
+    assert not looped, log
     assert "Traceback" not in log, log
 
     with installed_crd(control_plane, INFERENCE_POOL_CRD):

@@ -416,6 +416,44 @@ def test_the_controller_reads_the_pod_of_a_running_job_and_looks_again() -> None
     assert client.lists == [] and cond(d, C.ARTIFACT_READY)["reason"] == C.COMPILING
 
 
+def test_a_job_gone_before_its_owners_patch_is_looked_at_again_not_failed() -> None:
+    """The Job the caches show was deleted an instant ago (its namespace being deleted, a TTL):
+    the API server's 404 on the patch of its owners says the cache is behind, as a 409 would.
+    The model is looked at again in a second (the watch brings the DELETED event), with no error
+    and no "failed (retry in ...)" warning (seen in CI: the routing test, which asserts that its
+    operator logs no failed reconcile, read the one of another test's namespace being
+    deleted)."""
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import Status
+    from spyre_operator.controller import Caches, Controller
+
+    from .test_controller_failures import RecordingApplier
+
+    m = model("m", GENERATE)
+    job = live_job(m)
+    job_name = job["metadata"]["name"]
+    key = (m["metadata"]["namespace"], m["metadata"]["name"])
+    caches = Caches({"models": {key: [m]}, "jobs": {(key[0], job_name): [job]}})
+    c = Controller(client=PodsAndEvents([], []), caches=caches, workers=1,  # type: ignore[arg-type]
+                   clock=lambda: NOW)
+    applier = RecordingApplier()
+    c.applier = applier  # type: ignore[assignment]
+    patched: list[Any] = []
+
+    async def gone(job: Any, live: Any) -> bool:
+        patched.append(live)
+        raise ApiError(status=Status(code=404, reason="NotFound",
+                                     message=f'jobs.batch "{job_name}" not found'))
+
+    applier.ensure_job = gone  # type: ignore[method-assign]
+    delays: list[float] = []
+    c.queue.add_after = lambda k, delay: delays.append(delay)  # type: ignore[method-assign]
+    asyncio.run(c.reconcile_key(key))
+    assert patched and patched[0] is not None, "the Job was not in the caches"
+    assert c.stats.errors == 0
+    assert 1.0 in delays, delays
+
+
 def test_the_controller_reads_the_failed_create_events_of_a_job_without_pods() -> None:
     m = model("m", GENERATE)
     job = live_job(m)

@@ -175,12 +175,15 @@ class Writer:
         try:
             await self.c.applier.ensure_job(job, live)
         except ApiError as e:
-            # 409: the watch will bring the new version. 422 "field is immutable" on a Job
-            # the cache did not show: a model sharing the key created it an instant ago from
-            # its own pod template; the next reconcile sees it and only adds this owner.
+            # 409: the watch will bring the new version; 404 on the owners' patch of a Job the
+            # cache showed: it was deleted an instant ago (a TTL, its namespace going) and the
+            # watch will bring that. 422 "field is immutable" on a Job the cache did not show:
+            # a model sharing the key created it an instant ago from its own pod template; the
+            # next reconcile sees it and only adds this owner.
             created_by_sharer = (live is None and e.status.code == 422
                                  and "field is immutable" in (e.status.message or ""))
-            if e.status.code != 409 and not created_by_sharer:
+            deleted_since_read = live is not None and e.status.code == 404
+            if e.status.code != 409 and not created_by_sharer and not deleted_since_read:
                 raise
             self.c.queue.add_after((ns, name), 1.0)
 
