@@ -84,6 +84,62 @@ BACKGROUND_NICENESS = 19
 BUILT = "background build (prometheus-adapter, KEDA, other architectures' operator image)"
 
 
+#: Each session's per-test timings (JUnit XML), kept outside the checkout for the next look at
+#: a slow run (CI runs where the caches are): the newest RUNS_KEPT files.
+RUNS_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+    "spyre-model-operator" / "runs"
+RUNS_KEPT = 8
+#: /proc/stat's cpu line, in its order (the run's last lines share them out)
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _cpu_times() -> list[int]:
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:len(_CPU_FIELDS) + 1]]
+    except (OSError, ValueError):
+        return []
+
+
+def _cpu_pressure_us() -> int | None:
+    """Microseconds some task waited for a CPU (PSI), since boot."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(f.readline().rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _machine(before: tuple[list[int], int | None], after: tuple[list[int], int | None],
+             seconds: float) -> str:
+    """Where the machine's CPU time went during the run (CI shows only the end of the output:
+    a slow run says here whether it was its own load, another tenant's (steal) or neither)."""
+    (cpu0, psi0), (cpu1, psi1) = before, after
+    if not cpu0 or len(cpu0) != len(cpu1):
+        return ""
+    spent = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+    total = sum(spent) or 1
+    shares = {name: 100 * v / total for name, v in zip(_CPU_FIELDS, spent, strict=False)}
+    shares["system"] += shares.pop("irq") + shares.pop("softirq")
+    line = f"machine over the run ({os.cpu_count()} CPUs): " + ", ".join(
+        f"{name} {share:.0f}%" for name, share in shares.items())
+    if psi0 is not None and psi1 is not None and seconds > 0:
+        line += (f"; a task waited for a CPU {100 * (psi1 - psi0) / 1e6 / seconds:.0f}% of the "
+                 "time")
+    return line
+
+
+def _junit(session: str, stamp: str) -> list[str]:
+    """The session's JUnit XML in RUNS_DIR (older ones beyond RUNS_KEPT removed)."""
+    try:
+        RUNS_DIR.mkdir(parents=True, exist_ok=True)
+        for old in sorted(RUNS_DIR.glob("*.xml"))[:-RUNS_KEPT + 1]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return []
+    return [f"--junitxml={RUNS_DIR / f'{stamp}-{session}.xml'}"]
+
+
 def _env(session: str) -> dict[str, str]:
     env = dict(os.environ)
     current = env.get("SPYRE_CURRENT_TEST_FILE")
@@ -110,15 +166,17 @@ def main(argv: list[str]) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="spyre-make-test-"))
     local_log = log_dir / "local.log"
     start = time.monotonic()
+    machine_before = _cpu_times(), _cpu_pressure_us()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     group = background.cgroup()
     if group is not None:  # for the sessions' tests that wait for the build (background.needed)
         os.environ[background.ENV] = str(group)
     build = _background_build(log_dir / "build.log", group)
     with open(local_log, "wb") as out:
-        local = subprocess.Popen(["nice", "-n", str(LOCAL_NICENESS), *_pytest(LOCAL)],
+        local = subprocess.Popen(["nice", "-n", str(LOCAL_NICENESS), *_pytest([*LOCAL, *_junit("local", stamp)])],
                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=_env("local"))
-    cluster = subprocess.Popen(_pytest(CLUSTER), env=_env("cluster"), stdout=subprocess.PIPE,
+    cluster = subprocess.Popen(_pytest([*CLUSTER, *_junit("cluster", stamp)]), env=_env("cluster"), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     cluster_failures: list[bytes] = []
     relay = threading.Thread(target=_relay, args=(cluster, cluster_failures), daemon=True)
@@ -134,6 +192,8 @@ def main(argv: list[str]) -> int:
                 del pending[name]
         time.sleep(1)
     relay.join(timeout=30)
+    machine = _machine(machine_before, (_cpu_times(), _cpu_pressure_us()),
+                       time.monotonic() - start)
     built = _stop(build, group, log_dir / "build.log", start)
     sys.stdout.flush()
     print(f"\n{'=' * 30} local tests (unit, golden, engine; their session's output) "
@@ -143,6 +203,8 @@ def main(argv: list[str]) -> int:
     print("\nmake test: " + ", ".join(
         f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
         for name in ("cluster", "local")), flush=True)
+    if machine:
+        print(machine, flush=True)
     if built:
         print(built, flush=True)
     if cluster_failures:  # the end of the output is the local report: repeat the cluster's

@@ -89,6 +89,7 @@ def _tree(tmp_path: Path, cluster_test: str, local_test: str) -> None:
 
 def _run(tmp_path: Path, build: str = "", **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_BACKGROUND_BUILD": build,
+           "XDG_CACHE_HOME": str(tmp_path / "cache"),
            "SPYRE_CURRENT_TEST_FILE": str(tmp_path / "current")}
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "streams.py")], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -113,6 +114,12 @@ def test_both_sessions_report_and_a_failure_in_either_fails_the_run(tmp_path: Pa
     # ... then the local session's report, whole
     assert "FAILED tests/unit/test_unit.py::test_u" in local and "1 failed" in local, out
     assert "cluster session exit 0" in out and "local session exit 1" in out, out
+    # where the machine's CPU went (a slow CI run says why), and each session's timings kept
+    tail = out.partition("make test: ")[2]
+    assert "machine over the run" in tail and "steal" in tail, out
+    runs = tmp_path / "cache" / "spyre-model-operator" / "runs"
+    assert sorted(p.name.rsplit("-", 1)[1] for p in runs.glob("*.xml")) == [
+        "cluster.xml", "local.xml"], list(runs.iterdir())
 
 
 def test_ctrl_c_stops_both_sessions_and_prints_both_reports(tmp_path: Path) -> None:
