@@ -62,8 +62,17 @@ from tests.cluster import background  # noqa: E402
 CLUSTER_DIRS = ["tests/integration", "tests/contract", "tests/realpods"]
 CLUSTER = ["-m", "integration", "--durations=30", *CLUSTER_DIRS]
 LOCAL = ["-m", "not integration", "--durations=15", "tests"]
-#: Niceness of the local session (the real engine on CPU is its heavy part).
+#: Niceness of the local session (the real engine on CPU is its heavy part). With autogroups,
+#: nice weighs only against the processes of its own session (the cluster session's pytest and
+#: the operators it starts), not against the real node's (its own cgroup, tests/cluster/node.py)
+#: nor the control plane's (sessions of their own): against those the local session's weight is
+#: its cgroup's, LOCAL_SHARES (1024 is a normal one: half, a third of the CPU against a busy
+#: node). Before, each engine a local test started in a session of its own had a full share of
+#: its own. The cluster session, the longer one, is the run's critical path (CI of f6fe5e3 ran
+#: both at twice their quiet times); the local one has the slack, and its tests' timeouts are
+#: failure bounds with room for that.
 LOCAL_NICENESS = 10
+LOCAL_SHARES = 512
 #: The background build, on CPU nobody else wants: KEDA, then the operator for the other
 #: architectures (in the order the cluster session's last modules need them).
 _TESTS = Path(__file__).resolve().parent
@@ -172,11 +181,14 @@ def main(argv: list[str]) -> int:
     if group is not None:  # for the sessions' tests that wait for the build (background.needed)
         os.environ[background.ENV] = str(group)
     build = _background_build(log_dir / "build.log", group)
+    local_group = background.cgroup(name="local", shares=LOCAL_SHARES)
     with open(local_log, "wb") as out:
-        local = subprocess.Popen(["nice", "-n", str(LOCAL_NICENESS), *_pytest([*LOCAL, *_junit("local", stamp)])],
-                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        niced = ["nice", "-n", str(LOCAL_NICENESS), *_pytest([*LOCAL, *_junit("local", stamp)])]
+        local = subprocess.Popen(background.wrap(niced, local_group), stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=_env("local"))
-    cluster = subprocess.Popen(_pytest([*CLUSTER, *_junit("cluster", stamp)]), env=_env("cluster"), stdout=subprocess.PIPE,
+    cluster = subprocess.Popen(_pytest([*CLUSTER, *_junit("cluster", stamp)]),
+                               env=_env("cluster"), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     cluster_failures: list[bytes] = []
     relay = threading.Thread(target=_relay, args=(cluster, cluster_failures), daemon=True)
@@ -194,6 +206,7 @@ def main(argv: list[str]) -> int:
     relay.join(timeout=30)
     machine = _machine(machine_before, (_cpu_times(), _cpu_pressure_us()),
                        time.monotonic() - start)
+    background.stop(local_group)  # what a local test left running (an engine) goes with it
     built = _stop(build, group, log_dir / "build.log", start)
     sys.stdout.flush()
     print(f"\n{'=' * 30} local tests (unit, golden, engine; their session's output) "

@@ -50,17 +50,24 @@ def _own_cpu_cgroup(root: Path) -> Path | None:
     return None
 
 
-def cgroup(root: Path = CGROUP_ROOT) -> Path | None:
-    """A background cgroup under this process's own (created, set idle; named for this process:
-    a toy run in the unit tests has its own), or None when this machine gives none (not root,
-    no cpu controller): the build then has only its nice."""
+def cgroup(root: Path = CGROUP_ROOT, name: str = "background",
+           shares: int | None = None) -> Path | None:
+    """A cgroup under this process's own (created; named for its use and this process: a toy
+    run in the unit tests has its own), idle or, with ``shares``, of that weight (cgroup v1's
+    cpu.shares, 1024 a normal one), or None when this machine gives none (not root, no cpu
+    controller): what runs in it then has only its nice."""
     parent = _own_cpu_cgroup(root)
     if parent is None:
         return None
-    group = parent / f"spyre-background-{os.getpid()}"
+    group = parent / f"spyre-{name}-{os.getpid()}"
     try:
         group.mkdir(exist_ok=True)
-        _set_idle(group, True)
+        if shares is None:
+            _set_idle(group, True)
+        elif (group / "cpu.shares").exists():
+            (group / "cpu.shares").write_text(str(shares))
+        else:
+            (group / "cpu.weight").write_text(str(max(1, shares * 100 // 1024)))
     except OSError:
         return None
     return group

@@ -216,7 +216,14 @@ def test_the_background_build_runs_in_an_idle_cgroup_and_nothing_of_it_outlives_
              "    with background.needed():\n"
              "        assert idle() == '0'\n"
              "    assert idle() == '1'\n")
-    _tree(tmp_path, waits, "def test_u():\n    pass\n")
+    # The local session runs in a cgroup of its own at a low weight (nice weighs nothing
+    # against the real node's cgroup, nor against the sessions its engines start).
+    local = ("import pathlib, re\n"
+             "def test_u():\n"
+             "    own = pathlib.Path('/proc/self/cgroup').read_text()\n"
+             "    assert re.search(r'[:,]cpu[,:].*/spyre-local-[0-9]+$|^0::.*/spyre-local-', own,"
+             " re.M), own\n")
+    _tree(tmp_path, waits, local)
     inner = tmp_path / "inner.pid"
     build = (f"sh -c 'grep -E \"^[0-9]+:[^:]*cpu[,:]\" /proc/self/cgroup > {tmp_path}/cg; "
              f"setsid sh -c \"echo \\$\\$ > {inner}; exec sleep 600\" & exec sleep 600'")
@@ -229,5 +236,5 @@ def test_the_background_build_runs_in_an_idle_cgroup_and_nothing_of_it_outlives_
     pid = int(inner.read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
         f"/proc/{pid}/status").read_text(), "a step in a session of its own was left running"
-    assert not any(Path("/sys/fs/cgroup").glob(f"*/spyre-background-{proc.pid}")), \
-        "the cgroup was left"
+    assert "1 passed" in out.partition("local tests")[2], out  # in its cgroup
+    assert not any(Path("/sys/fs/cgroup").glob(f"*/spyre-*-{proc.pid}")), "a cgroup was left"
