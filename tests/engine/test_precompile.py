@@ -17,7 +17,7 @@ from spyre_engine.settings import PrecompileSettings
 from spyre_engine.summary import FailureSummary, PrecompileSummary, parse_termination_message
 from spyre_engine.testing.process import EngineProcess, engine_command
 
-from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager, run_engine
+from .conftest import SHAPE, STARTUP_TIMEOUT, precompile_eager
 
 pytestmark = pytest.mark.engine
 
@@ -75,30 +75,6 @@ def test_concurrent_precompiles_keep_every_entry(tiny_model: Path, tmp_path: Pat
     entries = catalog.read_catalog(art)
     assert sorted(e["data"]["VLLM_DT_MAX_BATCH_SIZE"] for e in entries) == list(range(1, 9))
     assert not list(art.glob(".catalog-*.tmp"))
-
-
-@pytest.fixture(scope="module")
-def inductor_artifact(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-                      ) -> tuple[Path, Path]:
-    """The real compile path, once per module: vLLM starts with the shape and the plugin warms
-    up into the artifact; (artifact, termination log)."""
-    tmp = tmp_path_factory.mktemp("inductor")
-    art, term = tmp / "art", tmp / "term"
-    proc = run_engine(
-        "precompile",
-        "--model",
-        str(tiny_model),
-        "--artifact-dir",
-        str(art),
-        "--backend",
-        "inductor",
-        "--termination-log",
-        str(term),
-        *SHAPE,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return art, term
 
 
 @pytest.mark.slow
