@@ -139,18 +139,28 @@ def run_warmup(
             remove_dead_sockets(tmp)
 
 
+#: The compile backends whose precompile vLLM runs the model (sendnn_compile_only builds graphs
+#: it cannot run; eager compiles nothing).
+RUNS_THE_MODEL = ("sendnn", "inductor")
+
+
 def reference_backend(settings: PrecompileSettings) -> str | None:
     """The backend this precompile records the artifact's reference answers on (None: none).
 
-    Decoders only. ``sendnn`` and ``inductor`` record on the vLLM that compiled, on their own
-    backend. ``sendnn_compile_only`` runs nothing (it builds the cards' graphs on a CPU node),
-    so a second vLLM on ``eager`` answers for it on the same node: the same model code on CPU,
-    as upstream's tests compare the cards with CPU outputs. ``eager`` compiles nothing; its pods
-    run the very code a reference would, so it records none.
+    Decoders only. A reference is worth what its backend is trusted for: a compiled backend's
+    own answers would only show a later change, never its compiler's mistake. So the CPU
+    compile backends get theirs from a second vLLM of the same shape on ``eager`` on the same
+    node, after the compile: ``sendnn_compile_only``, which runs nothing (it builds the cards'
+    graphs on a CPU node; upstream's tests compare the cards with CPU outputs), and
+    ``inductor``, whose generated kernels are what the check is for. ``sendnn`` compiling on
+    the cards (precompile.onCards) records on the vLLM that compiled: its pods are then checked
+    against the cards' own first answers (a later change shows, a compiler's mistake does
+    not; the default compile-only path is the one checked against CPU). ``eager`` compiles
+    nothing; its pods run the very code a reference would, so it records none.
     """
     if settings.reference_answers != "record" or settings.is_pooling:
         return None
-    return {"sendnn": "sendnn", "inductor": "inductor", COMPILE_ONLY_BACKEND: "eager"}.get(
+    return {"sendnn": "sendnn", "inductor": "eager", COMPILE_ONLY_BACKEND: "eager"}.get(
         settings.backend)
 
 
@@ -160,7 +170,7 @@ def record_references_on(
     """The reference answers from a vLLM of the same shape on ``backend`` (another than the
     artifact's), started for nothing else and stopped after; it writes nothing to the artifact."""
     other = settings.model_copy(update={"backend": backend})
-    log.info("Recording the reference answers on %s (%s runs no model)", backend,
+    log.info("Recording the reference answers on %s, apart from the %s compile", backend,
              settings.backend)
     references: dict[str, object] = {}
     run_warmup(other, model_path, plugin_env(other, require_precompiled=False), references)
@@ -339,15 +349,21 @@ def _precompile_locked(
     started = time.monotonic()
     logged = None
     recorded_on = reference_backend(settings)
-    references: dict[str, object] | None = {} if recorded_on == settings.backend else None
+    # The compiling vLLM answers the prompts whenever it runs the model and a reference is
+    # recorded: on sendnn those answers are the reference; on inductor they compile the shapes
+    # the serving pods' check then takes into the artifact (else every pod compiled them at
+    # start-up, in a private dir), and eager's answers replace them as the reference.
+    answered: dict[str, object] | None = (
+        {} if recorded_on is not None and settings.backend in RUNS_THE_MODEL else None)
     # Before any load: the reference answers are those of the files as they were then.
     weights = answers.weights_fingerprint(Path(model_path)) if recorded_on else None
     if settings.backend == "eager":
         log.info("Backend eager compiles nothing; recording the shape only")
     else:
         invalidate_manifest(artifact)
-        logged = run_warmup(settings, model_path, env, references)
+        logged = run_warmup(settings, model_path, env, answered)
     compile_seconds = time.monotonic() - started
+    references = answered if recorded_on == settings.backend else None
     if recorded_on is not None and recorded_on != settings.backend:
         references = record_references_on(settings, model_path, recorded_on)
     # Before the catalog entry and the manifest (whose checksums cover the file); an earlier

@@ -113,13 +113,22 @@ def test_inductor_serve_from_a_read_only_artifact_reuses_its_precompiled_header(
             assert engine.poll() is None, log.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "not started"
             time.sleep(0.5)
+        # Nothing compiled at start-up: its output check (the reference prompts, answered before
+        # Ready) took shapes the precompile's own vLLM had answered, and so compiled, into the
+        # artifact (its reference itself comes from eager, which compiles nothing).
+        (private,) = podtmp.glob("spyre-engine-inductor-*")
+        had = {p.relative_to(art / "inductor") for p in (art / "inductor").rglob("*")}
+        new = sorted(str(rel) for p in (private / "inductor").rglob("*") if p.is_file()
+                     and "locks" not in (rel := p.relative_to(private / "inductor")).parts
+                     and rel not in had)  # fmt: skip
+        assert not new, f"serve compiled at start-up: {new[:8]}"
+        assert "Output check passed" in log.read_text(errors="replace")
         resp = httpx.post(
             f"http://127.0.0.1:{port}/v1/completions",
             json={"model": "tiny", "prompt": "hello", "max_tokens": 4},
             timeout=120,
         )
         assert resp.status_code == 200, resp.text
-        (private,) = podtmp.glob("spyre-engine-inductor-*")
         headers = list(private.glob("tmp/torchinductor_*/precompiled_headers/*.gch"))
         assert headers, "the private TMPDIR lacks the artifact's precompiled header"
         rebuilt = [h for h in headers if not h.is_symlink()]
