@@ -118,7 +118,7 @@ def test_lock_says_how_it_is_regenerated_and_make_install_uses_it() -> None:
         assert name in lock_recipe.split("--excludes", 1)[1].split("\n", 1)[0]
     install = makefile.split("\n$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
     assert install.split("\n", 1)[0].split() == ["pyproject.toml", "requirements.lock"]
-    assert "$(UV) pip sync --python $(PY) requirements.lock" in install
+    assert "$(UV) pip sync --compile-bytecode --python $(PY) requirements.lock" in install
     assert "$(UV) pip install --python $(PY) --no-deps -e ." in install
 
 
