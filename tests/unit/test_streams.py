@@ -147,13 +147,16 @@ def test_ci_run_names_the_test_still_running_at_its_budget(tmp_path: Path) -> No
     # .ci/run changes to the repository's root: the sessions run in the toy tree
     command = f"env -C {tmp_path} {sys.executable} {ROOT / 'tests' / 'streams.py'}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_CI_BUDGET": "45s",
-           "SPYRE_CI_COMMAND": command, "SPYRE_BACKGROUND_BUILD": ""}
+           "SPYRE_CI_COMMAND": command, "SPYRE_BACKGROUND_BUILD": "",
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}  # its timings not among the real runs'
+    real_runs = set(streams.RUNS_DIR.glob("*.xml"))
     r = subprocess.run([str(ROOT / ".ci" / "run")], capture_output=True, text=True, env=env,
                        timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 124, out
     running = out.partition("Running at the time: ")[2]
     assert running.startswith("tests/integration/test_integration.py::test_hangs (started"), out
+    assert set(streams.RUNS_DIR.glob("*.xml")) <= real_runs, "a toy run wrote the real timings"
     assert "test_quick" not in running, out
     assert "local session exit 0" in out and "cluster session exit 2" in out, out
 
