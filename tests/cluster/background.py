@@ -64,10 +64,8 @@ def cgroup(root: Path = CGROUP_ROOT, name: str = "background",
         group.mkdir(exist_ok=True)
         if shares is None:
             _set_idle(group, True)
-        elif (group / "cpu.shares").exists():
-            (group / "cpu.shares").write_text(str(shares))
         else:
-            (group / "cpu.weight").write_text(str(max(1, shares * 100 // 1024)))
+            _set_weight(group, shares)
     except OSError:
         return None
     return group
@@ -76,10 +74,16 @@ def cgroup(root: Path = CGROUP_ROOT, name: str = "background",
 def _set_idle(group: Path, idle: bool) -> None:
     if (group / "cpu.idle").exists():
         (group / "cpu.idle").write_text("1" if idle else "0")
-    elif (group / "cpu.shares").exists():  # v1 before cpu.idle: the lowest weight
-        (group / "cpu.shares").write_text("2" if idle else "1024")
+    else:  # before cpu.idle: the lowest weight
+        _set_weight(group, 2 if idle else 1024)
+
+
+def _set_weight(group: Path, shares: int) -> None:
+    """``shares`` in cgroup v1's scale (1024 a normal weight; v2's cpu.weight: 100)."""
+    if (group / "cpu.shares").exists():
+        (group / "cpu.shares").write_text(str(shares))
     else:
-        (group / "cpu.weight").write_text("1" if idle else "100")
+        (group / "cpu.weight").write_text(str(max(1, shares * 100 // 1024)))
 
 
 def wrap(command: list[str], group: Path | None) -> list[str]:

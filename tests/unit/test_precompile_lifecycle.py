@@ -383,7 +383,8 @@ class PodsAndEvents:
         return gen()
 
 
-def _reconcile(m: dict[str, Any], job: dict[str, Any], client: PodsAndEvents) -> Any:
+def _controller(m: dict[str, Any], job: dict[str, Any], client: PodsAndEvents) -> Any:
+    """A controller whose caches hold ``m`` and its live ``job``; a recording applier."""
     from spyre_operator.controller import Caches, Controller
 
     from .test_controller_failures import RecordingApplier
@@ -392,6 +393,12 @@ def _reconcile(m: dict[str, Any], job: dict[str, Any], client: PodsAndEvents) ->
     caches = Caches({"models": {key: [m]}, "jobs": {(key[0], job["metadata"]["name"]): [job]}})
     c = Controller(client=client, caches=caches, workers=1, clock=lambda: NOW)  # type: ignore[arg-type]
     c.applier = RecordingApplier()  # type: ignore[assignment]
+    return c
+
+
+def _reconcile(m: dict[str, Any], job: dict[str, Any], client: PodsAndEvents) -> Any:
+    key = (m["metadata"]["namespace"], m["metadata"]["name"])
+    c = _controller(m, job, client)
 
     async def run() -> Any:
         d = await c.reconcile_key(key)
@@ -425,19 +432,13 @@ def test_a_job_gone_before_its_owners_patch_is_looked_at_again_not_failed() -> N
     deleted)."""
     from lightkube import ApiError
     from lightkube.models.meta_v1 import Status
-    from spyre_operator.controller import Caches, Controller
-
-    from .test_controller_failures import RecordingApplier
 
     m = model("m", GENERATE)
     job = live_job(m)
     job_name = job["metadata"]["name"]
     key = (m["metadata"]["namespace"], m["metadata"]["name"])
-    caches = Caches({"models": {key: [m]}, "jobs": {(key[0], job_name): [job]}})
-    c = Controller(client=PodsAndEvents([], []), caches=caches, workers=1,  # type: ignore[arg-type]
-                   clock=lambda: NOW)
-    applier = RecordingApplier()
-    c.applier = applier  # type: ignore[assignment]
+    c = _controller(m, job, PodsAndEvents([], []))
+    applier = c.applier
     patched: list[Any] = []
 
     async def gone(job: Any, live: Any) -> bool:
