@@ -8,6 +8,12 @@ ExternalName to this responder), and the interceptor forwards the held request h
 JSON error saying the model is starting, or that no Spyre card is available when the model's
 status says a replica cannot be scheduled (Progressing=True InsufficientCapacity). It reads
 the model from the controller's watch cache: no API request per answer.
+
+It also answers KEDA's ``metrics-api`` trigger of every scale-to-zero model's ScaledObject
+(``names.starting_path``): ``{"starting": 1}`` while the model is on its way up (:func:`starting`).
+The add-on's request-rate signal counts a held request once, when it arrives, so without this
+KEDA's cooldown took a woken model back to zero before a load longer than the rate window plus
+``idleSeconds`` finished, and its held requests were never answered.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from . import conditions as C
+from .desired import names
 
 NAME_HEADER = "X-KEDA-HTTP-Cold-Start-Ref-Name"
 NAMESPACE_HEADER = "X-KEDA-HTTP-Cold-Start-Ref-Namespace"
@@ -60,6 +67,29 @@ def answer(
     )
 
 
+def starting(model: Mapping[str, Any]) -> bool:
+    """Whether a scale-to-zero model is on its way up (pure: a model's body in).
+
+    It was asked for replicas (KEDA's wake-up, or a new model's first start), none is Ready yet,
+    and nothing says the start cannot finish: not deleted, not Progressing
+    ``InsufficientCapacity`` (no card for its replica: KEDA takes it back to zero and the next
+    held request is told so), not Degraded (a failed compile, engine or rollout).
+    """
+    if (model.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    if int((model.get("spec") or {}).get("replicas", 1)) < 1:
+        return False
+    status = model.get("status") or {}
+    if int(status.get("readyReplicas") or 0) > 0:
+        return False
+    conds = status.get("conditions")
+    progressing = C.find(conds, C.PROGRESSING)
+    if progressing is not None and progressing.get("reason") == C.INSUFFICIENT_CAPACITY:
+        return False
+    degraded = C.find(conds, C.DEGRADED)
+    return not (degraded is not None and degraded.get("status") == C.TRUE)
+
+
 def make_app(lookup: ModelLookup) -> web.Application:
     """Every method and path answers (the held request is forwarded as it came)."""
 
@@ -69,11 +99,23 @@ def make_app(lookup: ModelLookup) -> web.Application:
         model = lookup(namespace, name) if name and namespace else None
         return answer(namespace, name, model)
 
+    async def is_starting(request: web.Request) -> web.Response:
+        if NAME_HEADER in request.headers:  # a held request forwarded here, whatever its path
+            return await handle(request)
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        model = lookup(namespace, name)
+        if model is None:  # KEDA's trigger errs: it neither wakes nor idles the model on it
+            return web.json_response(
+                {"error": f"model {namespace}/{name} is not known to the operator"}, status=404
+            )
+        return web.json_response({names.STARTING_FIELD: int(starting(model))})
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
+    app.router.add_get(names.STARTING_PATH + "/{namespace}/{name}", is_starting)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 

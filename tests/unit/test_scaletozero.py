@@ -411,6 +411,28 @@ def test_without_prometheus_the_scaled_object_has_the_http_trigger_alone() -> No
     assert_valid(so, SO_CRD)
 
 
+def test_a_woken_model_stays_active_while_the_operator_says_it_is_starting() -> None:
+    """The request rate counts a held request once: without the operator's answer, KEDA's
+    cooldown ends a wake-up whose load outlasts the rate window plus idleSeconds."""
+    spec = s2z_spec(maxReplicas=1)
+    for key in ("targetQueueLength", "targetKvCacheUsage", "targetRunningRequests"):
+        spec["autoscaling"].pop(key, None)
+    url = "http://op-coldstart.spyre-system.svc.cluster.local:8082" + names.starting_path(
+        "team-a", "granite")
+    so = build_scaled_object(plan(spec), scaler_address=SCALER, prometheus_address="",
+                             starting_url=url).to_dict()
+    push, starting = so["spec"]["triggers"]
+    assert push["type"] == "external-push"
+    assert starting == {"type": "metrics-api", "name": "model-starting",
+                        "metricType": "AverageValue", "metadata": {
+                            "url": url, "format": "json", "valueLocation": "starting",
+                            "targetValue": number(HTTP_RATE_TARGET),
+                            "activationTargetValue": "0"}}  # fmt: skip
+    # activation only: its value (0 or 1) never asks for a second replica
+    assert float(starting["metadata"]["targetValue"]) >= HTTP_RATE_TARGET
+    assert_valid(so, SO_CRD)
+
+
 def test_builders_refuse_a_model_that_does_not_scale_to_zero() -> None:
     p = plan(s2z_spec(minReplicas=1))
     with pytest.raises(AssertionError):

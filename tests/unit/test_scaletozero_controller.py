@@ -10,8 +10,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from spyre_operator import conditions as C
 from spyre_operator.cli import main as cli_main
-from spyre_operator.coldstart import NAME_HEADER, NAMESPACE_HEADER, make_app
+from spyre_operator.coldstart import NAME_HEADER, NAMESPACE_HEADER, make_app, starting
 from spyre_operator.controller import Caches, Controller
+from spyre_operator.desired import names
 from spyre_operator.reconcile import API_NOT_SERVED, API_SERVED
 
 from .test_scaletozero_reconcile import CONFIG, INTERCEPTOR_SLICE, s2z
@@ -112,11 +113,12 @@ def test_flags_make_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _ask(models: dict[tuple[str, str], dict[str, Any]], headers: dict[str, str],
-         method: str = "POST") -> tuple[int, dict[str, str], dict[str, Any]]:
+         method: str = "POST", path: str = "/v1/chat/completions",
+         ) -> tuple[int, dict[str, str], dict[str, Any]]:
     async def run() -> tuple[int, dict[str, str], dict[str, Any]]:
         app = make_app(lambda ns, name: models.get((ns, name)))
         async with TestClient(TestServer(app)) as client:
-            r = await client.request(method, "/v1/chat/completions", headers=headers,
+            r = await client.request(method, path, headers=headers,
                                      data=json.dumps({"model": "granite", "messages": []}))
             return r.status, dict(r.headers), json.loads(await r.text())
     return asyncio.run(run())
@@ -149,3 +151,38 @@ def test_responder_without_headers_or_model() -> None:
     assert status == 503 and payload["error"]["type"] == "model_starting"
     status, _, payload = _ask({}, HEADERS)
     assert status == 503 and payload["error"]["type"] == "model_not_found"
+
+
+def _starting_model(replicas: int = 1, ready: int = 0, **conds: tuple[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "granite"}, "spec": {"replicas": replicas},
+            "status": {"readyReplicas": ready, "conditions": [
+                {"type": t, "status": st, "reason": r} for t, (st, r) in conds.items()]}}
+
+
+@pytest.mark.parametrize(("m", "expected"), [
+    (_starting_model(), True),  # woken (or new): no replica Ready yet
+    (_starting_model(ready=1), False),  # up: KEDA's cooldown may begin
+    (_starting_model(replicas=0), False),  # at zero
+    (_starting_model(Progressing=("True", C.INSUFFICIENT_CAPACITY)), False),  # no card
+    (_starting_model(Degraded=("True", C.ENGINE_FAILED)), False),  # a start that failed
+    (_starting_model(Degraded=("False", C.AS_EXPECTED),
+                     Progressing=("True", C.ROLLING_OUT)), True),
+    ({**_starting_model(), "metadata": {"deletionTimestamp": "2026-11-29T00:00:00Z"}}, False),
+    ({"spec": {}}, True),  # replicas defaults to 1, no status yet
+])
+def test_starting_is_a_wake_up_that_nothing_stopped(m: dict[str, Any], expected: bool) -> None:
+    assert starting(m) is expected
+
+
+def test_keda_reads_whether_a_model_is_starting_from_the_responder() -> None:
+    path = names.starting_path("ns", "granite")
+    status, _, payload = _ask({("ns", "granite"): _starting_model()}, {}, "GET", path)
+    assert (status, payload) == (200, {"starting": 1})
+    status, _, payload = _ask({("ns", "granite"): _starting_model(ready=1)}, {}, "GET", path)
+    assert (status, payload) == (200, {"starting": 0})
+    # unknown: an error, so KEDA's trigger neither wakes nor idles the model on it
+    status, _, payload = _ask({}, {}, "GET", path)
+    assert status == 404 and "not known" in payload["error"]
+    # a held request forwarded with that path is still a held request
+    status, _, payload = _ask({("ns", "granite"): _starting_model()}, HEADERS, "GET", path)
+    assert status == 503 and payload["error"]["type"] == "model_starting"

@@ -103,7 +103,14 @@ def test_served_apis_write_keda_objects_and_point_the_service_at_the_interceptor
     httpso = by_kind(d, "HTTPScaledObject", "granite")
     assert httpso["spec"]["coldStartTimeoutFailoverRef"]["service"] == "granite-coldstart"
     so = by_kind(d, "ScaledObject", "granite")
-    assert so["spec"]["triggers"][1]["metadata"]["serverAddress"] == CONFIG.prometheus_address
+    push, starting, *prom = so["spec"]["triggers"]
+    assert push["type"] == "external-push"
+    # KEDA asks the responder, through its Service, whether the woken model is still starting
+    assert starting["type"] == "metrics-api"
+    assert starting["metadata"]["url"] == (
+        "http://spyre-model-operator-coldstart.spyre-system.svc.cluster.local:8082"
+        "/scaletozero/v1/starting/ns/granite")
+    assert prom[0]["metadata"]["serverAddress"] == CONFIG.prometheus_address
     c = cond(d, C.AUTOSCALING)
     assert (c["status"], c["reason"]) == ("Unknown", C.AUTOSCALER_PENDING)
 

@@ -171,11 +171,15 @@ def decide_scale_to_zero(plan: ModelPlan, obs: Observed, old_conditions: Any) ->
     )
     if port is None:  # the mirror exists and the interceptor has gone: keep its port
         port = int(((obs.mirror_slice or {}).get("ports") or [{}])[0].get("port") or 0)
-    failover_service, failover_port = None, None
+    failover_service, failover_port, starting_url = None, None, ""
     if cfg.coldstart_service and cfg.coldstart_port:
         failover_service = names.coldstart_service_name(plan.name)
         failover_port = cfg.coldstart_port
         target = f"{cfg.coldstart_service}.{cfg.coldstart_namespace}.svc.cluster.local"
+        starting_url = (
+            f"http://{target}:{cfg.coldstart_port}"
+            f"{names.starting_path(plan.namespace, plan.name)}"
+        )
         out.apply.append(build_coldstart_service(plan, target, cfg.coldstart_port))
     elif obs.coldstart_service is not None:
         out.delete.append((Service, names.coldstart_service_name(plan.name)))
@@ -188,7 +192,10 @@ def decide_scale_to_zero(plan: ModelPlan, obs: Observed, old_conditions: Any) ->
             no_capacity=_unschedulable(obs.server_pods) is not None,
         ),
         build_scaled_object(
-            plan, scaler_address=cfg.scaler_address, prometheus_address=cfg.prometheus_address
+            plan,
+            scaler_address=cfg.scaler_address,
+            prometheus_address=cfg.prometheus_address,
+            starting_url=starting_url,
         ),
         build_mirror_slice(plan, endpoints, port, address_type),
     ]

@@ -145,6 +145,19 @@ def coldstart_service_name(model: str) -> str:
     return _suffixed(model, COLDSTART_SUFFIX)
 
 
+#: Where the cold-start responder answers KEDA's ``metrics-api`` trigger whether a model is
+#: starting (``<path>/<namespace>/<name>``, JSON ``{"starting": 0 | 1}``): a woken model stays
+#: active until a replica is Ready, however long its load takes.
+STARTING_PATH = "/scaletozero/v1/starting"
+#: The JSON field of that answer (the trigger's ``valueLocation``).
+STARTING_FIELD = "starting"
+
+
+def starting_path(namespace: str, model: str) -> str:
+    """The responder's path that says whether ``namespace/model`` is starting."""
+    return f"{STARTING_PATH}/{namespace}/{model}"
+
+
 def mirror_slice_name(model: str) -> str:
     """The EndpointSlice that gives a scale-to-zero model's Service the interceptor's endpoints."""
     return server_name(model) + "-interceptor"

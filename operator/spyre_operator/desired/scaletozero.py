@@ -86,6 +86,9 @@ HTTP_RATE_TARGET = 1_000_000
 IN_FLIGHT_TRIGGER = "requests-in-flight"
 IN_FLIGHT_SERIES = "vllm:num_requests_running"
 
+#: The trigger that keeps a model active while it starts (:func:`starting_trigger`).
+STARTING_TRIGGER = "model-starting"
+
 #: The ScaledObject's external-push trigger type and its metadata keys (what the add-on's own
 #: operator writes, H/pkg/k8s/scaledobject.go).
 EXTERNAL_PUSH = "external-push"
@@ -389,11 +392,38 @@ def prometheus_triggers(plan: ModelPlan, server_address: str) -> list[dict[str, 
     return triggers
 
 
-def build_scaled_object(plan: ModelPlan, *, scaler_address: str, prometheus_address: str) -> Any:
+def starting_trigger(starting_url: str) -> dict[str, Any]:
+    """KEDA's ``metrics-api`` trigger on the operator's "is it starting" answer: activation
+    only (its target, like the HTTP trigger's, never asks for a second replica).
+
+    The add-on counts a held request once, when it arrives (the request rate), so KEDA alone
+    keeps a woken model up for the rate window plus ``idleSeconds``; a load that takes longer
+    (minutes, on a card) was scaled back to zero under its held requests. With this trigger the
+    cooldown starts once a replica is Ready. KEDA polls it every ``pollingInterval`` (30 s).
+    """
+    return {
+        "type": "metrics-api",
+        "name": STARTING_TRIGGER,
+        "metricType": "AverageValue",
+        "metadata": {
+            "url": starting_url,
+            "format": "json",
+            "valueLocation": names.STARTING_FIELD,
+            "targetValue": number(HTTP_RATE_TARGET),
+            "activationTargetValue": "0",
+        },
+    }
+
+
+def build_scaled_object(
+    plan: ModelPlan, *, scaler_address: str, prometheus_address: str, starting_url: str = ""
+) -> Any:
     """KEDA's ScaledObject on the SpyreModel's ``/scale``: 0 <-> 1 on requests, 1..N on load.
 
     ``scaler_address``: the add-on's external scaler (``<service>.<namespace>:<grpc port>``);
-    ``prometheus_address``: the Prometheus that scrapes the engine pods (``http://host:port``).
+    ``prometheus_address``: the Prometheus that scrapes the engine pods (``http://host:port``);
+    ``starting_url``: the operator's answer whether the model is starting (empty: none, and a
+    wake-up must finish within the rate window plus ``idleSeconds``).
     KEDA owns the HPA it creates (``keda-hpa-<name>``); the operator's own HPA must not exist
     for this model (KEDA's webhook refuses a target another HPA manages).
     """
@@ -422,6 +452,7 @@ def build_scaled_object(plan: ModelPlan, *, scaler_address: str, prometheus_addr
                     "name": "http-requests",
                     "metadata": {"scalerAddress": scaler_address, "httpScaledObject": name},
                 },
+                *([starting_trigger(starting_url)] if starting_url else []),
                 *(prometheus_triggers(plan, prometheus_address) if prometheus_address else []),
             ],
         },
