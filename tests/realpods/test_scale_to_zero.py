@@ -112,26 +112,26 @@ def _at_zero(env: RealEnv, timeout: float = IDLE + 240) -> dict[str, Any]:
     return m  # type: ignore[no-any-return]
 
 
+def _events(env: RealEnv) -> list[tuple[datetime, dict[str, Any]]]:
+    """The events of the model and of its ScaledObject (named like it), oldest first."""
+    out = []
+    for e in env.kube.items("events"):
+        stamp = e.get("lastTimestamp") or e.get("eventTime")
+        if stamp and e["involvedObject"].get("name") in (MODEL, names.server_name(MODEL)):
+            out.append((datetime.fromisoformat(stamp.replace("Z", "+00:00")), e))
+    return sorted(out, key=lambda x: x[0])
+
+
 def _scale_events(env: RealEnv) -> list[str]:
     """What KEDA and the operator said about the model's scale (for a failure's message)."""
-    events = env.kube.items("events")
-    return [f"{e.get('lastTimestamp') or e.get('eventTime')} {e['involvedObject']['kind']}/"
-            f"{e['involvedObject']['name']} {e.get('reason')}: {e.get('message')}"
-            for e in sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime")
-                            or "")
-            if e["involvedObject"].get("name") in (MODEL, names.server_name(MODEL))]
+    return [f"{t.isoformat()} {e['involvedObject']['kind']}/{e['involvedObject']['name']} "
+            f"{e.get('reason')}: {e.get('message')}" for t, e in _events(env)]
 
 
 def _model_reasons_since(env: RealEnv, since: datetime) -> set[str]:
     """The reasons of the model's own Events (its condition changes) seen since ``since``."""
-    out = set()
-    for e in env.kube.items("events"):
-        stamp = e.get("lastTimestamp") or e.get("eventTime")
-        if (e["involvedObject"].get("kind") == "SpyreModel"
-                and e["involvedObject"].get("name") == MODEL and stamp
-                and datetime.fromisoformat(stamp.replace("Z", "+00:00")) >= since):
-            out.add(str(e.get("reason")))
-    return out
+    return {str(e.get("reason")) for t, e in _events(env)
+            if e["involvedObject"].get("kind") == "SpyreModel" and t >= since}
 
 
 def _set_limits(env: RealEnv, limits: dict[str, str] | None) -> None:
