@@ -118,8 +118,8 @@ test: deps ## Everything: unit, golden, engine, integration (real control plane)
 	operator/scripts/demo.sh down --quiet
 	# The session fixture starts the control plane (or reuses one from `make cluster-up`)
 	# and stops it at the end if it started it.
-	# Two pytest sessions side by side: the cluster tests and the local ones (tests/streams.py;
-	# with PYTEST_ARGS, one session with them).
+	# Three pytest sessions side by side: the real-node tests, the kwok-only ones (on a control
+	# plane of their own) and the local ones (tests/streams.py; with PYTEST_ARGS, one session).
 	$(PY) tests/streams.py $(PYTEST_ARGS)
 
 test-unit: install ## Only the tests that need neither the cluster nor vLLM

@@ -19,3 +19,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Here, not in pyproject.toml: that file is an input of both images' hashes.
+    config.addinivalue_line(
+        "markers", "node: in a module that needs the real node (set at collection by "
+        "tests/integration/conftest.py): make test's cluster session, not its kwok one")

@@ -1,16 +1,24 @@
-"""``make test``: the cluster tests and the local tests as two pytest sessions side by side.
+"""``make test``: the cluster tests and the local tests as three pytest sessions side by side.
 
 The tests that need the local cluster (marker ``integration``: kwok, the real node, the
 contract tests) spend most of their time waiting on the API server, the operator and pods;
-the local ones (unit, golden, the real engine on CPU) need no cluster. One session ran them
-one after the other and left a core idle for most of the hour; here the local session runs
-beside the cluster session, at a lower CPU priority (``nice``) so the control plane, the
-operators under test and the real node keep theirs.
+the local ones (unit, golden, the image tests, the real engine on CPU) need no cluster. One
+session ran them one after the other and left a core idle for most of the hour; here the local
+session runs beside the cluster tests, at a lower CPU priority (``nice``, a low-weight cgroup)
+so the control plane, the operators under test and the real node keep theirs.
 
-The cluster session's output is passed on as it comes; the local session's is kept in a file
-and printed whole after it, so neither report is interleaved with the other; the cluster
-session's FAILED/ERROR lines are repeated at the very end (where CI's excerpt of the output
-is). The exit status is the cluster session's when it is not 0, else the local session's.
+The cluster tests are two sessions, each on a control plane of its own: the modules that need
+the real node (marker ``node``, set at collection: tests/integration/conftest.py; the contract
+and real-pod tests, the node's, DNS, KEDA and release modules), the run's critical path, on the
+repository's ``.cluster/``; the kwok-only modules beside them, on one under a temporary
+directory (``$SPYRE_CLUSTER_ROOT``, tests/cluster/fixtures.py), where the all-namespaces
+operators those tests start never see a real-node module's models. One after the other, the
+kwok modules' ~15 minutes were on the critical path.
+
+The real-node session's output is passed on as it comes; the kwok and local sessions' are kept
+in files and printed whole after it, so no report is interleaved with another; the cluster
+sessions' FAILED/ERROR lines are repeated at the very end (where CI's excerpt of the output
+is). The exit status is the first that is not 0 of the real-node, kwok and local sessions'.
 
 Beside them, on CPU nothing else wants (an idle cgroup: nice alone did not keep it there,
 tests/cluster/background.py) and at the lowest I/O priority, what only the cluster session's
@@ -30,7 +38,7 @@ lines then say how far it got (each step's end, with its time of day) and where 
 
 With arguments (``make test PYTEST_ARGS=...``) it is one ordinary pytest session with them.
 
-Ctrl-C and ``.ci/run``'s budget signal the whole process group: both sessions get SIGINT,
+Ctrl-C and ``.ci/run``'s budget signal the whole process group: every session gets SIGINT,
 stop their running test and report; this process waits for them and then prints. Each
 session names its running test in ``$SPYRE_CURRENT_TEST_FILE.<session>``, emptied when it
 ends uninterrupted (``.ci/run`` prints those still running when the run hits its budget).
@@ -55,13 +63,16 @@ if not __package__:  # run as a script (make test): the repository's root on the
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.cluster import background  # noqa: E402
 
-#: The cluster session: kwok integration first (it overlaps the local session best), then the
-#: contract and real-node tests, which load the CPU themselves. Every ``integration`` test
-#: lives in these folders (tests/unit/test_streams.py checks it): the local session leaves
-#: them out by marker, so one elsewhere would run in neither.
+#: The cluster sessions: the real-node modules ("cluster", the critical path) and the kwok-only
+#: ones ("kwok", on a control plane of their own). Every ``integration`` test lives in these
+#: folders (tests/unit/test_streams.py checks it): the local session leaves them out by
+#: marker, so one elsewhere would run in neither.
 CLUSTER_DIRS = ["tests/integration", "tests/contract", "tests/realpods"]
-CLUSTER = ["-m", "integration", "--durations=30", *CLUSTER_DIRS]
+CLUSTER = ["-m", "integration and node", "--durations=30", *CLUSTER_DIRS]
+KWOK = ["-m", "integration and not node", "--durations=15", *CLUSTER_DIRS]
 LOCAL = ["-m", "not integration", "--durations=15", "tests"]
+#: Where the kwok session's control plane lives (tests/cluster/fixtures.py).
+KWOK_ROOT_ENV = "SPYRE_CLUSTER_ROOT"
 #: Niceness of the local session (the real engine on CPU is its heavy part). With autogroups,
 #: nice weighs only against the processes of its own session (the cluster session's pytest and
 #: the operators it starts), not against the real node's (its own cgroup, tests/cluster/node.py)
@@ -94,10 +105,10 @@ BUILT = "background build (prometheus-adapter, KEDA, other architectures' operat
 
 
 #: Each session's per-test timings (JUnit XML), kept outside the checkout for the next look at
-#: a slow run (CI runs where the caches are): the newest RUNS_KEPT files.
+#: a slow run (CI runs where the caches are): the newest RUNS_KEPT files (three runs).
 RUNS_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
     "spyre-model-operator" / "runs"
-RUNS_KEPT = 8
+RUNS_KEPT = 9
 #: /proc/stat's cpu line, in its order (the run's last lines share them out)
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -173,7 +184,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, _ignore)
     signal.signal(signal.SIGTERM, _ignore)
     log_dir = Path(tempfile.mkdtemp(prefix="spyre-make-test-"))
-    local_log = log_dir / "local.log"
+    kwok_root = Path(tempfile.mkdtemp(prefix="spyre-kwok-cluster-"))
+    logs = {"kwok": log_dir / "kwok.log", "local": log_dir / "local.log"}
     start = time.monotonic()
     machine_before = _cpu_times(), _cpu_pressure_us()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -182,11 +194,15 @@ def main(argv: list[str]) -> int:
         os.environ[background.ENV] = str(group)
     build = _background_build(log_dir / "build.log", group)
     local_group = background.cgroup(name="local", shares=LOCAL_SHARES)
-    with open(local_log, "wb") as out:
+    with open(logs["local"], "wb") as out:
         niced = ["nice", "-n", str(LOCAL_NICENESS), *_pytest([*LOCAL, *_junit("local", stamp)])]
         local = subprocess.Popen(background.wrap(niced, local_group), stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=_env("local"))
+    with open(logs["kwok"], "wb") as out:
+        kwok = subprocess.Popen(_pytest([*KWOK, *_junit("kwok", stamp)]), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**_env("kwok"), KWOK_ROOT_ENV: str(kwok_root)})
     cluster = subprocess.Popen(_pytest([*CLUSTER, *_junit("cluster", stamp)]),
                                env=_env("cluster"), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -195,7 +211,7 @@ def main(argv: list[str]) -> int:
     relay.start()
     took: dict[str, float] = {}
     codes: dict[str, int] = {}
-    pending = {"cluster": cluster, "local": local}
+    pending = {"cluster": cluster, "kwok": kwok, "local": local}
     while pending:
         for name, proc in list(pending.items()):
             code = proc.poll()
@@ -207,24 +223,44 @@ def main(argv: list[str]) -> int:
     machine = _machine(machine_before, (_cpu_times(), _cpu_pressure_us()),
                        time.monotonic() - start)
     background.stop(local_group)  # what a local test left running (an engine) goes with it
+    _stop_cluster(kwok_root)
     built = _stop(build, group, log_dir / "build.log", start)
     sys.stdout.flush()
-    print(f"\n{'=' * 30} local tests (unit, golden, engine; their session's output) "
-          f"{'=' * 30}", flush=True)
-    sys.stdout.buffer.write(local_log.read_bytes())
+    failures = list(cluster_failures)
+    for name, title in (("kwok", "kwok tests (the control plane without the real node"),
+                        ("local", "local tests (unit, golden, images, engine")):
+        report = logs[name].read_bytes()
+        print(f"\n{'=' * 30} {title}; their session's output) {'=' * 30}", flush=True)
+        sys.stdout.buffer.write(report)
+        if name == "kwok":
+            failures += [line + b"\n" for line in report.splitlines()
+                         if line.startswith((b"FAILED ", b"ERROR "))]
     shutil.rmtree(log_dir, ignore_errors=True)
     print("\nmake test: " + ", ".join(
         f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
-        for name in ("cluster", "local")), flush=True)
+        for name in ("cluster", "kwok", "local")), flush=True)
     if machine:
         print(machine, flush=True)
     if built:
         print(built, flush=True)
-    if cluster_failures:  # the end of the output is the local report: repeat the cluster's
-        print("cluster session's failures (its report is above the local one):", flush=True)
-        sys.stdout.buffer.write(b"".join(cluster_failures))
+    if failures:  # the end of the output is the local report: repeat the cluster sessions'
+        print("cluster sessions' failures (their reports are above the local one):", flush=True)
+        sys.stdout.buffer.write(b"".join(failures))
         sys.stdout.flush()
-    return codes["cluster"] or codes["local"]
+    return codes["cluster"] or codes["kwok"] or codes["local"]
+
+
+def _stop_cluster(root: Path) -> None:
+    """The kwok session's control plane gone, with its directory. The session stops the one it
+    started at its end; this is for a session cut short before it could (killed at CI's
+    budget)."""
+    from tests.cluster.controlplane import ControlPlane
+
+    cp = ControlPlane(root)
+    if cp.state_file.exists():
+        with contextlib.suppress(Exception):
+            cp.down()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _background_build(log: Path, group: Path | None) -> subprocess.Popen[bytes] | None:

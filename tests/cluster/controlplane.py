@@ -4,7 +4,8 @@
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (fake Spyre nodes
 and pod lifecycles) are started from the pinned binaries that ``tests/cluster/build.sh``
 builds into a cache outside the repository. State, certificates and logs live in
-``.cluster/`` at the repository root:
+``.cluster/`` at the repository root (or under ``$SPYRE_CLUSTER_ROOT`` for the test session's
+fixture: ``make test`` runs its kwok tests on a control plane of their own, tests/streams.py):
 
     .cluster/kubeconfig        admin kubeconfig (token of user "admin", group system:masters)
     .cluster/bin/{kubectl,helm}
@@ -52,7 +53,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +183,23 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+#: Held while a control plane starts (any root): its ports are picked free and then bound by
+#: its components seconds later, and two clusters starting at once (``make test``'s cluster
+#: sessions each run one) could pick the same port in between.
+START_LOCK = Path(os.environ.get("TMPDIR") or "/tmp") / "spyre-controlplane-start.lock"
+
+
+@contextlib.contextmanager
+def _starting_alone() -> Iterator[None]:
+    """One control plane starting at a time on this machine (``START_LOCK``)."""
+    with open(START_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class NotYet(Exception):  # noqa: N818 - it names the state, as the predicates raise it
@@ -445,7 +463,7 @@ class ControlPlane:
     def up(self, timeout: float = UP_TIMEOUT) -> Path:
         """Start the cluster, or reuse a healthy running one. Returns the kubeconfig path."""
         self.check_binaries()
-        with self._lock():
+        with self._lock(), _starting_alone():
             return self._up(timeout)
 
     def _up(self, timeout: float) -> Path:

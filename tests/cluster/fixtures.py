@@ -5,7 +5,8 @@ Register it from ``tests/conftest.py`` with ``pytest_plugins = ["tests.cluster.f
 Fixtures
 --------
 ``control_plane`` (session)
-    A running :class:`~tests.cluster.controlplane.ControlPlane`. A healthy cluster that is
+    A running :class:`~tests.cluster.controlplane.ControlPlane` (the repository's ``.cluster/``,
+    or ``$SPYRE_CLUSTER_ROOT/.cluster/`` when that is set). A healthy cluster that is
     already running (``make cluster-up``) is reused and left running; one this session
     started is stopped at the end unless ``SPYRE_KEEP_CLUSTER=1``. Missing binaries fail
     the test with a message naming ``make binaries``; nothing is skipped.
@@ -39,9 +40,15 @@ from tests.cluster.node import NodeError, RealNode
 PSA_LEVEL = "restricted"
 
 
+#: The directory whose ``.cluster/`` holds the session's control plane, when not the
+#: repository's: ``make test`` gives its kwok session a control plane of its own there
+#: (tests/streams.py), beside the one the real-node session uses.
+ROOT_ENV = "SPYRE_CLUSTER_ROOT"
+
+
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    cp = ControlPlane()
+    cp = ControlPlane(os.environ.get(ROOT_ENV) or None)
     try:
         cp.check_binaries()
     except BinariesMissing as e:

@@ -1,5 +1,5 @@
-"""``make test``'s two pytest sessions (tests/streams.py): every test runs in one of them, both
-reports reach the output, the exit status says a failure in either, Ctrl-C stops both."""
+"""``make test``'s three pytest sessions (tests/streams.py): every test runs in one of them, every
+report reaches the output, the exit status says a failure in any, Ctrl-C stops them all."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import streams
-from tests.cluster import background
+from tests.cluster import background, fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +27,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if any(f"/{d}/" in str(item.fspath) for d in ("integration", "contract", "realpods")):
             item.add_marker(pytest.mark.integration)
+        if any(f"/{d}/" in str(item.fspath) for d in ("contract", "realpods")):
+            item.add_marker(pytest.mark.node)  # the real tree: modules using the real node
 '''
 
 
@@ -41,6 +43,19 @@ def test_every_integration_test_is_in_the_cluster_session() -> None:
     assert ids, r.stdout
     outside = [i for i in ids if not i.startswith(tuple(d + "/" for d in streams.CLUSTER_DIRS))]
     assert outside == []
+
+
+def test_the_image_tests_run_in_the_local_session() -> None:
+    """They need no cluster (buildah and the images' root filesystems): off the cluster
+    session, the run's critical path. Collected by the local session's own selection."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         "-m", streams.LOCAL[streams.LOCAL.index("-m") + 1], "tests/integration"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    modules = {line.split("::")[0] for line in r.stdout.splitlines() if "::" in line}
+    assert modules == {"tests/integration/test_images.py",
+                       "tests/integration/test_layer_image.py"}, sorted(modules)
 
 
 def test_the_modules_needing_the_background_build_run_last_in_the_cluster_session() -> None:
@@ -78,10 +93,13 @@ def test_keda_is_built_before_the_other_architectures_and_not_in_the_set_up() ->
     assert metrics and all("--prometheus-only" in line for line in metrics), metrics
 
 
-def _tree(tmp_path: Path, cluster_test: str, local_test: str) -> None:
+def _tree(tmp_path: Path, kwok_test: str, local_test: str,
+          node_test: str = "def test_c():\n    pass\n") -> None:
+    """A toy tests/: integration's test runs in the kwok session, contract's and realpods' in
+    the real-node ("cluster") one, unit's in the local one."""
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "conftest.py").write_text(CONFTEST)
-    for folder, body in (("integration", cluster_test), ("contract", "def test_c():\n    pass\n"),
+    for folder, body in (("integration", kwok_test), ("contract", node_test),
                          ("realpods", "def test_r():\n    pass\n"), ("unit", local_test)):
         (tmp_path / "tests" / folder).mkdir()
         (tmp_path / "tests" / folder / f"test_{folder}.py").write_text(body)
@@ -96,6 +114,13 @@ def _run(tmp_path: Path, build: str = "", **kw: object) -> subprocess.Popen[str]
                             env=env, **kw)
 
 
+def _reports(out: str) -> tuple[str, str, str]:
+    """The real-node session's output (streamed), the kwok session's and the local one's."""
+    cluster, _, rest = out.partition("kwok tests (the control plane without the real node;")
+    kwok, _, local = rest.partition("local tests (unit, golden, images, engine;")
+    return cluster, kwok, local
+
+
 def _running(tmp_path: Path, session: str) -> str:
     try:
         return (tmp_path / f"current.{session}").read_text()
@@ -103,45 +128,50 @@ def _running(tmp_path: Path, session: str) -> str:
         return ""
 
 
-def test_both_sessions_report_and_a_failure_in_either_fails_the_run(tmp_path: Path) -> None:
+def test_every_session_reports_and_a_failure_in_any_fails_the_run(tmp_path: Path) -> None:
     _tree(tmp_path, "def test_i():\n    pass\n", "def test_u():\n    assert 1 == 2\n")
     proc = _run(tmp_path)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out
-    # the cluster session's tests (all three folders, none of the local ones) ...
-    cluster, _, local = out.partition("local tests (unit, golden, engine;")
-    assert "3 passed" in cluster and "test_unit" not in cluster, out
-    # ... then the local session's report, whole
+    cluster, kwok, local = _reports(out)
+    # the real-node session's tests (contract, realpods), streamed first ...
+    assert "2 passed" in cluster and "test_integration" not in cluster, out
+    assert "test_unit" not in cluster, out
+    # ... then the kwok session's report (integration's kwok-only modules), whole ...
+    assert "1 passed" in kwok and "test_integration.py" in kwok and "test_contract" not in kwok
+    # ... then the local session's
     assert "FAILED tests/unit/test_unit.py::test_u" in local and "1 failed" in local, out
-    assert "cluster session exit 0" in out and "local session exit 1" in out, out
+    assert ("cluster session exit 0" in out and "kwok session exit 0" in out
+            and "local session exit 1" in out), out
     # where the machine's CPU went (a slow CI run says why), and each session's timings kept
     tail = out.partition("make test: ")[2]
     assert "machine over the run" in tail and "steal" in tail, out
     runs = tmp_path / "cache" / "spyre-model-operator" / "runs"
     assert sorted(p.name.rsplit("-", 1)[1] for p in runs.glob("*.xml")) == [
-        "cluster.xml", "local.xml"], list(runs.iterdir())
+        "cluster.xml", "kwok.xml", "local.xml"], list(runs.iterdir())
 
 
-def test_ctrl_c_stops_both_sessions_and_prints_both_reports(tmp_path: Path) -> None:
+def test_ctrl_c_stops_every_session_and_prints_every_report(tmp_path: Path) -> None:
     hang = "import time\n\ndef test_hangs():\n    time.sleep(600)\n"
-    _tree(tmp_path, hang, hang)
+    _tree(tmp_path, hang, hang, hang)
     proc = _run(tmp_path, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not all("test_hangs" in _running(tmp_path, s) for s in ("cluster", "local")):
+    while not all("test_hangs" in _running(tmp_path, s) for s in ("cluster", "kwok", "local")):
         assert time.monotonic() < deadline and proc.poll() is None, "the sessions never started"
         time.sleep(0.5)
     time.sleep(1)  # from "started" to inside time.sleep
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C, or .ci/run at its budget
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, out  # pytest's "interrupted"
-    assert out.count("KeyboardInterrupt") >= 2, out
+    assert out.count("KeyboardInterrupt") >= 3, out
+    assert "tests/contract/test_contract.py:4" in out, out
     assert "tests/integration/test_integration.py:4" in out, out
     assert "tests/unit/test_unit.py:4" in out, out
 
 
 def test_ci_run_names_the_test_still_running_at_its_budget(tmp_path: Path) -> None:
     """``.ci/run`` at its budget names the running test of each session still running; the
-    local session, finished by then, names none."""
+    real-node and local sessions, finished by then, name none."""
     _tree(tmp_path, "import time\n\ndef test_hangs():\n    time.sleep(600)\n",
           "def test_quick():\n    pass\n")
     # .ci/run changes to the repository's root: the sessions run in the toy tree
@@ -158,17 +188,45 @@ def test_ci_run_names_the_test_still_running_at_its_budget(tmp_path: Path) -> No
     assert running.startswith("tests/integration/test_integration.py::test_hangs (started"), out
     assert set(streams.RUNS_DIR.glob("*.xml")) <= real_runs, "a toy run wrote the real timings"
     assert "test_quick" not in running, out
-    assert "local session exit 0" in out and "cluster session exit 2" in out, out
+    assert ("local session exit 0" in out and "cluster session exit 0" in out
+            and "kwok session exit 2" in out), out
 
 
 def test_the_cluster_sessions_failures_are_repeated_at_the_end(tmp_path: Path) -> None:
-    _tree(tmp_path, "def test_i():\n    assert 'cluster' == 'ok'\n", "def test_u():\n    pass\n")
+    _tree(tmp_path, "def test_i():\n    assert 'kwok' == 'ok'\n", "def test_u():\n    pass\n",
+          "def test_c():\n    assert 'node' == 'ok'\n")
     proc = _run(tmp_path)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out
     tail = out.partition("make test: ")[2]
-    assert "local session exit 0" in tail and "cluster session exit 1" in tail, out
+    assert ("local session exit 0" in tail and "cluster session exit 1" in tail
+            and "kwok session exit 1" in tail), out
+    assert "FAILED tests/contract/test_contract.py::test_c" in tail, out
     assert "FAILED tests/integration/test_integration.py::test_i" in tail, out
+
+
+def test_the_kwok_session_runs_on_a_control_plane_of_its_own_and_leaves_no_directory(
+        tmp_path: Path) -> None:
+    """The kwok session's control plane lives under a directory of its own (the control-plane
+    fixture's ``SPYRE_CLUSTER_ROOT``, tests/cluster/fixtures.py), the real-node session's under
+    the checkout; the directory goes with the run."""
+    seen = tmp_path / "kwok-root"
+    kwok = ("import os, pathlib\n"
+            "def test_i():\n"
+            "    root = os.environ['SPYRE_CLUSTER_ROOT']\n"
+            "    assert os.path.isdir(root)\n"
+            f"    pathlib.Path({str(seen)!r}).write_text(root)\n")
+    node = ("import os\n"
+            "def test_c():\n"
+            "    assert 'SPYRE_CLUSTER_ROOT' not in os.environ\n")
+    _tree(tmp_path, kwok, "def test_u():\n    pass\n", node)
+    proc = _run(tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    root = Path(seen.read_text())
+    assert not root.is_relative_to(tmp_path), root  # not the checkout's .cluster
+    assert not root.exists(), f"{root} was left behind"
+    assert streams.KWOK_ROOT_ENV == fixtures.ROOT_ENV
 
 
 def test_the_background_build_is_stopped_with_the_sessions_and_said(tmp_path: Path) -> None:
@@ -233,11 +291,11 @@ def test_the_background_build_runs_in_an_idle_cgroup_and_nothing_of_it_outlives_
     proc = _run(tmp_path, build=build)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
-    assert "3 passed" in out.partition("local tests")[0], out  # test_waits among them
+    assert "1 passed" in _reports(out)[1], out  # test_waits, in the kwok session
     cgroup = (tmp_path / "cg").read_text().strip().rsplit(":", 1)[1]
     assert Path(cgroup).name == f"spyre-background-{proc.pid}", cgroup
     pid = int(inner.read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
         f"/proc/{pid}/status").read_text(), "a step in a session of its own was left running"
-    assert "1 passed" in out.partition("local tests")[2], out  # in its cgroup
+    assert "1 passed" in _reports(out)[2], out  # in its cgroup
     assert not any(Path("/sys/fs/cgroup").glob(f"*/spyre-*-{proc.pid}")), "a cgroup was left"
