@@ -14,6 +14,9 @@ so any one runs alone with ``-k``.
 3. prefix caching on a real serving pod: the same long prompt twice to one pod, its
    ``vllm:prefix_cache_hits_total`` grows (read on the pod's own metrics port,
    serving.metricsPort; the serving port answers 404 on /metrics).
+
+Each test starts where the one before it left the model (the edit of test 1), so the module
+rolls the model once; run alone, a test compiles and rolls there first.
 """
 
 from __future__ import annotations
@@ -43,18 +46,24 @@ RATE = 3.0
 #: which are what the plugin reuses from its prefix cache (a ~110-token prompt, within one
 #: chunk, got no hit), with room for the output in maxModelLen 512 (prompts pad to chunks).
 LONG_PROMPT = " ".join(f"word{i % 50}" for i in range(80))
-PREFIX_MODEL = "disrupt-prefix"
-#: serving.metricsPort of PREFIX_MODEL
+#: serving.metricsPort of the module's model
 METRICS_PORT = 9400
 
 
 def _spec(env: RealEnv, **compile_: Any) -> dict[str, Any]:
     """The user's defaults: 2 replicas, the default rollout and drain (model_spec's test
-    settings, maxSurge 1 and a 10 s drain, taken out again)."""
-    spec = model_spec(env.image, replicas=2, compile=compile_)
+    settings, maxSurge 1 and a 10 s drain, taken out again); maxModelLen 512 (the prefix-cache
+    test's prompt needs more than two chunks) and the metrics on a port of their own."""
+    spec = model_spec(env.image, replicas=2, compile={"maxModelLen": 512, **compile_})
     spec["serving"].pop("rollout", None)
     spec["serving"].pop("shutdownGracePeriodSeconds", None)
+    spec["serving"]["metricsPort"] = METRICS_PORT
     return spec
+
+
+#: The edit of the default rollout. The later tests start where it leaves the model (run in
+#: order, no second rollout; run alone with ``-k``, they compile and roll there first).
+EDITED = {"maxNumSeqs": 3}
 
 
 def _live_pods(env: RealEnv) -> list[dict[str, Any]]:
@@ -125,7 +134,7 @@ def test_the_default_rollout_under_open_loop_traffic_loses_no_request(env: RealE
     try:
         time.sleep(5)
         t_edit = time.time()
-        support.apply_model(env.cp, env.ns, MODEL, _spec(env, maxNumSeqs=3))
+        support.apply_model(env.cp, env.ns, MODEL, _spec(env, **EDITED))
         new_key = support.wait_for(env.cp, env.ns, MODEL, "the edit observed",
                                    lambda: _observed_key(env, old_key), 120)
         support.wait_for(env.cp, env.ns, MODEL, "the default rollout to the new artifact",
@@ -151,7 +160,7 @@ def _drain(env: RealEnv, timeout: int) -> subprocess.CompletedProcess[str]:
 
 
 def test_kubectl_drain_is_held_by_the_pdb_and_loses_no_request(env: RealEnv) -> None:
-    _start_from(env, _spec(env), "drain")
+    _start_from(env, _spec(env, **EDITED), "drain")
     before = {p["metadata"]["name"] for p in _live_pods(env)}
     url = support.service_url(env.cp, env.ns, MODEL)
     env.client.wait_routed(url)
@@ -159,8 +168,9 @@ def test_kubectl_drain_is_held_by_the_pdb_and_loses_no_request(env: RealEnv) -> 
     try:
         time.sleep(5)
         # One replica goes at once; the other's eviction is refused by the PDB on every retry
-        # (kubectl retries every 5 s) until the timeout: 45 s shows it held, as 90 s did.
-        r = _drain(env, 45)
+        # (kubectl retries every 5 s) until the timeout: 20 s (four refusals) shows it held,
+        # as 45 s and 90 s did.
+        r = _drain(env, 20)
         out = r.stdout + r.stderr
         after = _live_pods(env)
         survivors = {p["metadata"]["name"] for p in after} & before
@@ -185,23 +195,16 @@ def test_kubectl_drain_is_held_by_the_pdb_and_loses_no_request(env: RealEnv) -> 
 
 def _pod_post(env: RealEnv, ip: str, path: str, body: Any = None,
               port: int | None = None) -> support.HttpResult:
-    port = port or env.kube.model(PREFIX_MODEL)["spec"].get("serving", {}).get("port", 8000)
+    port = port or env.kube.model(MODEL)["spec"].get("serving", {}).get("port", 8000)
     return support.http(env.cp, env.ns, f"http://{ip}:{port}{path}", body, timeout=120)
 
 
 def test_a_repeated_prompt_hits_the_prefix_cache_on_a_serving_pod(env: RealEnv) -> None:
-    """Its own model (one replica, maxModelLen 512): the prompt needs more than one chunk.
-    Its metrics have a port of their own (serving.metricsPort): read there; the serving port
-    answers 404 on /metrics."""
-    spec = model_spec(env.image, compile={"maxModelLen": 512, "maxNumSeqs": 4})
-    spec["serving"]["metricsPort"] = METRICS_PORT
-    support.apply_model(env.cp, env.ns, PREFIX_MODEL, spec)
-    support.wait_model_ready(env.cp, env.ns, PREFIX_MODEL, timeout=900)
-    pods = support.wait_for(
-        env.cp, env.ns, PREFIX_MODEL, "a Ready serving pod",
-        lambda: [p for p in support.server_pods(env.cp, env.ns, PREFIX_MODEL)
-                 if support.pod_ready(p) and not p["metadata"].get("deletionTimestamp")], 300)
-    ip = pods[0]["status"]["podIP"]
+    """On one of the module's serving pods (maxModelLen 512: the prompt needs more than one
+    chunk), where the drain test left them. Its metrics have a port of their own
+    (serving.metricsPort): read there; the serving port answers 404 on /metrics."""
+    _start_from(env, _spec(env, **EDITED), "prefix cache")
+    ip = _live_pods(env)[0]["status"]["podIP"]
     body = {"model": support.SERVED_NAME, "prompt": LONG_PROMPT, "max_tokens": 4,
             "temperature": 0}
 
