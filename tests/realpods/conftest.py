@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -13,11 +15,15 @@ from tests.integration.conftest import Kube
 from tests.realpods import support
 
 
-@pytest.fixture
-def kube(control_plane: ControlPlane, real_node: RealNode, namespace: str) -> Iterator[Kube]:
-    """The test's namespace, made to behave as OpenShift's restricted-v2 SCC (support.
+@pytest.fixture(scope="module")
+def kube(control_plane: ControlPlane, real_node: RealNode,
+         request: pytest.FixtureRequest) -> Iterator[Kube]:
+    """The module's namespace, made to behave as OpenShift's restricted-v2 SCC (support.
     ensure_namespace), with its own operator (the chart-installed one, watching only it, the
-    platform assigning its pods' uid), the real node up."""
+    platform assigning its pods' uid), the real node up. One per module (its tests name their
+    models apart): a chart install and a namespace per test cost ~20 s each."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", request.module.__name__.rsplit(".", 1)[-1].lower())
+    namespace = f"t-{slug.removeprefix('test-')[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
     support.ensure_namespace(control_plane, namespace,
                              labels={"spyre.dev/test-namespace": "true"})
     op = ChartOperator(control_plane, namespace)
@@ -26,3 +32,5 @@ def kube(control_plane: ControlPlane, real_node: RealNode, namespace: str) -> It
         yield Kube(control_plane, namespace)
     finally:
         op.close()
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false",
+                              "--ignore-not-found", check=False, timeout=30)
