@@ -71,6 +71,8 @@ CLUSTER_DIRS = ["tests/integration", "tests/contract", "tests/realpods"]
 CLUSTER = ["-m", "integration and node", "--durations=30", *CLUSTER_DIRS]
 KWOK = ["-m", "integration and not node", "--durations=15", *CLUSTER_DIRS]
 LOCAL = ["-m", "not integration", "--durations=15", "tests"]
+#: pytest's short-summary lines that the run's end repeats for the cluster sessions
+FAILURE_LINES = (b"FAILED ", b"ERROR ")
 #: Where the kwok session's control plane lives (tests/cluster/fixtures.py).
 KWOK_ROOT_ENV = "SPYRE_CLUSTER_ROOT"
 #: Niceness of the local session (the real engine on CPU is its heavy part). With autogroups,
@@ -234,7 +236,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.buffer.write(report)
         if name == "kwok":
             failures += [line + b"\n" for line in report.splitlines()
-                         if line.startswith((b"FAILED ", b"ERROR "))]
+                         if line.startswith(FAILURE_LINES)]
     shutil.rmtree(log_dir, ignore_errors=True)
     print("\nmake test: " + ", ".join(
         f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
@@ -317,7 +319,7 @@ def _relay(proc: subprocess.Popen[bytes], failures: list[bytes]) -> None:
     for line in proc.stdout:
         sys.stdout.buffer.write(line)
         sys.stdout.buffer.flush()
-        if line.startswith((b"FAILED ", b"ERROR ")):
+        if line.startswith(FAILURE_LINES):
             failures.append(line)
 
 

@@ -192,9 +192,9 @@ START_LOCK = Path(os.environ.get("TMPDIR") or "/tmp") / "spyre-controlplane-star
 
 
 @contextlib.contextmanager
-def _starting_alone() -> Iterator[None]:
-    """One control plane starting at a time on this machine (``START_LOCK``)."""
-    with open(START_LOCK, "a") as f:
+def _flocked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created) between processes, held inside the block."""
+    with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -450,20 +450,16 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ up / down
     @contextlib.contextmanager
-    def _lock(self):  # type: ignore[no-untyped-def]
+    def _lock(self) -> Iterator[None]:
         """Serialise up/down between processes (e.g. two pytest runs)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / "lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with _flocked(self.state_dir / "lock"):
+            yield
 
     def up(self, timeout: float = UP_TIMEOUT) -> Path:
         """Start the cluster, or reuse a healthy running one. Returns the kubeconfig path."""
         self.check_binaries()
-        with self._lock(), _starting_alone():
+        with self._lock(), _flocked(START_LOCK):  # one control plane starting at a time
             return self._up(timeout)
 
     def _up(self, timeout: float) -> Path:

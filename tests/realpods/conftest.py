@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.fixtures import _namespace_name
 from tests.cluster.node import RealNode
 from tests.contract.realpods import ChartOperator
 from tests.integration.conftest import Kube
@@ -22,8 +21,7 @@ def kube(control_plane: ControlPlane, real_node: RealNode,
     ensure_namespace), with its own operator (the chart-installed one, watching only it, the
     platform assigning its pods' uid), the real node up. One per module (its tests name their
     models apart): a chart install and a namespace per test cost ~20 s each."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", request.module.__name__.rsplit(".", 1)[-1].lower())
-    namespace = f"t-{slug.removeprefix('test-')[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
+    namespace = _namespace_name(request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_"))
     support.ensure_namespace(control_plane, namespace,
                              labels={"spyre.dev/test-namespace": "true"})
     op = ChartOperator(control_plane, namespace)
