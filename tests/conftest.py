@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.cluster.fixtures", "tests.cluster.watchdog"]
+pytest_plugins = ["tests.cluster.fixtures", "tests.cluster.watchdog", "tests.cluster.prebuilt"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,3 +26,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "node: in a module that needs the real node (set at collection by "
         "tests/integration/conftest.py): make test's cluster session, not its kwok one")
+    config.addinivalue_line(
+        "markers", "platforms: the release's operator image on every architecture (qemu "
+        "builds): make test-platforms, once per change of its inputs; skipped in make test")

@@ -24,13 +24,14 @@ Beside them, on CPU nothing else wants (an idle cgroup: nice alone did not keep 
 tests/cluster/background.py) and at the lowest I/O priority, what only the cluster session's
 later tests need is built: prometheus-adapter (``tests/cluster/metrics-deps.sh``, ~1.5 min cold; the
 real-node autoscaling module, well after the kwok modules), KEDA and its HTTP add-on
-(``tests/cluster/keda-deps.sh``, ~7 min on a cold machine; the scale-to-zero modules) and then
-the operator image for the release's other
-architectures (``tests/images/build.sh platforms``, ~15 min of qemu cold); nothing once cached.
+(``tests/cluster/keda-deps.sh``, ~7 min on a cold machine; the scale-to-zero modules); nothing
+once cached. The operator image for the release's other architectures (qemu) is not built
+here: ``make test`` publishes the host's only (``make test-platforms`` proves the others).
 The cluster session leaves a core idle for much of its run, and tests/integration/conftest.py
 orders the modules that need these last (KEDA's, then those publishing a release); they wait
-for the build (each script holds a lock; while they wait, the build runs at a normal weight)
-or build what is missing themselves. Keeping KEDA out
+for the build (each script holds a lock; while they wait, the build runs at a normal weight,
+before the test's own timeout starts: tests/cluster/prebuilt.py) or build what is missing
+themselves. Keeping KEDA out
 of ``make deps`` takes its ~7 minutes off a cold run's set-up, where the Go builds hold both
 cores. The build is stopped if it is still running when the sessions end; the run's last
 lines then say how far it got (each step's end, with its time of day) and where it ran.
@@ -86,8 +87,8 @@ KWOK_ROOT_ENV = "SPYRE_CLUSTER_ROOT"
 #: failure bounds with room for that.
 LOCAL_NICENESS = 10
 LOCAL_SHARES = 512
-#: The background build, on CPU nobody else wants: KEDA, then the operator for the other
-#: architectures (in the order the cluster session's last modules need them).
+#: The background build, on CPU nobody else wants: prometheus-adapter, then KEDA (in the order
+#: the cluster session's modules need them).
 _TESTS = Path(__file__).resolve().parent
 #: Its steps, in that order: (name, command, its variable). Each step's end is logged with the
 #: time of day: a build stopped at the end shows in the run's last lines how far it got and when
@@ -95,7 +96,6 @@ _TESTS = Path(__file__).resolve().parent
 _STEPS = (
     ("prometheus-adapter", shlex.quote(str(_TESTS / "cluster/metrics-deps.sh")), "a"),
     ("KEDA", shlex.quote(str(_TESTS / "cluster/keda-deps.sh")), "keda"),
-    ("other architectures", f"{shlex.quote(str(_TESTS / 'images/build.sh'))} platforms", "p"),
 )
 BACKGROUND_BUILD = shlex.join(["sh", "-c", " ".join([
     'echo "[background] $(date -u +%T) started" >&2;',
@@ -103,7 +103,7 @@ BACKGROUND_BUILD = shlex.join(["sh", "-c", " ".join([
       for name, cmd, var in _STEPS),
     f"exit $(( {' || '.join(var for _, _, var in _STEPS)} ))"])])
 BACKGROUND_NICENESS = 19
-BUILT = "background build (prometheus-adapter, KEDA, other architectures' operator image)"
+BUILT = "background build (prometheus-adapter, KEDA)"
 
 
 #: Each session's per-test timings (JUnit XML), kept outside the checkout for the next look at

@@ -239,6 +239,30 @@ def image_key(name: str, arch: str = HOST_ARCH) -> str:
     return h.hexdigest()[:16]
 
 
+#: What decides whether the operator image builds and starts on every platform: its recipe,
+#: the dependencies it installs (pyproject.toml), each platform's base. Not the operator's own
+#: code (pure Python, the same bytes on every architecture). The four-architecture release test
+#: (tests/integration/test_release_platforms.py) runs once per value of this key.
+PLATFORM_INPUTS = ("operator/Containerfile", "operator/Containerfile.dockerignore",
+                   "pyproject.toml", "operator/scripts/release.py", "tests/images/build.py")
+
+
+def platforms_key() -> str:
+    """The key of :data:`PLATFORM_INPUTS` and every platform's base."""
+    h = hashlib.sha256()
+    _hash_update(h, "version", RECIPE_VERSION.encode())
+    for arch in OPERATOR_PLATFORMS:
+        _hash_update(h, f"base:{arch}", base_key(arch).encode())
+    for rel in PLATFORM_INPUTS:
+        _hash_update(h, rel, (ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def proofs_dir() -> Path:
+    """Where a test that passed for a key leaves its record (beside the images' cache)."""
+    return cache_dir().parent / "proofs"
+
+
 def image(name: str, arch: str = HOST_ARCH) -> Image:
     """Where ``name``'s image is (or will be) for ``arch``: no build, no buildah call. Another
     architecture than the host's has its own repository and archive (``operator.s390x-...``)."""

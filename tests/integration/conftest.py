@@ -53,7 +53,8 @@ def late_last(items: list[pytest.Item]) -> list[pytest.Item]:
     """The modules that need what ``make test`` builds in the background (tests/streams.py), on
     CPU the earlier tests leave idle, run last, each whole and in its order: first those that
     start KEDA (they import ``KedaStack``; KEDA is built first), then those that publish a
-    release (fixture ``released``; the operator image for the other architectures comes next)."""
+    release (fixture ``released``: the host's images only, so they need nothing from the
+    background build any more; they stay last, where they always ran)."""
     releasing = {item.module for item in items
                  if "released" in getattr(item, "fixturenames", ())}
     keda = {item.module for item in items

@@ -12,6 +12,8 @@ the cluster's OCI registry (CNCF distribution on loopback), ``make mirror`` copi
 site's path of that registry; the chart is installed from the mirror's ``oci://`` and the
 node's containerd pulls every image from there (nothing imported under those names).
 The model names no engine image: the released chart's ``defaults.engineImage`` is the one.
+The release holds the host's operator image only (the one the node runs): the other
+architectures' are tests/integration/test_release_platforms.py's (``make test-platforms``).
 
 The first test runs where OpenShift's default restricted-v2 SCC rules, emulated with
 Kubernetes' own admission policies (tests/cluster/manifests/restricted-v2.yaml): the chart's
@@ -29,19 +31,14 @@ own /metrics: ``spyre_operator_namespace_writes_total``) and logged no ``Forbidd
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from spyre_operator.desired.pod import CACHE_VOLUME
 
-from tests.cluster.controlplane import ControlPlane, free_ports, wait_until
+from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.node import NODE_NAME, RealNode
 from tests.realpods import support as s
 
@@ -240,71 +237,3 @@ def test_chart_operator_pod_on_plain_kubernetes_pins_its_uid(
     pod_now = s.operator_pods(cp, op_ns)[0]
     assert s.pod_ready(pod_now), s.operator_diagnostics(cp, op_ns)
     assert pod_now["status"]["containerStatuses"][0]["restartCount"] == 0
-
-
-def _start_operator_image(cp: ControlPlane, image: str, platform: str, namespace: str,
-                          work: Path) -> tuple[str, float]:
-    """Pull ``platform``'s entry of the released operator image from the registry with buildah
-    and start it (under qemu-user-static unless it is the host's), watching ``namespace`` with
-    the admin kubeconfig; returns its /healthz answer and the seconds it took to give it."""
-    from tests.images import build
-
-    bh = build.buildah_cmd()
-    ctr = subprocess.run([*bh, "from", "--quiet", "--platform", platform, "--tls-verify=false",
-                          f"docker://{image}"], capture_output=True, text=True, check=True
-                         ).stdout.strip().splitlines()[-1]  # fmt: skip
-    try:
-        arch = subprocess.run([*bh, "inspect", "--format", "{{.OCIv1.Architecture}}", ctr],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        assert f"linux/{arch}" == platform, (arch, platform)
-        # The image's user (65532) reads it: a copy, readable (the original is root's 0600).
-        kubeconfig = work / "kubeconfig"
-        kubeconfig.write_bytes(cp.kubeconfig.read_bytes())
-        kubeconfig.chmod(0o644)
-        health, metrics = free_ports(2)
-        log = open(work / f"operator-{arch}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [*bh, "run", "--isolation", "chroot", "--volume",
-             f"{kubeconfig}:/tmp/kubeconfig:ro", "--env", "KUBECONFIG=/tmp/kubeconfig", ctr,
-             "--", "spyre-operator", "run", f"--namespace={namespace}", "--no-leader-elect",
-             "--no-scale-to-zero", "--pod-user=fixed", f"--metrics-port={metrics}",
-             f"--liveness=http://127.0.0.1:{health}/healthz"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        log.close()
-        t0 = time.monotonic()
-        try:
-            def healthy() -> str | None:
-                assert proc.poll() is None, (
-                    f"the {platform} operator exited {proc.returncode}:\n"
-                    + (work / f"operator-{arch}.log").read_text()[-3000:])
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz",
-                                            timeout=5) as r:
-                    return r.read().decode() if r.status == 200 else None
-
-            body = wait_until(healthy, 300, f"the {platform} operator's /healthz", 1)
-            return body, time.monotonic() - t0
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    finally:
-        subprocess.run([*bh, "rm", ctr], capture_output=True)
-
-
-def test_every_platform_of_the_released_operator_image_starts(
-    control_plane: ControlPlane, release: dict[str, Any], namespace: str,
-    tmp_path: Path,
-) -> None:
-    """The operator image is one manifest list for amd64, arm64, ppc64le and s390x (Spyre runs
-    on x86, Power and Z): each entry, pulled from the registry by platform, starts and answers
-    /healthz against the cluster (the foreign ones under qemu-user-static)."""
-    assert sorted(release["operator_platforms"]) == [
-        "linux/amd64", "linux/arm64", "linux/ppc64le", "linux/s390x"], release
-    s.ensure_namespace(control_plane, namespace)
-    for platform in release["operator_platforms"]:
-        body, took = _start_operator_image(control_plane, release["operator"], platform,
-                                           namespace, tmp_path)
-        print(f"{platform}: /healthz after {took:.1f}s: {body[:80]!r}")

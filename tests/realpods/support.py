@@ -49,9 +49,12 @@ from typing import Any
 
 from spyre_operator.desired import names
 
-from tests.cluster import background
 from tests.cluster.controlplane import ControlPlane, KubectlError, NotYet, wait_until
 from tests.cluster.node import NODE_NAME, NODE_SELECTOR, NODE_TOLERATION, RealNode
+from tests.images import build
+
+#: The host's platform: the operator image a release in ``make test`` holds (tests/images).
+HOST_PLATFORM = f"linux/{build.HOST_ARCH}"
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "spyre-model-operator"
@@ -115,7 +118,6 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
     ``{"operator": "localhost/spyre-model-operator:<hash>", "engine": "localhost/spyre-engine:
     <hash>"}``. Use the refs with ``imagePullPolicy: IfNotPresent`` (nothing can be pulled).
     Cold: ~10 min for both (engine build) + 2-3 min engine import; warm: ~1 s."""
-    from tests.images import build
 
     # The kubelet's image reclaim under disk pressure (a shared machine) may have removed the
     # pause image, and then no pod starts: put it back (a listing when it is there).
@@ -134,17 +136,23 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
     return refs
 
 
-def publish_release(cp: ControlPlane, out: Path, log: Log = _stderr) -> dict[str, Any]:
+def publish_release(cp: ControlPlane, out: Path, log: Log = _stderr,
+                    platforms: Sequence[str] = (HOST_PLATFORM,)) -> dict[str, Any]:
     """``make release`` to the cluster's registry (plain HTTP on loopback): both images built
     or reused (tests/images), pushed, the chart pinned to their digests and pushed as
     ``oci://<registry>/spyre/charts/spyre-model-operator``. Returns release-<version>.json
     (``operator``, ``engine``: repository@digest; ``chart``; ``version``). The node pulls
-    them from there (its containerd's hosts.toml: tests/cluster/node.py)."""
+    them from there (its containerd's hosts.toml: tests/cluster/node.py).
+
+    The operator image for ``platforms`` only: by default the host's, the one the node runs
+    (``make deps`` built it). The other architectures are built under qemu (~12 min each
+    cold): tests/integration/test_release_platforms.py, ``make test-platforms``, not
+    ``make test`` (issue 43)."""
     t0 = time.monotonic()
-    with background.needed():  # it builds what the background build makes: lift its CPU
-        rel = _release_script(cp, ["release", "--registry", f"{cp.registry}/spyre",
-                                   "--plain-http", "--cpu-engine", "--out", str(out)],
-                              timeout=3600)
+    rel = _release_script(cp, ["release", "--registry", f"{cp.registry}/spyre",
+                               "--plain-http", "--cpu-engine", "--out", str(out),
+                               "--platforms", ",".join(platforms)],
+                          timeout=3600)
     log(f"released {rel['version']} to {rel['registry']} in {time.monotonic() - t0:.1f}s")
     return rel
 
