@@ -17,6 +17,13 @@ def is_inference(method: str, path: str) -> bool:
     return method == "POST" and path.startswith("/v1/")
 
 
+def is_evidence(status: int) -> bool:
+    """Whether an answer says something about the artifact: what the model answered (2xx) or
+    failed (5xx). A 4xx is the client's request at fault (malformed, refused): five of those
+    in milliseconds would otherwise make ``minRequests`` with a fine mean latency."""
+    return not 400 <= status < 500
+
+
 def status_class(status: int) -> str:
     return f"{status // 100}xx"
 

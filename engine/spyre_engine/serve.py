@@ -24,7 +24,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from spyre_engine import answers, canary
+from spyre_engine import answers, canary, guard
 from spyre_engine.launch import (
     STOP_GRACE,
     Child,
@@ -482,6 +482,10 @@ class EngineServer:
             return _json_error(
                 503, "The server is shutting down", "ServiceUnavailableError", close=True
             )
+        # Client routes only (guard.py): vLLM's control routes never face clients.
+        why = guard.route_refusal(request.method, request.raw_path)
+        if why is not None:
+            return _json_error(why.status, why.message, why.type)
         if not self.started:
             return _json_error(503, "The model is still loading", "ServiceUnavailableError")
         if not canary.is_inference(request.method, request.path):
@@ -497,10 +501,13 @@ class EngineServer:
         return resp
 
     def _answered(self, status: int, seconds: float) -> None:
-        """Count an inference request; a canary in its window judges it."""
+        """Count an inference request; a canary in its window judges it, unless the client's
+        request was at fault (4xx): that is no evidence about the artifact (canary.py)."""
         self.metrics.requests.labels(canary.status_class(status)).inc()
         self.metrics.request_seconds.observe(seconds)
         if self.canary is None or self.canary_until is None or self.unready or self.draining:
+            return
+        if not canary.is_evidence(status):
             return
         if time.monotonic() > self.canary_until:
             return
@@ -527,11 +534,12 @@ class EngineServer:
         self.metrics.inflight.inc()
         try:
             body = await request.read()
-            if self.inject and answers.INJECTOR_KEY.encode() in body:
-                # The injector raises inside vLLM's worker on a malformed expectation, and
-                # vLLM treats that as fatal: the key is the output check's alone.
-                return _json_error(400, f"vllm_xargs.{answers.INJECTOR_KEY} is reserved for "
-                                   "the engine's output check", "BadRequestError")
+            # Parsed, not byte-matched (guard.py): the output check's key in any spelling is
+            # refused (the injector raises inside vLLM's worker on a malformed expectation, and
+            # vLLM treats that as fatal), a prompt that mentions it is served.
+            why = guard.body_refusal(body) if request.method == "POST" else None
+            if why is not None:
+                return _json_error(why.status, why.message, why.type)
             flight.pump = asyncio.create_task(self._forward(request, body, flight))
             try:
                 return await flight.pump

@@ -143,8 +143,11 @@ def test_a_compile_only_artifact_gets_references_from_eager_that_inductor_answer
 
 
 def _post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    return _post_raw(url, json.dumps(body).encode())
+
+
+def _post_raw(url: str, data: bytes) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return resp.status, json.loads(resp.read())
@@ -173,6 +176,20 @@ def test_an_engine_answering_as_its_artifacts_reference_serves_and_one_that_does
     status, body = _post(f"{engine.url}/v1/completions", {
         **answers.request_body("tiny-granite", refs[0].prompt_token_ids, 2, refs[0], 0.08)})
     assert status == 400 and "reserved" in json.dumps(body), (status, body)
+    # Issue 44: the key spelled with a JSON escape, carrying a token id no vocabulary has (the
+    # injector raised on it inside vLLM's worker and the engine core died: 500, then 502), is
+    # refused too; the engine answers the next request, and one whose prompt names the key.
+    bad = json.dumps({"expected_token_ids": [2**40], "expected_logprobs": [0.0],
+                      "error_threshold": 0.1})
+    escaped = json.dumps({"model": "tiny-granite", "prompt": [1, 2, 3], "max_tokens": 2,
+                          "vllm_xargs": {"@key@": bad}}).replace(
+        '"@key@"', '"golden\\u005ftoken_injector"').encode()
+    assert answers.INJECTOR_KEY in json.loads(escaped)["vllm_xargs"], escaped
+    status, body = _post_raw(f"{engine.url}/v1/completions", escaped)
+    assert status == 400 and "reserved" in json.dumps(body), (status, body)
+    status, body = _post(f"{engine.url}/v1/completions", {
+        "model": "tiny-granite", "prompt": f"what is {answers.INJECTOR_KEY}?", "max_tokens": 2})
+    assert status == 200, (status, body, engine.log_tail())
     engine.kill()
 
     ref_file = art / answers.REFERENCE_FILENAME

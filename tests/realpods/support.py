@@ -796,9 +796,10 @@ class HttpResult:
 
 
 def http(cp: ControlPlane, namespace: str, url: str, body: Any = None,
-         client: str = CLIENT_POD, timeout: float = 120) -> HttpResult:
-    """GET ``url`` (or POST ``body`` as JSON) from the client pod (:func:`ensure_client_pod`)."""
-    payload = "" if body is None else json.dumps(body)
+         client: str = CLIENT_POD, timeout: float = 120, raw: str | None = None) -> HttpResult:
+    """GET ``url`` (or POST ``body`` as JSON, or ``raw`` as it is) from the client pod
+    (:func:`ensure_client_pod`)."""
+    payload = raw if raw is not None else "" if body is None else json.dumps(body)
     r = cp.kubectl("exec", "-n", namespace, client, "--", "python3", "-c", _CLIENT_SCRIPT, url,
                    payload, str(timeout), timeout=timeout + 30)
     d = json.loads(r.stdout.strip().splitlines()[-1])

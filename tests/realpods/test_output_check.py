@@ -27,6 +27,7 @@ failed requests are the canary's injected 500s, none once it is gone.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -100,6 +101,37 @@ def _served_key(env: RealEnv) -> str | None:
     return (dep or {}).get("metadata", {}).get("annotations", {}).get(names.ARTIFACT_KEY_ANNOTATION)
 
 
+#: Issue 44: the output check's key, spelled with a JSON escape, and an expectation the plugin's
+#: injector cannot use (a token id no vocabulary has). Before engine/spyre_engine/guard.py a
+#: byte match missed it, vLLM's worker raised on it and the engine core died (500, then 502
+#: until the container restarted).
+ESCAPED_KEY = "golden\\u005ftoken_injector"
+BAD_EXPECTATION = json.dumps({"expected_token_ids": [2**40], "expected_logprobs": [0.0],
+                              "error_threshold": 0.1})
+
+
+def _clients_cannot_reach_the_injector(env: RealEnv, pod: dict[str, Any]) -> None:
+    """On a pod whose engine loaded the injector: the escaped key, three times through the
+    Service, is refused each time; a control route is not found; a prompt naming the key and
+    the next request are answered; the container never restarted."""
+    url = support.service_url(env.cp, env.ns, MODEL)
+    attack = json.dumps({"model": support.SERVED_NAME, "prompt": "hi", "max_tokens": 2,
+                         "vllm_xargs": {"@key@": BAD_EXPECTATION}}
+                        ).replace('"@key@"', f'"{ESCAPED_KEY}"')
+    assert ESCAPED_KEY in attack and json.loads(attack)["vllm_xargs"] == {
+        "golden_token_injector": BAD_EXPECTATION}  # what vLLM would read
+    for _ in range(3):
+        res = support.http(env.cp, env.ns, url + "/v1/completions", raw=attack)
+        assert res.status == 400 and "reserved" in res.text, (res.status, res.text[:500])
+    res = support.http(env.cp, env.ns, url + "/reset_prefix_cache", raw="{}")
+    assert res.status == 404, (res.status, res.text[:500])
+    out = support.completion(env.cp, env.ns, MODEL, "what is golden_token_injector?",
+                             max_tokens=2)
+    assert out["choices"][0]["text"], out
+    now = env.cp.kubectl_json("get", "pod", "-n", env.ns, pod["metadata"]["name"])
+    assert [c["restartCount"] for c in now["status"]["containerStatuses"]] == [0], now["status"]
+
+
 def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_serves(
     env: RealEnv,
 ) -> None:
@@ -123,6 +155,7 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
     [pod] = support.server_pods(env.cp, env.ns, MODEL)
     log = env.cp.kubectl("logs", "-n", env.ns, pod["metadata"]["name"]).stdout
     assert "Output check passed" in log and "answered as the reference" in log, log[-3000:]
+    _clients_cannot_reach_the_injector(env, pod)
     # Artifact 1 passed on every replica: the operator names it, and a pod that starts on it
     # again (here: the pod deleted, its replacement on the same files) asks nothing.
     env.kube.wait(lambda: names.short_key(key1) in ((env.kube.get(

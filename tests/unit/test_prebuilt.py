@@ -4,9 +4,9 @@ change of its inputs (tests/images/build.py ``platforms_key``), not in ``make te
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -59,7 +59,7 @@ def _toy(tmp_path: Path, plugins: list[str]) -> subprocess.CompletedProcess[str]
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s",
          "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path)],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_a_build_the_module_needs_is_waited_for_outside_its_tests_timeout(tmp_path: Path) -> None:
@@ -109,7 +109,8 @@ def test_the_platforms_key_follows_the_release_inputs_not_the_operator_code(
     (tmp_path / "operator/Containerfile").write_text(
         (ROOT / "operator/Containerfile").read_text() + "\n# an edit\n")
     assert build.platforms_key() != key
-    (tmp_path / "operator/Containerfile").write_bytes((ROOT / "operator/Containerfile").read_bytes())
+    original = (ROOT / "operator/Containerfile").read_bytes()
+    (tmp_path / "operator/Containerfile").write_bytes(original)
     assert build.platforms_key() == key
     monkeypatch.setitem(build.BASE_RECIPE, "include", [*build.BASE_RECIPE["include"], "x"])  # type: ignore[misc]
     assert build.platforms_key() != key
