@@ -243,6 +243,9 @@ def main(argv: list[str]) -> int:
         for name in ("cluster", "kwok", "local")), flush=True)
     if machine:
         print(machine, flush=True)
+    slowest = _slowest(stamp)
+    if slowest:
+        print(slowest, flush=True)
     if built:
         print(built, flush=True)
     if failures:  # the end of the output is the local report: repeat the cluster sessions'
@@ -250,6 +253,33 @@ def main(argv: list[str]) -> int:
         sys.stdout.buffer.write(b"".join(failures))
         sys.stdout.flush()
     return codes["cluster"] or codes["kwok"] or codes["local"]
+
+
+def _slowest(stamp: str, n: int = 10, runs: Path | None = None) -> str:
+    """The run's ``n`` slowest tests over the three sessions (setup, call and teardown: the
+    JUnit XML's time), read from their reports: the lines .ci/README.md records per run, so
+    that a regression shows in review."""
+    import xml.etree.ElementTree as ET
+
+    rows: list[tuple[float, str, str]] = []
+    for xml in sorted((runs or RUNS_DIR).glob(f"{stamp}-*.xml")):
+        session = xml.stem.removeprefix(f"{stamp}-")
+        try:
+            root = ET.parse(xml).getroot()
+        except (OSError, ET.ParseError):
+            continue
+        for case in root.iter("testcase"):
+            try:
+                seconds = float(case.get("time") or 0)
+            except ValueError:
+                continue
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            rows.append((seconds, session, name))
+    if not rows:
+        return ""
+    rows.sort(reverse=True)
+    return f"slowest {min(n, len(rows))} tests (seconds, session, test):\n" + "\n".join(
+        f"  {s:7.1f}  {session:7}  {name}" for s, session, name in rows[:n])
 
 
 def _stop_cluster(root: Path) -> None:

@@ -301,3 +301,22 @@ def test_the_background_build_runs_in_an_idle_cgroup_and_nothing_of_it_outlives_
         f"/proc/{pid}/status").read_text(), "a step in a session of its own was left running"
     assert "1 passed" in _reports(out)[2], out  # in its cgroup
     assert not any(Path("/sys/fs/cgroup").glob(f"*/spyre-*-{proc.pid}")), "a cgroup was left"
+
+
+def test_the_runs_last_lines_name_its_slowest_tests(tmp_path: Path) -> None:
+    """Issue 43: each run's ten slowest tests over the three sessions, from their JUnit XML,
+    for .ci/README.md's record of the run."""
+    def xml(cases: list[tuple[str, float]]) -> str:
+        return "<testsuites><testsuite>" + "".join(
+            f'<testcase classname="tests.m" name="{n}" time="{s}"/>' for n, s in cases
+        ) + "</testsuite></testsuites>"
+
+    (tmp_path / "S-cluster.xml").write_text(xml([("slow", 300.5), ("quick", 1.0)]))
+    (tmp_path / "S-local.xml").write_text(xml([("mid", 42.0)]))
+    (tmp_path / "S-kwok.xml").write_text("<not xml")
+    (tmp_path / "T-cluster.xml").write_text(xml([("other run", 999.0)]))
+    out = streams._slowest("S", n=2, runs=tmp_path).splitlines()
+    assert out[0].startswith("slowest 2 tests"), out
+    assert "300.5" in out[1] and "cluster" in out[1] and "tests.m::slow" in out[1], out
+    assert "42.0" in out[2] and "local" in out[2] and "tests.m::mid" in out[2], out
+    assert len(out) == 3 and streams._slowest("none", runs=tmp_path) == ""
