@@ -459,10 +459,14 @@ def test_engine_user_step_works_whether_the_base_has_uid_1001(ubi_like: bool) ->
             assert bare.returncode != 0 and "not unique" in bare.stderr
         p = sh(_engine_user_step())
         assert p.returncode == 0, p.stderr
-        passwd = sh("getent passwd 1001").stdout.strip().splitlines()
-        assert len(passwd) == 1
+        # Each step's exit and stderr in the failure: the full run of fca21ae once read no
+        # passwd entry here (not reproduced in 12 runs on a loaded machine), with nothing to
+        # say whether `buildah run` itself had failed.
+        got = sh("getent passwd 1001")
+        passwd = got.stdout.strip().splitlines()
+        assert got.returncode == 0 and len(passwd) == 1, (got.returncode, got.stdout, got.stderr)
         assert passwd[0].split(":")[0] == ("default" if ubi_like else "engine")
-        owner = sh("stat -c %u:%g /home/engine /artifacts /hf-cache").stdout.split()
-        assert owner == ["1001:0"] * 3
+        got = sh("stat -c %u:%g /home/engine /artifacts /hf-cache")
+        assert got.stdout.split() == ["1001:0"] * 3, (got.returncode, got.stdout, got.stderr)
     finally:
         subprocess.run([*build.buildah_cmd(), "rm", ctr], capture_output=True)
