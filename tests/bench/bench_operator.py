@@ -616,8 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the local control plane is not running: make cluster-up", file=sys.stderr)
         return 2
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-               "crd/spyremodels.serving.spyre.dev")
+    cp.wait_established("spyremodels.serving.spyre.dev")
     cp.recycle_pvs()
     nodes = bench_nodes(cp, 2 * max(ns_list) + 16)
     modes = [m for m in args.modes.split(",") if m]

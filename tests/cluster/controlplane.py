@@ -376,6 +376,19 @@ class ControlPlane:
             raise KubectlError(res.returncode, cmd, res.stdout, res.stderr)
         return res
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Until CRD ``crd`` is Established, by polling its conditions. Not ``kubectl wait
+        --for=condition=Established``: it exits at once with ".status.conditions accessor
+        error: <nil>" when it reads the CRD while its conditions are null (seen twice in the
+        full run of c9da6be, on a CRD that existed; knative/operator#2338 saw the same)."""
+        def established() -> bool:
+            obj = self.kubectl_json("get", "crd", crd)
+            conds = (obj.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True"
+                       for c in conds)
+
+        wait_until(established, timeout, f"CRD {crd} Established", 0.5)
+
     def kubectl_json(self, *args: str, **kw: Any) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", **kw).stdout)
 

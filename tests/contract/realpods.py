@@ -55,8 +55,7 @@ def start_operator(cp: ControlPlane, namespace: str, env: dict[str, str] | None 
     """The operator (and its CRD) as a local process, watching only ``namespace``; ``env``
     adds to its environment, ``args`` to its command line."""
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-               "crd/spyremodels.serving.spyre.dev")  # fmt: skip
+    cp.wait_established("spyremodels.serving.spyre.dev")
     op = OperatorProcess(
         cp.kubeconfig, cp.root / ".cluster" / "logs",
         # Its own namespace only, so no leader election: the Lease is one per cluster, and

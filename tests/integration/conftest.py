@@ -159,10 +159,7 @@ class OperatorProcess:
 @pytest.fixture(scope="session")
 def crd(control_plane: ControlPlane) -> Path:
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/spyremodels.serving.spyre.dev",
-    )
+    control_plane.wait_established("spyremodels.serving.spyre.dev")
     return CRD_FILE
 
 

@@ -201,7 +201,7 @@ def _import(node: RealNode, archive: Path, log: Log, attempts: int = 3) -> list[
 def ensure_crd(cp: ControlPlane) -> None:
     """Apply the SpyreModel CRD server-side (as the test session does) and wait Established."""
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    cp.wait_established(CRD_NAME)
 
 
 #: Namespaces that carry this label behave as OpenShift's restricted-v2 SCC makes them
