@@ -53,14 +53,7 @@ def install_crd(cp: ControlPlane, filename: str) -> str:
     """Apply the CRD and wait until it is Established; returns its name."""
     name = crd_name(filename)
     cp.kubectl("apply", "--server-side", "-f", str(crd_file(filename)))
-
-    def established() -> bool:
-        # (`kubectl wait` fails outright while a fresh CRD has no conditions yet)
-        crd = cp.kubectl_json("get", "crd", name)
-        conds = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-    wait_until(established, 60, f"CRD {name} Established")
+    cp.wait_established(name)  # (`kubectl wait` fails outright on a null conditions list)
     wait_until(lambda: _served(cp, name), 60, f"{name} served")
     return name
 
