@@ -104,11 +104,21 @@ OUTPUT_MISMATCH = "OutputMismatch"
 #: A canary pod's own requests broke spec.serving.canary's bounds (error share or mean latency;
 #: engine/spyre_engine/canary.py): it stopped, the model keeps the previous artifact.
 CANARY_FAILED = "CanaryFailed"
+#: The canary was not passed by canary.deadlineSeconds from its start (its pods never all
+#: served, or kept restarting): the model keeps the previous artifact.
+CANARY_DEADLINE_EXCEEDED = "CanaryDeadlineExceeded"
+#: The user aborted the canary (the canary-abort annotation names its artifact).
+CANARY_ABORTED = "CanaryAborted"
 #: Progressing=True: the new artifact serves on its canary pods beside the previous one.
 CANARY_RUNNING = "CanaryRunning"
+#: How a canary ended, besides the failures above (status.canary.reason).
+WINDOW_PASSED = "WindowPassed"
+PROMOTED_BY_ANNOTATION = "PromotedByAnnotation"
+#: A canary's failures: the artifact is refused, the previous one keeps serving.
+CANARY_REFUSED_REASONS = frozenset({CANARY_FAILED, CANARY_DEADLINE_EXCEEDED, CANARY_ABORTED})
 #: Serving pods' reasons that refuse a compiled artifact without compiling it again: the model
 #: keeps (or goes back to) the artifact it last rolled out.
-SERVING_REFUSED_REASONS = frozenset({OUTPUT_MISMATCH, CANARY_FAILED})
+SERVING_REFUSED_REASONS = frozenset({OUTPUT_MISMATCH}) | CANARY_REFUSED_REASONS
 #: Serving pods' reasons that say the artifact is damaged or missing: it is compiled again once.
 ARTIFACT_REFUSED_REASONS = frozenset({ARTIFACT_CORRUPT, ARTIFACT_MISMATCH})
 #: Engine failure reasons of a serving pod that replace the generic EngineFailed in conditions.
@@ -201,6 +211,8 @@ WARNING_REASONS = frozenset(
         ARTIFACT_MISMATCH,
         OUTPUT_MISMATCH,
         CANARY_FAILED,
+        CANARY_DEADLINE_EXCEEDED,
+        CANARY_ABORTED,
         IMAGE_PULL_FAILED,
         CONTAINER_CONFIG_ERROR,
         ROLLOUT_STALLED,

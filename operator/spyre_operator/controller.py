@@ -303,10 +303,11 @@ class Controller:
         if plan is not None:
             await self.observer.mirror_slice(obs, plan)
         # Pods missing (the main Deployment's, or the canary's): theirs explain why, and may
-        # change unwatched.
+        # change unwatched. A canary's pods always: when each last turned Ready starts its
+        # window (a pod created again or restarted starts it again; decide/canary.py).
         short = plan is not None and (
             pods_missing(obs.deployment, plan.spec.replicas)
-            or pods_missing(obs.canary_deployment)
+            or obs.canary_deployment is not None
         )
         if short:
             obs.server_pods = await self.observer.recent_server_pods(key)

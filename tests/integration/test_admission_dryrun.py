@@ -68,6 +68,12 @@ REFUSED = {
     "metricsFrom not a cidr": ({"serving": {"metricsPort": 8001,
                                             "metricsFrom": [{"cidr": "10.0.0.0"}]}},
                                "must be a CIDR"),
+    "canary deadline within its window": (
+        {"serving": {"canary": {"durationSeconds": 600, "deadlineSeconds": 600}}},
+        "canary.deadlineSeconds must exceed canary.durationSeconds"),
+    "canary deadline within the default window": (
+        {"serving": {"canary": {"deadlineSeconds": 300}}},
+        "canary.deadlineSeconds must exceed canary.durationSeconds"),
 }  # fmt: skip
 EXTRA_ARGS_REFUSED = ["--max_model_len=4096", "--max-model-len=4096", "-tp", "-tp=2",
                       "--tensor_parallel_size=2", "--served_model_name=x",
@@ -117,7 +123,8 @@ def test_at_the_limits_the_model_its_children_and_its_events_are_accepted(
          "serving": {"resources": {"requests": {"cpu": "500m"}, "limits": {"memory": 1}},
                      "extraArgs": ["--model-impl", "vllm", "--seed", "3", "--max-logprobs", "2",
                                    *[f"--override-generation-config={'x' * 990}"] * 58]}},
-        {"cache": {"claimName": LONG_63}},
+        {"cache": {"claimName": LONG_63},
+         "serving": {"canary": {"durationSeconds": 600, "deadlineSeconds": 601}}},
     ]  # fmt: skip
     for spec in specs:
         doc = model(spec, name=name)

@@ -652,6 +652,54 @@ def test_the_model_whose_artifact_was_ready_first_rolls_first() -> None:
     assert reason(c, "x", C.PROGRESSING) == C.WAITING_FOR_ROLLOUT_SLOT
 
 
+def test_a_running_canary_holds_its_models_rollout_slot() -> None:
+    """Issue 44: a canary held no rollout slot while it ran (the main Deployment does not
+    switch until it passes), so under a budget of one every model ran its canary at once;
+    and a model waiting for a slot had its canary deleted. Now the canary Deployment holds
+    its model's slot (one slot, also once the main Deployment rolls), and its model keeps
+    it."""
+    before = [served(model(f"m{i}", spec(i))) for i in range(2)]
+    models = []
+    for m, _ in before:
+        new = edited(m, "registry.local/engine:2")
+        new["spec"]["serving"] = {"canary": {"replicas": 1, "durationSeconds": 600}}
+        models.append(new)
+    deps = {m["metadata"]["name"]: d for m, d in before}
+    c, _ = cluster(models, compiles=0, rollouts=1, deployments=deps)
+    for m in models:
+        job = live_job(m, "Complete")
+        c.caches.indices["jobs"][("ns", job["metadata"]["name"])] = [job]
+
+    def canary(i: int) -> dict[str, Any] | None:
+        return c.caches.one("deployments", ("ns", names.canary_name(f"m{i}")))
+
+    async def run() -> None:
+        c.enqueue([("ns", "m0")])
+        await drain(c)
+        live = canary(0)
+        assert live is not None
+        # Its pod is up: the canary Deployment itself is no rollout in progress any more.
+        live["status"].update(replicas=1, updatedReplicas=1, readyReplicas=1,
+                              availableReplicas=1)
+        assert not deployment_rolling(live)
+        c.enqueue([("ns", "m1")])
+        await drain(c)
+        assert canary(1) is None, "two canaries under one slot"
+        assert reason(c, "m1", C.PROGRESSING) == C.WAITING_FOR_ROLLOUT_SLOT
+        assert c.budgets.rollouts_in_use() == 1
+        # Another rollout takes the budget meanwhile (a lowered limit, a restart's count):
+        # the running canary keeps its slot, it is not deleted for want of one.
+        c.caches.indices["deployments"][("ns", "busy")] = [{
+            **before[1][1], "metadata": {**before[1][1]["metadata"], "name": "busy"},
+            "status": {**before[1][1]["status"], "updatedReplicas": 0}}]
+        c.enqueue([("ns", "m0")])
+        await drain(c)
+        assert canary(0) is not None, "its own canary was deleted for want of a slot"
+        assert reason(c, "m0", C.PROGRESSING) == C.CANARY_RUNNING
+
+    asyncio.run(run())
+
+
 # ---------------------------------------------------------------- settings
 
 

@@ -37,6 +37,11 @@ def _canary(d: Any) -> dict[str, Any] | None:
     return dep.to_dict() if dep is not None else None
 
 
+def _running(d: Any) -> dict[str, Any]:
+    """status.canary without its progress message."""
+    return {k: v for k, v in d.status["canary"].items() if k != "message"}
+
+
 def _main_key(d: Any) -> str | None:
     dep = next((o for o in d.apply if o.kind == "Deployment" and o.metadata.name == "m"), None)
     return served_key(dep.to_dict()) if dep is not None else None
@@ -87,13 +92,14 @@ def test_a_new_artifact_runs_its_canary_beside_the_previous_one_then_rolls_out()
     ready = cond(d, C.READY)
     assert (ready["status"], ready["reason"]) == ("True", C.SERVING_PREVIOUS_ARTIFACT)
     assert "runs its canary" in ready["message"]
-    assert d.status["canary"] == {"artifactKey": key_b, "phase": "Running"}
+    assert _running(d) == {"artifactKey": key_b, "phase": "Running", "createdTime": T1,
+                           "deadlineTime": "2026-11-21T10:33:00Z"}  # fmt: skip
 
     # Its pod is available: the window starts, and a resync before its end changes nothing.
     obs.canary_deployment = _available(canary, 1)
     b = _with_status(b, d.status)
     d = decide(b, obs, T1)
-    assert d.status["canary"] == {"artifactKey": key_b, "phase": "Running", "startTime": T1}
+    assert _running(d)["startTime"] == T1
     assert _main_key(d) == key_a and d.requeue_after is not None and d.requeue_after <= 120
     assert "within its bounds (at most 5% server errors" in cond(d, C.PROGRESSING)["message"]
     b = _with_status(b, d.status)
@@ -159,7 +165,8 @@ def test_a_canary_that_breaks_its_bounds_rolls_back_and_a_retry_runs_it_again() 
     d = decide(b, obs, T4)
     assert d.status["artifact"]["phase"] == "Ready"
     assert _canary(d) is not None and _main_key(d) == key_a
-    assert d.status["canary"] == {"artifactKey": key_b, "phase": "Running"}
+    assert _running(d) == {"artifactKey": key_b, "phase": "Running", "createdTime": T4,
+                           "deadlineTime": "2026-11-21T10:36:00Z"}, "a new window, a new deadline"
 
 
 def test_without_canary_a_new_artifact_rolls_out_at_once_and_a_leftover_canary_goes() -> None:
@@ -188,12 +195,27 @@ def test_an_operator_restarted_mid_canary_keeps_its_window() -> None:
     assert decide(copy.deepcopy(saved), obs, T3).status["canary"]["phase"] == "Passed"
 
 
-def test_no_canary_when_nothing_serves_the_previous_artifact() -> None:
-    """Scaled to zero, or every pod of the previous artifact down: a switch takes nothing
-    away from users and there is nothing to compare with."""
+def test_the_main_deployment_at_zero_available_promotes_no_unjudged_artifact() -> None:
+    """Issue 44: deleting the main pod during a canary switched at once. Every pod of the
+    previous artifact down for a moment (a restart, an eviction) is no verdict: the canary
+    runs (its pods serve meanwhile) and the Deployment keeps the previous artifact."""
     a, b, obs = _a_serves_then_b_compiled()
     assert obs.deployment is not None
-    obs.deployment["status"]["availableReplicas"] = 0
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    b = _with_status(b, d.status)
+    obs.deployment["status"]["availableReplicas"] = 0  # the main pod was deleted
+    for t in (T1, T2):
+        d = decide(b, obs, t)
+        assert _main_key(d) == plan_for(a).key and _canary(d) is not None
+        assert d.status["canary"]["phase"] == "Running"
+        b = _with_status(b, d.status)
+
+
+def test_no_canary_for_a_model_scaled_to_zero() -> None:
+    """Scaled to zero: nothing serves to compare with, and the switch starts no pod."""
+    a, b, obs = _a_serves_then_b_compiled()
+    b["spec"]["replicas"] = 0
     d = decide(b, obs, T1)
     assert _canary(d) is None and _main_key(d) == plan_for(b).key
 
@@ -308,3 +330,134 @@ def test_the_writer_deletes_no_deployment_but_the_models_own_canary() -> None:
     d.delete, obs.canary_deployment = [(Deployment, names.canary_name("m"))], canary
     asyncio.run(c.writer.execute(b, obs, d))
     assert ("delete", "Deployment") in applier.writes
+
+
+def _pod(b: dict[str, Any], ready_since: str, name: str = "m-canary-0") -> dict[str, Any]:
+    return {"name": name, "artifact": plan_for(b).short_key, "canary": True, "phase": "Running",
+            "ready": True, "readySince": ready_since}  # fmt: skip
+
+
+def test_a_canary_pod_created_again_or_restarted_starts_the_window_again() -> None:
+    """Issue 44: a canary Deployment deleted (slot pressure, by hand) or an edit that restarts
+    its pods kept status.canary.startTime, and the new pod passed as soon as it was available.
+    The window starts when the canary's pods last turned Ready (the pods say it, not memory)."""
+    _, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    obs.server_pods = [_pod(b, T1)]
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T1)
+    assert d.status["canary"]["startTime"] == T1
+    # At T3 the window (120 s from T1) would be over; the pod was created again at T2.
+    obs.server_pods = [_pod(b, T2, "m-canary-1")]
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T3)
+    assert d.status["canary"]["phase"] == "Running" and d.status["canary"]["startTime"] == T2
+    assert _main_key(d) != plan_for(b).key
+    # A lagging pod list (the old pod's earlier time) never moves the start back.
+    obs.server_pods = [_pod(b, T1)]
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T3)
+    assert d.status["canary"]["startTime"] == T2
+    # While a canary pod is not available the window is not running at all.
+    obs.canary_deployment = _available(_canary(d) or {}, 0)
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T3)
+    assert "startTime" not in d.status["canary"] and d.status["canary"]["phase"] == "Running"
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    obs.server_pods = [_pod(b, T3)]
+    d = decide(_with_status(b, d.status), obs, T3)
+    assert d.status["canary"]["startTime"] == T3
+    assert d.status["canary"]["createdTime"] == T1, "the deadline still counts from the start"
+
+
+def test_compact_pod_records_when_a_canary_pod_turned_ready() -> None:
+    from spyre_operator.control.common import compact_pod
+
+    def pod(canary: bool) -> dict[str, Any]:
+        labels = {names.ARTIFACT_LABEL: "abc", **({names.CANARY_LABEL: "true"} if canary else {})}
+        return {"metadata": {"name": "p", "labels": labels}, "status": {
+            "containerStatuses": [{"ready": True, "state": {"running": {"startedAt": T1}}}],
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": T2}]}}
+
+    assert compact_pod(pod(canary=True))["readySince"] == T2
+    assert "readySince" not in compact_pod(pod(canary=False))
+
+
+def test_a_canary_that_never_comes_up_fails_by_its_deadline_with_what_it_was_doing() -> None:
+    """Issue 44: a canary pod that never turned Ready left Progressing=True CanaryRunning for
+    good. Its pod's failure is in Degraded while it runs; by the deadline the artifact is
+    refused (CanaryDeadlineExceeded), the canary removed, the previous artifact serving."""
+    a, b, obs = _a_serves_then_b_compiled()
+    b["spec"]["serving"]["canary"]["deadlineSeconds"] = 180
+    d = decide(b, obs, T1)
+    assert d.status["canary"]["deadlineTime"] == "2026-11-21T10:04:00Z"
+    assert d.requeue_after is not None and d.requeue_after <= 180
+    obs.canary_deployment = _available(_canary(d) or {}, 0)
+    obs.server_pods = [{"name": "m-canary-0", "artifact": plan_for(b).short_key, "canary": True,
+                        "phase": "Pending", "ready": False, "waiting": "ImagePullBackOff",
+                        "waitingMessage": "Back-off pulling image \"engine:nope\""}]  # fmt: skip
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T2)
+    degraded = cond(d, C.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("True", C.IMAGE_PULL_FAILED), degraded
+    assert "m-canary-0" in degraded["message"] and "engine:nope" in degraded["message"]
+    assert _main_key(d) == plan_for(a).key and d.status["canary"]["phase"] == "Running"
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T4)  # 180 s after T1
+    art = d.status["artifact"]
+    assert (art["phase"], art["reason"]) == ("Failed", C.CANARY_DEADLINE_EXCEEDED), art
+    assert "deadlineSeconds (180s)" in art["message"] and "ImagePullBackOff" in art["message"]
+    assert d.status["canary"]["phase"] == "Failed"
+    assert d.status["canary"]["reason"] == C.CANARY_DEADLINE_EXCEEDED
+    assert names.canary_name("m") in [n for _, n in d.delete]
+    assert _main_key(d) == plan_for(a).key
+    degraded = cond(d, C.DEGRADED)
+    assert (degraded["status"], degraded["reason"]) == ("True", C.CANARY_DEADLINE_EXCEEDED)
+    assert C.event_type(C.CANARY_DEADLINE_EXCEEDED) == "Warning"
+    # Gone and remembered: no new canary until the retry annotation.
+    obs.canary_deployment, obs.server_pods = None, []
+    d = decide(_with_status(b, d.status), obs, "2026-11-21T10:05:00Z")
+    assert _canary(d) is None and d.status["artifact"]["phase"] == "Failed"
+
+
+def test_the_deadline_must_exceed_the_window() -> None:
+    import pytest
+    from pydantic import ValidationError
+    from spyre_operator.api.v1alpha1 import CanarySpec
+
+    assert CanarySpec.model_validate({"durationSeconds": 600}).deadline == 2400
+    with pytest.raises(ValidationError, match="deadlineSeconds must exceed"):
+        CanarySpec.model_validate({"durationSeconds": 600, "deadlineSeconds": 600})
+
+
+def test_the_promote_and_abort_annotations_act_on_the_artifact_they_name_only() -> None:
+    from spyre_operator.decide.observed import (
+        CANARY_ABORT_ANNOTATION,
+        CANARY_PROMOTE_ANNOTATION,
+    )
+
+    a, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    b = _with_status(b, d.status)
+    # A value naming another artifact (kept by a GitOps source from an earlier edit): nothing.
+    b["metadata"]["annotations"] = {CANARY_PROMOTE_ANNOTATION: plan_for(a).short_key,
+                                    CANARY_ABORT_ANNOTATION: "0123456789ab"}  # fmt: skip
+    d = decide(b, obs, T1)
+    assert d.status["canary"]["phase"] == "Running" and _main_key(d) == plan_for(a).key
+    # Promote: passes now, before its window, and says so.
+    promoted = copy.deepcopy(_with_status(b, d.status))
+    promoted["metadata"]["annotations"][CANARY_PROMOTE_ANNOTATION] = plan_for(b).short_key
+    p = decide(promoted, obs, T1)
+    assert p.status["canary"]["phase"] == "Passed", p.status["canary"]
+    assert p.status["canary"]["reason"] == C.PROMOTED_BY_ANNOTATION
+    assert CANARY_PROMOTE_ANNOTATION in p.status["canary"]["message"]
+    assert _main_key(p) == plan_for(b).key
+    # Abort: refused, the previous artifact keeps serving.
+    aborted = copy.deepcopy(_with_status(b, d.status))
+    aborted["metadata"]["annotations"][CANARY_ABORT_ANNOTATION] = plan_for(b).short_key
+    x = decide(aborted, obs, T2)
+    assert x.status["artifact"]["reason"] == C.CANARY_ABORTED
+    assert x.status["canary"]["phase"] == "Failed" and _main_key(x) == plan_for(a).key
+    assert names.canary_name("m") in [n for _, n in x.delete]

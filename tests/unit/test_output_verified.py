@@ -111,3 +111,44 @@ def test_a_same_named_configmap_that_is_not_ours_is_reported_and_not_written() -
     d = decide(m, obs, T0)
     assert _configmap(d) is None
     assert "not managed by the operator" in json.dumps(d.status["conditions"])
+
+
+def test_pods_never_read_a_same_named_configmap_that_is_not_ours() -> None:
+    """Issue 44: a ``<model>-output-check`` ConfigMap someone else wrote, naming a key, made
+    pods of that key skip their check (the kubelet reads it whoever owns it). While one
+    exists, the pod templates (main and canary) do not read it: every pod checks."""
+    m, d, obs = _served(GENERATE)
+    assert _env(_main(d)), "the operator's ConfigMap is read"
+    obs.foreign["ConfigMap"] = f"ConfigMap {names.verified_name('m')} is not the operator's"
+    d = decide(m, obs, T0)
+    assert _env(_main(d)) == [], "a foreign ConfigMap is read by the pods"
+    from .test_canary import _a_serves_then_b_compiled, _canary
+
+    _, b, obs = _a_serves_then_b_compiled()
+    obs.foreign["ConfigMap"] = "not ours"
+    canary = _canary(decide(b, obs, T0))
+    assert canary is not None and _env(canary) == []
+
+
+def test_an_entry_someone_else_added_to_our_configmap_is_emptied() -> None:
+    """The operator's ConfigMap with an entry another writer added (server-side apply keeps
+    another manager's fields): the next apply sets it empty (the engine reads that as not
+    verified) and takes it over, so the apply after leaves it out and it goes."""
+    m, d, obs = _served(GENERATE)
+    cm = _configmap(d)
+    assert cm is not None
+    mine = names.short_key(plan_for(m).key)
+    cm["data"]["0123456789ab"] = "trust me"
+    obs.verified_configmap = cm
+    d = decide(m, obs, T0)
+    again = _configmap(d)
+    assert again is not None and again["data"]["0123456789ab"] == ""
+    assert again["data"][mine], "the operator's own entry is kept"
+    # Nothing verified (an Off model), yet someone's entry: it is emptied too.
+    off = copy.deepcopy(GENERATE)
+    off.setdefault("serving", {})["outputCheck"] = "Off"
+    m2, _, obs2 = _served(off)
+    obs2.verified_configmap = {"metadata": {"name": names.verified_name("m")},
+                               "data": {mine: "trust me"}}  # fmt: skip
+    cm2 = _configmap(decide(m2, obs2, T0))
+    assert cm2 is not None and cm2["data"] == {mine: ""}

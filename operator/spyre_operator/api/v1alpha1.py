@@ -564,9 +564,26 @@ class AllowedClients(ApiModel):
 API_KEY_ENV = "VLLM_API_KEY"
 
 
+#: canary.deadlineSeconds when unset: the window plus this long for the canary's pods to
+#: start (a card's model load is minutes; an image pull on a new node more).
+CANARY_START_ALLOWANCE_SECONDS = 1800
+
+
 class CanarySpec(ApiModel):
     """A new artifact's first pods serve beside the previous artifact's and judge their own
     requests before the Deployment rolls out to it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.deadlineSeconds) || self.deadlineSeconds > "
+                    "(has(self.durationSeconds) ? self.durationSeconds : 300)",
+                    "canary.deadlineSeconds must exceed canary.durationSeconds",
+                ),
+            ]
+        }
+    )
 
     replicas: int = Field(
         default=1,
@@ -610,6 +627,31 @@ class CanarySpec(ApiModel):
             "answer); unset: latency is not judged."
         ),
     )
+    deadline_seconds: int | None = Field(
+        default=None,
+        ge=20,
+        le=172800,
+        description=(
+            "How long the canary may take from its start to its verdict; a canary not passed "
+            "by then (its pods never all available, or restarted until the window cannot "
+            "end in time) fails with CanaryDeadlineExceeded and the previous artifact keeps "
+            "serving. Unset: durationSeconds + "
+            f"{CANARY_START_ALLOWANCE_SECONDS}."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _deadline_after_window(self) -> CanarySpec:
+        if self.deadline_seconds is not None and self.deadline_seconds <= self.duration_seconds:
+            raise ValueError("canary.deadlineSeconds must exceed canary.durationSeconds")
+        return self
+
+    @property
+    def deadline(self) -> int:
+        """deadlineSeconds, or its default."""
+        if self.deadline_seconds is not None:
+            return self.deadline_seconds
+        return self.duration_seconds + CANARY_START_ALLOWANCE_SECONDS
 
 
 class ServingSpec(ApiModel):
@@ -1593,15 +1635,33 @@ class CanaryStatus(ApiModel):
         default=None,
         description=(
             "Running: its pods serve beside the previous artifact's. Passed: the Deployment "
-            "rolls out to it. Failed: a canary pod broke the bounds (CanaryFailed), the "
-            "previous artifact keeps serving."
+            "rolls out to it. Failed: a canary pod broke the bounds (CanaryFailed), it was "
+            "not passed by its deadline (CanaryDeadlineExceeded) or aborted by the annotation "
+            "(CanaryAborted); the previous artifact keeps serving."
         ),
     )
+    created_time: str | None = Field(
+        default=None, description="When the canary began (its deadline counts from here)."
+    )
+    deadline_time: str | None = Field(
+        default=None, description="When a canary not passed by then fails."
+    )
     start_time: str | None = Field(
-        default=None, description="When every canary pod was available (the window's start)."
+        default=None,
+        description=(
+            "When every canary pod was last Ready (the window's start): a canary pod that is "
+            "created again or restarts starts the window again."
+        ),
     )
     passed_time: str | None = Field(default=None, description="When the canary passed.")
-    message: str | None = Field(default=None, description="Why it failed.")
+    reason: str | None = Field(
+        default=None,
+        description=(
+            "How it ended: WindowPassed, PromotedByAnnotation, CanaryFailed, "
+            "CanaryDeadlineExceeded or CanaryAborted."
+        ),
+    )
+    message: str | None = Field(default=None, description="Why it passed or failed.")
 
 
 class SpyreModelStatus(ApiModel):

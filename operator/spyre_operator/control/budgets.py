@@ -108,6 +108,13 @@ class Budgets:
             labels = (dep.get("metadata") or {}).get("labels") or {}
             if labels.get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
                 continue
+            if labels.get(names.CANARY_LABEL) == "true":
+                # A canary holds its model's slot for as long as it exists: the switch it
+                # leads to is under way (counted once with the main Deployment's rollout).
+                model = _controller_name(dep)
+                if model:
+                    rolling.add((k[0], names.server_name(model)))
+                continue
             if k in reserved and served_key(dep) == reserved[k]:
                 self.rollout_reserved.drop(*k)  # the cache shows the switch now
                 reserved.pop(k)
@@ -146,8 +153,10 @@ class Budgets:
             and (served_key(dep) != plan.key or plan.claim not in mounted_claims(dep))
         ):
             own = (ns, names.server_name(key[1]))
-            if deployment_rolling(dep):
-                return  # already rolling: it holds its slot, switching it adds no rollout
+            if deployment_rolling(dep) or obs.canary_deployment is not None:
+                # Already rolling, or running its canary: it holds its slot, switching it
+                # adds no rollout.
+                return
             # Order: when the new artifact was compiled (status, else its Job's completion).
             artifact = (model.get("status") or {}).get("artifact") or {}
             done = artifact.get("completedAt") if artifact.get("key") == plan.key else None
@@ -206,3 +215,11 @@ class Budgets:
             return
         free = self.max_concurrent_rollouts - self.rollouts_in_use()
         self.c.enqueue(self.rollout_waiting.first(free))
+
+
+def _controller_name(obj: Mapping[str, Any]) -> str | None:
+    """The name of the object's controller (a canary Deployment's SpyreModel)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "SpyreModel":
+            return str(ref.get("name") or "") or None
+    return None

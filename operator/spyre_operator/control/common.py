@@ -215,6 +215,9 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     for c in conds:
         if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
             out["unschedulable"] = c.get("message") or "no node fits"
+        if canary and c.get("type") == "Ready" and c.get("status") == "True":
+            # A canary's window starts again when its pod turns Ready again (decide/canary.py).
+            out["readySince"] = c.get("lastTransitionTime")
     spec = pod.get("spec") or {}
     if not spec.get("nodeName") and not any(c.get("type") == "PodScheduled" for c in conds):
         # No scheduler has looked at it yet (each writes PodScheduled when it tries).

@@ -5,7 +5,7 @@ artifacts on a claim."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,6 +20,7 @@ from ..precompile_state import Stuck, job_attempt, job_stuck, template_changed
 from ..summary import ArtifactSummary, EngineFailure, parse_termination_message
 from .cache import CacheOutcome
 from .observed import (
+    CANARY_ABORT_ANNOTATION,
     COMPILING,
     FAILED,
     PENDING,
@@ -141,6 +142,9 @@ class _ArtifactFacts:
     attempts: int
     token: str | None
     old_token: str | None
+    #: status.canary (the operator's record of the spec's canary) and the abort annotation.
+    canary: dict[str, Any] = field(default_factory=dict)
+    abort: str | None = None
 
     @classmethod
     def read(
@@ -166,6 +170,10 @@ class _ArtifactFacts:
             attempts=job_attempt(obs.job) or int(old.get("attempts") or 1),
             token=((model.get("metadata") or {}).get("annotations") or {}).get(RETRY_ANNOTATION),
             old_token=old.get("retryToken"),
+            canary=(model.get("status") or {}).get("canary") or {},
+            abort=((model.get("metadata") or {}).get("annotations") or {}).get(
+                CANARY_ABORT_ANNOTATION
+            ),
         )
 
     @property
@@ -504,7 +512,7 @@ def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifact
             f"{out.cond.message}; checking its answers again ({RETRY_ANNOTATION}={a.token})",
         )  # fmt: skip
         return out
-    found = _answers_refused_by_servers(a.plan, a.obs)
+    found = _answers_refused_by_servers(a.plan, a.obs) or _canary_refused(a)
     if found is not None:
         reason, why = found
         token = a.token
@@ -523,6 +531,28 @@ def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifact
     refused = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, text))
     refused.job = out.job
     return refused
+
+
+def _canary_refused(a: _ArtifactFacts) -> tuple[str, str] | None:
+    """The operator's own verdicts on the spec's running canary (status.canary, which only
+    the operator writes): aborted by the annotation naming its artifact, or not passed by its
+    deadline (what it was doing then is its last message)."""
+    spec, st = a.plan.spec.serving.canary, a.canary
+    if spec is None or st.get("artifactKey") != a.plan.key or st.get("phase") != "Running":
+        return None
+    if a.abort and a.abort == a.plan.short_key:
+        return C.CANARY_ABORTED, (
+            f"the canary was aborted by the annotation {CANARY_ABORT_ANNOTATION}={a.abort} "
+            "(remove it, then set the retry annotation, to run the canary again)"
+        )
+    created = _parse_time(st.get("createdTime"))
+    if created is not None and (a.now - created).total_seconds() >= spec.deadline:
+        doing = str(st.get("message") or "").strip()
+        return C.CANARY_DEADLINE_EXCEEDED, (
+            f"the canary was not passed within canary.deadlineSeconds ({spec.deadline}s) of "
+            f"its start at {st.get('createdTime')}" + (f": {doing}" if doing else "")
+        )[:1024]
+    return None
 
 
 def _answers_refused_by_servers(plan: ModelPlan, obs: Observed) -> tuple[str, str] | None:

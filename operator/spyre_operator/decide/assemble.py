@@ -24,7 +24,7 @@ from ..desired.routing import InferencePool, inference_pool_name
 from ..desired.scaletozero import build_interceptor_service, wants_scale_to_zero
 from ..desired.service import build_pdb, build_service, wants_pdb
 from ..desired.site import effective_status
-from ..desired.verified import build_verified_configmap, wants_verified_env
+from ..desired.verified import build_verified_configmap, reads_verified
 from ..precompile_state import superseded
 from ..rollout import mark_rolled_out
 from .artifact import decide_artifact
@@ -118,7 +118,9 @@ def decide(
     cache = decide_cache(plan, obs)
     artifact = decide_artifact(plan, obs, model, cache, now, policy)
     serving = decide_serving(plan, obs, artifact, old_status)
-    canary = decide_canary(plan, obs, artifact, serving, old_status, now)
+    canary = decide_canary(
+        plan, obs, artifact, serving, old_status, now, meta.get("annotations") or {}
+    )
     if canary.hold is not None:
         serving = canary.hold  # the previous artifact serves while the canary runs
 
@@ -140,7 +142,7 @@ def decide(
         d.delete.append((Job, job_name))  # an earlier spec's compile: stop it, free its cards
     if serving.plan is not None and serving.key is not None:
         dep = build_deployment(serving.plan, serving.key,
-                               verified=wants_verified_env(obs.deployment, serving.key))
+                               verified=reads_verified(obs, obs.deployment, serving.key))
         d.apply.append(mark_rolled_out(dep, obs.deployment))
     if canary.deployment is not None:
         d.apply.append(canary.deployment)
@@ -166,8 +168,8 @@ def decide(
         d.delete.append((NetworkPolicy, names.server_name(name)))
     good_key, good_spec = last_good(obs.deployment, old_status)
     checked = verified_key(good_key, good_spec)
-    if checked is not None:
-        d.apply.append(build_verified_configmap(plan, checked))
+    if checked is not None or _foreign_entries(obs.verified_configmap, checked):
+        d.apply.append(build_verified_configmap(plan, checked, obs.verified_configmap))
     if routing.pool is not None:
         d.apply.append(routing.pool)
     elif routing.delete:
@@ -183,7 +185,9 @@ def decide(
         if again is not None:
             d.requeue_after = min(d.requeue_after or again, again)
     computed = C.with_kstatus(
-        decide_status(plan, obs, cache, artifact, serving, zero, silent, canary.cond)
+        decide_status(
+            plan, obs, cache, artifact, serving, zero, silent, canary.cond, canary.problem
+        )
     )
     if routing.cond is not None:
         computed.append(routing.cond)
@@ -274,3 +278,9 @@ def _events(
         parts.append(text)
     kind = "Warning" if warnings else "Normal"
     return [(kind, lead["reason"], "; ".join(parts)[:1024])]
+
+
+def _foreign_entries(live: dict[str, Any] | None, checked: str | None) -> bool:
+    """The operator's output-check ConfigMap holds a non-empty entry it did not write."""
+    mine = names.short_key(checked) if checked else None
+    return any(v and k != mine for k, v in ((live or {}).get("data") or {}).items())

@@ -12,6 +12,7 @@ status and status.canary (the window's start), so a restarted operator decides t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from lightkube.resources.apps_v1 import Deployment
@@ -20,9 +21,17 @@ from .. import conditions as C
 from ..desired import names
 from ..desired.deployment import build_canary_deployment
 from ..desired.plan import ModelPlan
-from ..desired.verified import wants_verified_env
+from ..desired.verified import reads_verified
 from .artifact import ArtifactOutcome
-from .observed import READY, Observed, _parse_time, served_key
+from .observed import (
+    CANARY_PROMOTE_ANNOTATION,
+    READY,
+    Observed,
+    _fmt_time,
+    _parse_time,
+    _seconds_between,
+    served_key,
+)
 from .serving import ServingOutcome, _engine_failure, _previous_serving, _rollout
 
 RUNNING, PASSED, FAILED = "Running", "Passed", "Failed"
@@ -41,6 +50,8 @@ class CanaryOutcome:
     status: dict[str, Any] | None = None
     #: Progressing while it runs (or cannot start).
     cond: C.Cond | None = None
+    #: A canary pod's engine failure (reason, message): Degraded says it.
+    problem: tuple[str, str] | None = None
     requeue_after: float | None = None
 
 
@@ -51,16 +62,21 @@ def decide_canary(
     serving: ServingOutcome,
     old_status: dict[str, Any],
     now: str,
+    annotations: dict[str, Any] | None = None,
 ) -> CanaryOutcome:
     """Run, pass, or remove the canary of the spec's artifact.
 
     A canary runs when serving.canary is set, the spec's artifact is ready and the Deployment
-    would switch to it from another artifact that serves (the first artifact of a model has
-    none, nor a model at zero replicas or whose pods all fail: nothing to compare with). It
-    passes once every canary pod has been available for durationSeconds without breaking the
-    bounds; the Deployment then rolls out and the canary is removed when that rollout is done.
-    It fails when a canary pod stops with CanaryFailed (or OutputMismatch): the artifact is
-    refused (status.artifact says why; the retry annotation runs the canary again).
+    would switch to it from another artifact (the first artifact of a model has none, nor a
+    model at zero replicas: nothing to compare with). A main Deployment with no pod available
+    (a restart, an eviction) is no reason to skip it: the canary's pods serve meanwhile. It
+    passes once every canary pod has been Ready for durationSeconds without breaking the
+    bounds (a canary pod created again, or restarted, starts the window again), or when the
+    promote annotation names its artifact; the Deployment then rolls out and the canary is
+    removed when that rollout is done. It fails when a canary pod stops with CanaryFailed (or
+    OutputMismatch), when it is not passed by its deadline, or when the abort annotation names
+    its artifact (decide/artifact.py refuses the artifact; the retry annotation runs the
+    canary again).
     """
     spec = plan.spec.serving.canary
     old = old_status.get("canary") or {}
@@ -68,11 +84,14 @@ def decide_canary(
     live = obs.canary_deployment
     out = CanaryOutcome(delete=live is not None)
     if artifact.answers_refused:
-        # CanaryFailed, or a canary pod's OutputMismatch: either way the canary is over.
-        if mine or artifact.status.get("reason") == C.CANARY_FAILED:
+        # CanaryFailed, its deadline, an abort, or a canary pod's OutputMismatch: the canary
+        # is over.
+        if mine or artifact.status.get("reason") in C.CANARY_REFUSED_REASONS:
             out.status = {
+                **{k: old[k] for k in ("createdTime", "startTime") if mine and k in old},
                 "artifactKey": plan.key,
                 "phase": FAILED,
+                "reason": artifact.status.get("reason"),
                 "message": str(artifact.status.get("message") or "")[:1024],
             }
         return out
@@ -81,9 +100,8 @@ def decide_canary(
     if spec is None or artifact.phase != READY or not serving.current(plan):
         return out  # none asked; the artifact is not ready, refused, or waits for a slot
     previous = _previous_serving(plan, obs, old_status)
-    serves = int(((obs.deployment or {}).get("status") or {}).get("availableReplicas") or 0)
-    if serves == 0 or plan.spec.replicas == 0:
-        return out  # nothing serves the previous artifact (scaled to zero, crashing): switch
+    if plan.spec.replicas == 0:
+        return out  # scaled to zero: nothing to compare with, nothing serves to switch from
     if previous.plan is None or previous.key == plan.key:
         # A first rollout, or the Deployment serves this artifact already: a canary that
         # passed stays until that rollout is done (it still takes its share meanwhile).
@@ -95,46 +113,93 @@ def decide_canary(
         return out  # the Deployment rolls out to it now
     out.delete = False
     out.hold = previous
+    running = mine and old.get("phase") == RUNNING
+    created = str(old.get("createdTime") or now) if running else now
+    deadline = _deadline(created, spec.deadline)
+    out.status = {
+        "artifactKey": plan.key, "phase": RUNNING, "createdTime": created,
+        **({"deadlineTime": deadline} if deadline else {}),
+    }  # fmt: skip
     if obs.canary_foreign:
         out.cond = C.Cond(
             C.PROGRESSING, C.TRUE, C.NAME_CONFLICT,
             f"the canary of artifact {plan.short_key} cannot start: {obs.canary_foreign}",
         )  # fmt: skip
+        out.status["message"] = out.cond.message
         return out
-    out.deployment = build_canary_deployment(plan, plan.key, wants_verified_env(live, plan.key))
+    out.deployment = build_canary_deployment(plan, plan.key, reads_verified(obs, live, plan.key))
     available = _available(live, plan.key)
-    started = old.get("startTime") if mine and old.get("phase") == RUNNING else None
-    if started is None and available >= spec.replicas:
-        started = now
-    out.status = {"artifactKey": plan.key, "phase": RUNNING}
+    pods = [p for p in obs.server_pods if p.get("canary") and p.get("artifact") == plan.short_key]
+    started = _window_start(old.get("startTime") if running else None, pods)
+    if available < spec.replicas:
+        started = None
+    elif started is None:
+        started = now  # available, but the pod cache does not show its pods yet
     previous_key = names.short_key(previous.key or "")
-    pods = f"{available}/{spec.replicas} canary pod{'s' if spec.replicas > 1 else ''}"
+    count = f"{available}/{spec.replicas} canary pod{'s' if spec.replicas > 1 else ''}"
+    promote = str((annotations or {}).get(CANARY_PROMOTE_ANNOTATION) or "")
+    if promote and promote == plan.short_key:
+        out.status = {
+            **out.status, "phase": PASSED, "passedTime": now,
+            "reason": C.PROMOTED_BY_ANNOTATION,
+            "message": f"promoted by the annotation {CANARY_PROMOTE_ANNOTATION}={promote} "
+                       f"({count} available then)",
+        }  # fmt: skip
+        if started is not None:
+            out.status["startTime"] = started
+        out.hold = None
+        return out
+    out.problem = _engine_failure(pods)
+    until = f"; it fails unless passed by {deadline}" if deadline else ""
     if started is None:
-        failure = _engine_failure(
-            [p for p in obs.server_pods if p.get("canary") and p.get("artifact") == plan.short_key]
-        )
         out.cond = C.Cond(
             C.PROGRESSING, C.TRUE, C.CANARY_RUNNING,
-            f"the canary of artifact {plan.short_key} starts ({pods} available); artifact "
-            f"{previous_key} serves meanwhile" + (f"; {failure[1]}" if failure else ""),
+            f"the canary of artifact {plan.short_key} starts ({count} available); artifact "
+            f"{previous_key} serves meanwhile" + (f"; {out.problem[1]}" if out.problem else "")
+            + until,
         )  # fmt: skip
+        out.status["message"] = out.cond.message[:1024]
+        out.requeue_after = _seconds_until(now, deadline)
         return out
     out.status["startTime"] = started
-    t0, t = _parse_time(started), _parse_time(now)
-    elapsed = (t - t0).total_seconds() if t0 is not None and t is not None else 0.0
+    elapsed = _seconds_between(started, now) or 0.0
     left = spec.duration_seconds - elapsed
-    if left <= 0 and available >= spec.replicas:
-        out.status = {**out.status, "phase": PASSED, "passedTime": now}
+    if left <= 0:
+        out.status = {
+            **out.status, "phase": PASSED, "passedTime": now, "reason": C.WINDOW_PASSED,
+            "message": f"{count} served {spec.duration_seconds}s within the bounds "
+                       f"({_bounds(plan)})",
+        }  # fmt: skip
         out.hold = None  # the Deployment rolls out to the new artifact
         return out
-    out.requeue_after = max(left, 1.0)
+    out.requeue_after = min(max(left, 1.0), _seconds_until(now, deadline) or left)
     out.cond = C.Cond(
         C.PROGRESSING, C.TRUE, C.CANARY_RUNNING,
-        f"artifact {plan.short_key} serves on {pods} beside artifact {previous_key} "
+        f"artifact {plan.short_key} serves on {count} beside artifact {previous_key} "
         f"since {started}; the Deployment rolls out to it after {spec.duration_seconds}s "
-        f"within its bounds ({_bounds(plan)})",
+        f"within its bounds ({_bounds(plan)})" + until,
     )  # fmt: skip
+    out.status["message"] = out.cond.message[:1024]
     return out
+
+
+def _window_start(recorded: str | None, pods: list[dict[str, Any]]) -> str | None:
+    """The window's start: the latest time a canary pod of the artifact turned Ready (a pod
+    created again, or restarted, is Ready again later), and never before what status recorded
+    (a pod cache that lags behind shows an earlier one)."""
+    times = [str(p["readySince"]) for p in pods if p.get("ready") and p.get("readySince")]
+    candidates = [t for t in (recorded, max(times, default=None)) if _parse_time(t)]
+    return max(candidates, key=lambda t: _parse_time(t)) if candidates else None  # type: ignore
+
+
+def _deadline(created: str, seconds: int) -> str | None:
+    t = _parse_time(created)
+    return _fmt_time(t + timedelta(seconds=seconds)) if t is not None else None
+
+
+def _seconds_until(now: str, then: str | None) -> float | None:
+    left = _seconds_between(now, then)
+    return None if left is None else max(left, 1.0)
 
 
 def _available(deployment: dict[str, Any] | None, key: str) -> int:

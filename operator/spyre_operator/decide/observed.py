@@ -27,6 +27,11 @@ PENDING, COMPILING, READY, FAILED = "Pending", "Compiling", "Ready", "Failed"
 
 #: Setting this annotation to a new value retries a failed compile at once.
 RETRY_ANNOTATION = f"{GROUP}/retry-compile"
+#: On a SpyreModel, naming the short key of the artifact on its canary: promote it now (the
+#: window is not waited for), or abort it (refused as CanaryAborted). A value naming another
+#: artifact does nothing, so a GitOps source that keeps it is harmless at the next edit.
+CANARY_PROMOTE_ANNOTATION = f"{GROUP}/canary-promote"
+CANARY_ABORT_ANNOTATION = f"{GROUP}/canary-abort"
 
 _TIME_FMT = "%Y-%m-%dT%H:%M:%SZ"
 

@@ -48,6 +48,8 @@ class _StatusFacts:
     canary: C.Cond | None = None
     #: Serving pods no scheduler has looked at for SCHEDULER_SILENCE_SECONDS (why), if any.
     no_scheduler: str | None = None
+    #: (reason, message) of a canary pod that failed or cannot start.
+    canary_problem: tuple[str, str] | None = None
 
 
 def _conflict(plan: ModelPlan, obs: Observed) -> str | None:
@@ -76,6 +78,7 @@ def decide_status(
     zero: ScaleToZeroOutcome | None = None,
     no_scheduler: str | None = None,
     canary: C.Cond | None = None,
+    canary_problem: tuple[str, str] | None = None,
 ) -> list[C.Cond]:
     """Ready, Progressing and Degraded (CacheVolumeReady and ArtifactReady come as they are).
 
@@ -94,6 +97,7 @@ def decide_status(
         zero_problem=_zero_problem(zero),
         no_scheduler=no_scheduler,
         canary=canary,
+        canary_problem=canary_problem,
     )
     conds = [
         _ready(plan, cache, artifact, serving, facts),
@@ -150,6 +154,7 @@ def _degraded(
             else f"model claim {plan.model_claim} not found in namespace {plan.namespace}",
         ),
         f.engine_failure or ("", None),
+        f.canary_problem or ("", None),
         (C.ROLLOUT_STALLED, f.roll.stall),
     ):
         if message:
@@ -207,7 +212,7 @@ def _ready(
                 + (
                     f"failed its canary ({artifact.status.get('message')})"
                     if artifact.answers_refused
-                    and artifact.status.get("reason") == C.CANARY_FAILED
+                    and artifact.status.get("reason") in C.CANARY_REFUSED_REASONS
                     else f"failed its output check ({artifact.status.get('message')})"
                     if artifact.answers_refused
                     else "runs its canary"

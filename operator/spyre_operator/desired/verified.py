@@ -15,7 +15,9 @@ over changed weights is checked again.
 
 The ConfigMap is derived from status alone (which the operator rebuilds from the cluster), a
 child like the PDB: watched, server-side applied, never written over when same-named and not the
-operator's, collected with its model.
+operator's, collected with its model. Only the operator's record counts: while a same-named
+ConfigMap that is not the operator's exists, pod templates do not read it (every pod checks),
+and an entry someone else adds to the operator's is emptied at the next reconcile.
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ def wants_verified_env(live: dict[str, Any] | None, key: str) -> bool:
     return annotations.get(names.ARTIFACT_KEY_ANNOTATION) != key
 
 
+def reads_verified(obs: Any, live: dict[str, Any] | None, key: str) -> bool:
+    """Whether a Deployment serving ``key`` reads the output-check ConfigMap: as
+    :func:`wants_verified_env`, and never while a same-named ConfigMap that is not the
+    operator's exists (the kubelet would read its entries, and a pod skip its check)."""
+    return "ConfigMap" not in obs.foreign and wants_verified_env(live, key)
+
+
 def verified_message(key: str) -> str:
     return (
         f"artifact {names.short_key(key)} passed its output check on every replica of its "
@@ -70,8 +79,20 @@ def verified_message(key: str) -> str:
     )
 
 
-def build_verified_configmap(plan: ModelPlan, key: str) -> ConfigMap:
-    """``<model>-output-check``: the verified artifact (one: the last good one)."""
+def build_verified_configmap(
+    plan: ModelPlan, key: str | None, live: dict[str, Any] | None = None
+) -> ConfigMap:
+    """``<model>-output-check``: the verified artifact (one: the last good one; None: none).
+
+    Only the operator's own entry may tell a pod to skip its check. An entry someone else
+    added to the operator's ConfigMap (the operator's apply would leave it: another field
+    manager's) is applied empty, with force: the engine reads an empty value as "not
+    verified", and the operator then owns that entry, so its next apply, which leaves it
+    out, removes it."""
+    data = {names.short_key(key): verified_message(key)} if key else {}
+    for k, v in ((live or {}).get("data") or {}).items():
+        if k not in data and v:
+            data[str(k)] = ""
     return ConfigMap(
         metadata=ObjectMeta(
             name=names.verified_name(plan.name),
@@ -82,5 +103,5 @@ def build_verified_configmap(plan: ModelPlan, key: str) -> ConfigMap:
             },
             ownerReferences=[controller_ref(plan.owner)],
         ),
-        data={names.short_key(key): verified_message(key)},
+        data=data,
     )
