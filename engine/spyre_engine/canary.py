@@ -52,6 +52,29 @@ class Tally:
         self.seconds += seconds
 
 
+def judging(bounds: CanaryBounds, tally: Tally, window_over: bool) -> bool:
+    """Whether a canary still judges its requests: during its window, and after it until
+    ``min_requests`` were judged (an idle window is no evidence; the operator holds the
+    rollout until the count is reached)."""
+    return not window_over or tally.requests < max(bounds.min_requests, 1)
+
+
+def report(bounds: CanaryBounds, tally: Tally, window_left: float | None) -> dict[str, object]:
+    """What ``GET /health/canary`` answers (the operator reads ``judged`` against the model's
+    minRequests before it promotes): the canary's counts, the window left (None: not Ready
+    yet) and whether it still judges."""
+    over = window_left is not None and window_left <= 0
+    return {
+        "canary": True,
+        "judged": tally.requests,
+        "errors": tally.errors,
+        "meanSeconds": round(tally.seconds / tally.requests, 6) if tally.requests else None,
+        "minRequests": bounds.min_requests,
+        "windowLeftSeconds": None if window_left is None else round(max(window_left, 0.0), 3),
+        "judging": window_left is not None and judging(bounds, tally, over),
+    }
+
+
 def verdict(bounds: CanaryBounds, tally: Tally) -> str | None:
     """Why the canary fails, or None while it keeps within its bounds. Nothing is judged
     before ``min_requests`` requests: one early error is not a rate."""

@@ -387,6 +387,7 @@ class EngineServer:
         app.router.add_get("/health/startup", self.startup_probe)
         app.router.add_get("/health/ready", self.readiness_probe)
         app.router.add_get("/health/live", self.liveness_probe)
+        app.router.add_get("/health/canary", self.canary_report)
         metrics_port = self.settings.metrics_port
         app.router.add_get(
             "/metrics", self.metrics_endpoint if metrics_port is None else self.metrics_elsewhere
@@ -429,6 +430,13 @@ class EngineServer:
             return web.json_response({"status": "ready"})
         status = "draining" if self.draining or self.unready else "starting"
         return web.json_response({"status": status}, status=503)
+
+    async def canary_report(self, request: web.Request) -> web.Response:
+        """A canary's counts for the operator (canary.report); 404 on a pod that is none."""
+        if self.canary is None:
+            return web.json_response({"canary": False}, status=404)
+        left = None if self.canary_until is None else self.canary_until - time.monotonic()
+        return web.json_response(canary.report(self.canary, self.tally, left))
 
     async def liveness_probe(self, request: web.Request) -> web.Response:
         """200 while healthy (also while loading and draining); 503 if vLLM died or hangs."""
@@ -509,7 +517,7 @@ class EngineServer:
             return
         if not canary.is_evidence(status):
             return
-        if time.monotonic() > self.canary_until:
+        if not canary.judging(self.canary, self.tally, time.monotonic() > self.canary_until):
             return
         self.tally.add(status, seconds)
         why = canary.verdict(self.canary, self.tally)

@@ -111,6 +111,9 @@ CANARY_DEADLINE_EXCEEDED = "CanaryDeadlineExceeded"
 CANARY_ABORTED = "CanaryAborted"
 #: Progressing=True: the new artifact serves on its canary pods beside the previous one.
 CANARY_RUNNING = "CanaryRunning"
+#: Progressing=True: the canary's window is over, but a canary pod judged fewer than
+#: minRequests requests: the rollout waits for traffic (or the deadline).
+CANARY_AWAITING_TRAFFIC = "CanaryAwaitingTraffic"
 #: How a canary ended, besides the failures above (status.canary.reason).
 WINDOW_PASSED = "WindowPassed"
 PROMOTED_BY_ANNOTATION = "PromotedByAnnotation"

@@ -311,6 +311,10 @@ class Controller:
         )
         if short:
             obs.server_pods = await self.observer.recent_server_pods(key)
+        if plan is not None and obs.canary_deployment is not None:
+            obs.canary_reports = await self.observer.canary_reports(
+                obs.server_pods, plan.short_key, plan.spec.serving.port
+            )
         if plan is not None and plan.claim_managed:
             obs.collected = await self.gc.collected(ns, plan.claim)
         if plan is not None:  # no await from here to the reservation: slots are counted once

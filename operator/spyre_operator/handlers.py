@@ -177,7 +177,8 @@ def policy_from_env(env: Any) -> Policy:
     """Reconcile tunables: SPYRE_COMPILE_RETRY_BASE_SECONDS / _MAX_SECONDS (compile retries),
     SPYRE_GC_INTERVAL_SECONDS (how often a cache claim's artifacts are evaluated for GC),
     SPYRE_SCHEDULER_SILENCE_SECONDS (how long serving pods wait for a scheduler's look before
-    the model says SchedulerNotRunning)."""
+    the model says SchedulerNotRunning); POD_NAMESPACE (the chart's: the operator's own
+    namespace, admitted by a canary model's NetworkPolicy)."""
     return Policy(
         retry_base_seconds=float(env.get("SPYRE_COMPILE_RETRY_BASE_SECONDS", 60)),
         retry_cap_seconds=float(env.get("SPYRE_COMPILE_RETRY_MAX_SECONDS", 3600)),
@@ -186,6 +187,7 @@ def policy_from_env(env: Any) -> Policy:
         ),
         scheduler_silence_seconds=float(env.get(
             "SPYRE_SCHEDULER_SILENCE_SECONDS", DEFAULT_POLICY.scheduler_silence_seconds)),
+        operator_namespace=env.get("POD_NAMESPACE") or None,
     )
 
 

@@ -47,8 +47,12 @@ def test_a_canary_that_breaks_its_bounds_leaves_the_service_then_stops_with_cana
     # GETs are not judged nor faulted
     assert httpx.get(f"{engine.url}/v1/models", timeout=30).status_code == 200
     # Every second request fails (the injector); 2 of 4 > 30% once 4 are answered.
+    report = httpx.get(f"{engine.url}/health/canary", timeout=10).json()
+    assert (report["judged"], report["minRequests"], report["judging"]) == (0, 4, True), report
     assert [_complete(engine.url) for _ in range(3)] == [200, 500, 200]
     assert engine.probe("/health/ready") == 200, "3 requests: not judged yet"
+    report = httpx.get(f"{engine.url}/health/canary", timeout=10).json()
+    assert (report["judged"], report["errors"]) == (3, 1), report
     assert _complete(engine.url) == 500
     failed_at = time.monotonic()
     assert engine.probe("/health/ready") == 503, "out of the Service at once"
@@ -61,3 +65,31 @@ def test_a_canary_that_breaks_its_bounds_leaves_the_service_then_stops_with_cana
     summary = json.loads((art.parent / f"{art.name}.termlog").read_text())
     assert summary["reason"] == "CanaryFailed"
     assert "2 of its 4 requests failed with a server error (50%" in summary["message"]
+
+
+def test_a_canary_past_its_window_keeps_judging_until_min_requests(
+    start_engine, tiny_model: Path, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 44: a canary whose window saw no traffic judged nothing after it, so the requests
+    that came later never made ``minRequests`` and the operator (which now waits for them)
+    would wait for good. Past its window it judges until minRequests, then stops."""
+    art = tmp_path / "art"
+    precompile_eager(tiny_model, art)
+    engine = _serve(start_engine, tiny_model, art, DRAIN, "--canary-seconds", "1",
+                    "--canary-min-requests", "3")  # fmt: skip
+
+    def report() -> dict[str, object]:
+        out: dict[str, object] = httpx.get(f"{engine.url}/health/canary", timeout=10).json()
+        return out
+
+    deadline = time.monotonic() + 60
+    while report()["windowLeftSeconds"] != 0.0:  # polled: the window's end, as it says
+        assert time.monotonic() < deadline, report()
+    assert [_complete(engine.url) for _ in range(2)] == [200, 200]
+    r = report()
+    assert (r["judged"], r["judging"]) == (2, True), r
+    assert _complete(engine.url) == 200
+    r = report()
+    assert (r["judged"], r["judging"]) == (3, False), r
+    assert _complete(engine.url) == 200
+    assert report()["judged"] == 3, "settled: no more judging"

@@ -22,7 +22,9 @@ pod, so the main Deployment never moves. A third artifact (eager: no references,
 whose engine answers every request with a 500 (``SPYRE_ENGINE_FAULT_ERROR_RATIO``, the engine's
 fault flag) passes the check nobody asks and takes its share of the traffic as a canary: it
 breaks the bounds, stops with ``CanaryFailed``, and the model keeps the first artifact. The only
-failed requests are the canary's injected 500s, none once it is gone.
+failed requests are the canary's injected 500s, none once it is gone. Before its traffic starts
+(issue 44), the operator has read the canary pod's own count (0 judged), and the main pod,
+deleted, leaves the Deployment at 0 available without promoting the canary's artifact.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
     support.create_model_pvc(env.cp, env.ns, path=PATH)
     model_dir = claim_host_dir(env.cp, env.kube, MODEL_CLAIM) / PATH
     perturbed = model_dir.parent / f".{PATH}-perturbed.safetensors"
+    original = model_dir.parent / f".{PATH}-original.safetensors"
     subprocess.run([sys.executable, "-c", _SHARPEN_AND_PERTURB, str(model_dir / WEIGHTS),
                     str(perturbed)],
                    check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -183,6 +186,7 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
         # the plugin's worker logs it once the model is loaded (spyre_worker.load_model)
         env.kube.wait(lambda: _job_log(env, job).count("load model took") >= 2, 600,
                       "the second precompile's reference run loaded the weights")  # fmt: skip
+        shutil.copy2(model_dir / WEIGHTS, original)  # the same bytes, size and mtime
         os.replace(perturbed, model_dir / WEIGHTS)
         t1 = time.monotonic()
 
@@ -212,12 +216,36 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
         steady.wait_successes(len(steady.results()) + 3)
         env.kube.wait(lambda: _canary_gone(env), 120, "the refused artifact's canary removed")
         assert not failures(steady.results()), failures(steady.results())[:5]
+        quiet = steady.stop()  # no traffic while the third artifact's canary starts
+        # Artifact 1's files back (a pod of it started on the changed ones would, rightly,
+        # fail its check): its pod is deleted below, and its replacement must come up.
+        os.replace(original, model_dir / WEIGHTS)
 
         # A canary that answers 500: it fails on its bounds and the model keeps artifact 1.
         env.kube.apply_model(MODEL, _spec(env, {"env": [FAULT]}, backend="eager"))
         env.kube.wait(lambda: (support.condition(env.kube.model(MODEL), "Progressing") or {})
                       .get("reason") == C.CANARY_RUNNING, 600,
                       "the third artifact's canary")  # fmt: skip
+        # Issue 44: the operator reads the canary pod's own count (its /health/canary) ...
+        counted = env.kube.wait(lambda: (c := env.kube.model(MODEL)["status"].get("canary")
+                                         or {}).get("judgedRequests") == 0 and c, 120,
+                                "the canary pod's count of judged requests read")  # fmt: skip
+        assert counted["minRequests"] == CANARY["minRequests"], counted
+        # ... and every main pod gone at once (a restart, an eviction) promotes nothing: before,
+        # the Deployment switched to the canary's artifact the moment none was available.
+        for p in support.server_pods(env.cp, env.ns, MODEL):
+            if not p["metadata"]["labels"].get(names.CANARY_LABEL):
+                env.cp.kubectl("delete", "pod", "-n", env.ns, p["metadata"]["name"],
+                               "--wait=false")  # fmt: skip
+        env.kube.wait(lambda: (env.kube.get("deployment", names.server_name(MODEL)) or {})
+                      .get("status", {}).get("availableReplicas") in (None, 0), 60,
+                      "the main Deployment at 0 available")  # fmt: skip
+        env.kube.wait(lambda: ((env.kube.get("deployment", names.server_name(MODEL)) or {})
+                               .get("status", {}).get("availableReplicas") or 0) >= 1, 300,
+                      "artifact 1's replacement pod available")  # fmt: skip
+        assert _served_key(env) == key1, "the main Deployment left artifact 1 at 0 available"
+        assert env.kube.model(MODEL)["status"]["canary"]["phase"] == "Running"
+        steady = Steady(env.client, url)
 
         def canary_failed() -> dict[str, Any] | None:
             m = env.kube.model(MODEL)
@@ -235,8 +263,9 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
         gone_at = time.time()
         steady.wait_successes(sum(r.get("status") == 200 for r in steady.results()) + 3)
     finally:
-        results = steady.stop()
+        results = quiet + steady.stop() if "quiet" in locals() else steady.stop()
         shutil.rmtree(model_dir, ignore_errors=True)
+        original.unlink(missing_ok=True)
     bad = failures(results)
     print(f"steady traffic: {len(results)} requests, {len(bad)} failed (the canary's 500s)")
     assert bad, "the faulty canary took no share of the traffic"

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from spyre_operator import conditions as C
+from spyre_operator.canary_report import CanaryReport
 from spyre_operator.decide.observed import RETRY_ANNOTATION
 from spyre_operator.desired import names
 from spyre_operator.reconcile import Observed, decide, served_key
@@ -97,6 +98,8 @@ def test_a_new_artifact_runs_its_canary_beside_the_previous_one_then_rolls_out()
 
     # Its pod is available: the window starts, and a resync before its end changes nothing.
     obs.canary_deployment = _available(canary, 1)
+    obs.server_pods = [_pod(b, T1)]
+    obs.canary_reports = {"m-canary-0": CanaryReport(judged=4, errors=0)}
     b = _with_status(b, d.status)
     d = decide(b, obs, T1)
     assert _running(d)["startTime"] == T1
@@ -106,7 +109,25 @@ def test_a_new_artifact_runs_its_canary_beside_the_previous_one_then_rolls_out()
     d = decide(b, obs, T2)  # 60 s in
     assert _main_key(d) == key_a and d.status["canary"]["startTime"] == T1
 
-    # The window passed: the Deployment rolls out to B; the canary stays until that is done.
+    assert "pod m-canary-0 judged 4 of 10 requests" in cond(d, C.PROGRESSING)["message"]
+
+    # Issue 44: the window is over, but the canary judged 4 of its 10 requests: no promotion
+    # (an idle canary proves nothing); the rollout waits, and says for what.
+    d = decide(b, obs, T3)
+    assert d.status["canary"]["phase"] == "Running" and _main_key(d) == key_a
+    assert (d.status["canary"]["judgedRequests"], d.status["canary"]["minRequests"]) == (4, 10)
+    progressing = cond(d, C.PROGRESSING)
+    assert progressing["reason"] == C.CANARY_AWAITING_TRAFFIC, progressing
+    assert "judged 4 of 10 requests" in progressing["message"]
+    assert d.requeue_after is not None and d.requeue_after <= 10
+    # A count that cannot be read is no count either.
+    obs.canary_reports = {"m-canary-0": "http://10.0.0.9:8000/health/canary: TimeoutError"}
+    d = decide(b, obs, T3)
+    assert cond(d, C.PROGRESSING)["reason"] == C.CANARY_AWAITING_TRAFFIC
+    assert "TimeoutError" in cond(d, C.PROGRESSING)["message"]
+
+    # The requests came: the Deployment rolls out to B; the canary stays until that is done.
+    obs.canary_reports = {"m-canary-0": CanaryReport(judged=10, errors=1)}
     d = decide(b, obs, T3)
     assert d.status["canary"]["phase"] == "Passed" and d.status["canary"]["passedTime"] == T3
     assert _main_key(d) == key_b
@@ -188,6 +209,8 @@ def test_an_operator_restarted_mid_canary_keeps_its_window() -> None:
     a, b, obs = _a_serves_then_b_compiled()
     d = decide(b, obs, T1)
     obs.canary_deployment = _available(_canary(d) or {}, 1)
+    obs.server_pods = [_pod(b, T1)]
+    obs.canary_reports = {"m-canary-0": CanaryReport(judged=10, errors=0)}
     d = decide(_with_status(b, d.status), obs, T1)
     saved = _with_status(b, d.status)
     again = decide(copy.deepcopy(saved), obs, T2)
@@ -461,3 +484,22 @@ def test_the_promote_and_abort_annotations_act_on_the_artifact_they_name_only() 
     assert x.status["artifact"]["reason"] == C.CANARY_ABORTED
     assert x.status["canary"]["phase"] == "Failed" and _main_key(x) == plan_for(a).key
     assert names.canary_name("m") in [n for _, n in x.delete]
+
+
+def test_a_switch_that_leaves_no_old_pod_says_what_it_costs_before_it_happens() -> None:
+    """Issue 44, 7: with replicas 1 and the default rollout (maxSurge 0, maxUnavailable 1),
+    the old pod is gone before the new one has loaded and checked its answers. The switch's
+    Progressing says so, and how to avoid it; not with a surge or a canary."""
+    a, b, obs = _a_serves_then_b_compiled()
+    plain = copy.deepcopy(b)
+    del plain["spec"]["serving"]["canary"]
+    d = decide(plain, obs, T1)
+    assert _main_key(d) == plan_for(b).key
+    progressing = cond(d, C.PROGRESSING)
+    assert progressing["reason"] == C.ROLLING_OUT, progressing
+    assert "serves nothing while the new pods load" in progressing["message"]
+    assert "maxSurge: 1" in progressing["message"]
+    surge = copy.deepcopy(plain)
+    surge["spec"]["serving"]["rollout"] = {"maxSurge": 1, "maxUnavailable": 0}
+    d = decide(surge, obs, T1)
+    assert "serves nothing" not in cond(d, C.PROGRESSING)["message"]

@@ -90,3 +90,21 @@ def test_a_failed_canary_leaves_the_service_before_it_drains() -> None:
     assert probe is not None and probe.periodSeconds and probe.failureThreshold
     needed = probe.periodSeconds * probe.failureThreshold + ENDPOINT_GRACE_SECONDS
     assert CANARY_UNREADY_SECONDS >= needed
+
+
+def test_an_idle_window_keeps_judging_until_min_requests_and_reports_its_count() -> None:
+    """Issue 44: below minRequests nothing was judged, and a window that saw no traffic passed.
+    The engine judges past its window until minRequests are judged, and says how many it has
+    (GET /health/canary: what the operator holds the rollout on)."""
+    b = canary.CanaryBounds(seconds=60, max_error_ratio=0.1, min_requests=3)
+    t = canary.Tally()
+    assert canary.judging(b, t, window_over=False) and canary.judging(b, t, window_over=True)
+    for _ in range(3):
+        t.add(200, 0.5)
+    assert canary.judging(b, t, window_over=False), "the window runs its time"
+    assert not canary.judging(b, t, window_over=True), "settled: window over, count reached"
+    assert canary.report(b, t, 0.0) == {
+        "canary": True, "judged": 3, "errors": 0, "meanSeconds": 0.5, "minRequests": 3,
+        "windowLeftSeconds": 0.0, "judging": False}
+    assert canary.report(b, canary.Tally(), None)["judging"] is False, "not Ready yet"
+    assert canary.report(b, canary.Tally(), -5.0)["judging"] is True

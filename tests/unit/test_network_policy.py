@@ -133,3 +133,17 @@ def test_metrics_from_alone_leaves_the_serving_port_open() -> None:
     assert build_network_policy(p, None).to_dict()["spec"]["policyTypes"] == ["Ingress"]
     # metricsFrom: [] closes the metrics port only
     assert rules({"metricsPort": 8001, "metricsFrom": []}) == {"http": None}
+
+
+def test_a_canary_model_admits_the_operators_namespace_to_read_its_count() -> None:
+    """Issue 44: the operator reads each canary pod's judged requests from the serving port;
+    a model whose allowFrom admits only its clients would make every canary wait for its
+    deadline. Only a model with a canary, only the operator's namespace."""
+    allowed = {"allowFrom": [{"podSelector": {"role": "client"}}]}
+    with_canary = plan({**GENERATE, "serving": {**allowed, "canary": {"replicas": 1}}})
+    (rule,) = build_network_policy(with_canary, None, "spyre-system").to_dict()["spec"]["ingress"]
+    assert rule["from"][-1] == {"namespaceSelector": {
+        "matchLabels": {"kubernetes.io/metadata.name": "spyre-system"}}}
+    (rule,) = build_network_policy(plan({**GENERATE, "serving": allowed}), None,
+                                   "spyre-system").to_dict()["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"role": "client"}}}]

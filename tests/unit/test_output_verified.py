@@ -152,3 +152,33 @@ def test_an_entry_someone_else_added_to_our_configmap_is_emptied() -> None:
                                "data": {mine: "trust me"}}  # fmt: skip
     cm2 = _configmap(decide(m2, obs2, T0))
     assert cm2 is not None and cm2["data"] == {mine: ""}
+
+
+def test_the_outcome_is_on_the_models_status_not_only_in_a_configmap() -> None:
+    """Issue 44, 8: where a GitOps tool reads it: which artifact passed, when, on how many
+    pods; kept (with its time) by later reconciles."""
+    m, d, obs = _served(GENERATE)
+    key = plan_for(m).key
+    check = d.status["outputCheck"]
+    assert check == {"artifactKey": key, "result": "Passed", "pods": 1, "time": T0}, check
+    again = decide(_with_status(m, d.status), obs, "2026-11-21T11:00:00Z")
+    assert again.status["outputCheck"]["time"] == T0
+    off = copy.deepcopy(GENERATE)
+    off.setdefault("serving", {})["outputCheck"] = "Off"
+    _, d_off, _ = _served(off)
+    assert "outputCheck" not in d_off.status, "nothing was checked"
+
+
+def test_a_refused_artifact_is_recorded_as_failed() -> None:
+    from .test_canary import _a_serves_then_b_compiled, _canary
+
+    _, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T0)
+    mismatch = json.dumps({"reason": "OutputMismatch", "message": "prompt 0 position 3: ..."})
+    obs.canary_deployment = _canary(d)
+    obs.server_pods = [{"name": "m-canary-x", "artifact": plan_for(b).short_key, "canary": True,
+                        "terminated": {"exitCode": 1, "message": mismatch}}]  # fmt: skip
+    d = decide(_with_status(b, d.status), obs, T0)
+    check = d.status["outputCheck"]
+    assert (check["artifactKey"], check["result"]) == (plan_for(b).key, "Failed"), check
+    assert "position 3" in check["message"]

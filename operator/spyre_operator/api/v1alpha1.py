@@ -1654,6 +1654,16 @@ class CanaryStatus(ApiModel):
         ),
     )
     passed_time: str | None = Field(default=None, description="When the canary passed.")
+    judged_requests: int | None = Field(
+        default=None,
+        description=(
+            "The fewest inference requests a canary pod judged (its engine's count, read from "
+            "the pod): the canary passes only once every canary pod judged minRequests."
+        ),
+    )
+    min_requests: int | None = Field(
+        default=None, description="canary.minRequests, the count each canary pod needs."
+    )
     reason: str | None = Field(
         default=None,
         description=(
@@ -1662,6 +1672,23 @@ class CanaryStatus(ApiModel):
         ),
     )
     message: str | None = Field(default=None, description="Why it passed or failed.")
+
+
+class OutputCheckStatus(ApiModel):
+    """The last output-check outcome the operator recorded (serving.outputCheck)."""
+
+    artifact_key: str | None = Field(default=None, description="The artifact it concerns.")
+    result: Literal["Passed", "Failed"] | None = Field(
+        default=None,
+        description=(
+            "Passed: every replica of the artifact's rollout answered its reference prompts "
+            "as recorded (under Enforce); its later pods skip the check while its files are "
+            "unchanged. Failed: a pod of it answered unlike its reference (OutputMismatch)."
+        ),
+    )
+    time: str | None = Field(default=None, description="When the operator recorded it.")
+    pods: int | None = Field(default=None, description="Passed: the replicas that passed.")
+    message: str | None = Field(default=None, description="Failed: the first divergence.")
 
 
 class SpyreModelStatus(ApiModel):
@@ -1713,6 +1740,13 @@ class SpyreModelStatus(ApiModel):
     )
     canary: CanaryStatus | None = Field(
         default=None, description="Only with serving.canary: the new artifact's canary."
+    )
+    output_check: OutputCheckStatus | None = Field(
+        default=None,
+        description=(
+            "The last output check's outcome (the operator's own record: the "
+            "<model>-output-check ConfigMap only tells pods which artifact passed)."
+        ),
     )
     replicas: int | None = Field(default=None, description="Serving pods (all versions).")
     ready_replicas: int | None = Field(default=None, description="Ready serving pods.")

@@ -4,16 +4,25 @@ cached a few seconds (or, for a finished Job's pods, until the Job is gone)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 from lightkube import ApiError
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.resources.discovery_v1 import EndpointSlice
 
 from .. import jobs as job_status
+from ..canary_report import (
+    MAX_REPORT_BYTES,
+    REPORT_PATH,
+    REPORT_TIMEOUT_SECONDS,
+    CanaryReport,
+    parse_report,
+)
 from ..desired import names
 from ..desired.plan import ModelPlan
 from ..desired.routing import inference_pool_name
@@ -193,6 +202,22 @@ class Observer:
         self._server_pods[key] = (now, pods)
         return pods
 
+    async def canary_reports(
+        self, pods: list[dict[str, Any]], short_key: str, port: int
+    ) -> dict[str, CanaryReport | str]:
+        """What each Ready canary pod of artifact ``short_key`` says it judged (its engine's
+        ``/health/canary`` on the serving port), or why it could not be read; read in
+        parallel, each within REPORT_TIMEOUT_SECONDS."""
+        mine = [p for p in pods if p.get("canary") and p.get("artifact") == short_key
+                and p.get("ready") and p.get("podIP")]  # fmt: skip
+        if not mine:
+            return {}
+        async with aiohttp.ClientSession() as session:
+            answers = await asyncio.gather(
+                *(read_report(session, str(p["podIP"]), port) for p in mine)
+            )
+        return {str(p["name"]): a for p, a in zip(mine, answers, strict=True)}
+
     async def mirror_slice(self, obs: Observed, plan: ModelPlan) -> None:
         """The mirror EndpointSlice, asked of the API server by name while the cache has none
         for a model that may go to zero (before the operator makes it, and while someone
@@ -315,3 +340,22 @@ class Observer:
         for uid in [u for u in self.job_messages if u not in live]:
             del self.job_messages[uid]
         self._job_messages_limit = max(JOB_MESSAGES_MIN_LIMIT, 2 * len(self.job_messages))
+
+
+async def read_report(session: aiohttp.ClientSession, ip: str, port: int) -> CanaryReport | str:
+    """One canary pod's report, or why it could not be read (the message status shows)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    url = f"http://{host}:{port}{REPORT_PATH}"
+    try:
+        async with session.get(
+            url, timeout=aiohttp.ClientTimeout(total=REPORT_TIMEOUT_SECONDS),
+            allow_redirects=False,
+        ) as resp:
+            body = await resp.content.read(MAX_REPORT_BYTES + 1)
+            if resp.status != 200:
+                return f"{url} answered HTTP {resp.status}"
+            return parse_report(body)
+    except ValueError as e:
+        return f"{url}: {e}"
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        return f"{url}: {type(e).__name__}: {e}"[:300]

@@ -163,7 +163,7 @@ def decide(
         d.delete.append((HorizontalPodAutoscaler, names.server_name(name)))
     if wants_network_policy(plan):
         interceptor = obs.keda.interceptor_namespace if zero.via_interceptor else None
-        d.apply.append(build_network_policy(plan, interceptor))
+        d.apply.append(build_network_policy(plan, interceptor, policy.operator_namespace))
     elif obs.network_policy is not None:
         d.delete.append((NetworkPolicy, names.server_name(name)))
     good_key, good_spec = last_good(obs.deployment, old_status)
@@ -218,6 +218,9 @@ def decide(
     if good_key and good_spec:
         status["lastGoodArtifactKey"] = good_key
         status["lastGoodServedSpec"] = good_spec
+    check = _output_check_status(old_status.get("outputCheck") or {}, checked, plan, artifact, now)
+    if check:
+        status["outputCheck"] = check
     d.status = status
     d.events = _events(old_status.get("conditions"), conds)
     return d
@@ -284,3 +287,24 @@ def _foreign_entries(live: dict[str, Any] | None, checked: str | None) -> bool:
     """The operator's output-check ConfigMap holds a non-empty entry it did not write."""
     mine = names.short_key(checked) if checked else None
     return any(v and k != mine for k, v in ((live or {}).get("data") or {}).items())
+
+
+def _output_check_status(
+    old: dict[str, Any], checked: str | None, plan: ModelPlan, artifact: Any, now: str
+) -> dict[str, Any]:
+    """status.outputCheck: the spec's artifact refused for OutputMismatch, else the artifact
+    that passed on every replica of its rollout under Enforce (the one the ConfigMap names);
+    a record about the same artifact and result keeps its time."""
+    new: dict[str, Any]
+    if artifact.answers_refused and artifact.status.get("reason") == C.OUTPUT_MISMATCH:
+        new = {"artifactKey": plan.key, "result": "Failed",
+               "message": str(artifact.status.get("message") or "")[:1024]}  # fmt: skip
+    elif checked is not None:
+        new = {"artifactKey": checked, "result": "Passed", "pods": plan.spec.replicas}
+    else:
+        return old
+    same = old.get("artifactKey") == new["artifactKey"] and old.get("result") == new["result"]
+    if same:
+        return {**new, "time": old.get("time") or now,
+                **({"pods": old["pods"]} if "pods" in old and "pods" in new else {})}
+    return {**new, "time": now}

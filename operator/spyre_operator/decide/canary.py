@@ -18,6 +18,7 @@ from typing import Any
 from lightkube.resources.apps_v1 import Deployment
 
 from .. import conditions as C
+from ..canary_report import CanaryReport
 from ..desired import names
 from ..desired.deployment import build_canary_deployment
 from ..desired.plan import ModelPlan
@@ -149,7 +150,9 @@ def decide_canary(
             out.status["startTime"] = started
         out.hold = None
         return out
-    out.problem = _engine_failure(pods)
+    # A pod that is down now (a canary pod keeps its last termination once restarted, for
+    # its verdict: one that serves again is no problem).
+    out.problem = _engine_failure([p for p in pods if not p.get("ready")])
     until = f"; it fails unless passed by {deadline}" if deadline else ""
     if started is None:
         out.cond = C.Cond(
@@ -164,23 +167,75 @@ def decide_canary(
     out.status["startTime"] = started
     elapsed = _seconds_between(started, now) or 0.0
     left = spec.duration_seconds - elapsed
-    if left <= 0:
+    evidence = _evidence(obs, pods, spec.replicas, spec.min_requests)
+    if evidence.least is not None:
+        out.status["judgedRequests"] = evidence.least
+    out.status["minRequests"] = spec.min_requests
+    if left <= 0 and evidence.enough:
         out.status = {
             **out.status, "phase": PASSED, "passedTime": now, "reason": C.WINDOW_PASSED,
             "message": f"{count} served {spec.duration_seconds}s within the bounds "
-                       f"({_bounds(plan)})",
+                       f"({_bounds(plan)}), each judging at least {spec.min_requests} "
+                       f"requests ({evidence.detail})",
         }  # fmt: skip
         out.hold = None  # the Deployment rolls out to the new artifact
+        return out
+    if left <= 0:
+        # An idle canary proves nothing: the rollout waits for its requests (no watch says
+        # when they come: look again), or its deadline.
+        out.requeue_after = min(EVIDENCE_RECHECK_SECONDS, _seconds_until(now, deadline) or 1e9)
+        out.cond = C.Cond(
+            C.PROGRESSING, C.TRUE, C.CANARY_AWAITING_TRAFFIC,
+            f"artifact {plan.short_key}'s canary window of {spec.duration_seconds}s is over, "
+            f"but it judged too few requests to promote it ({evidence.detail}; minRequests "
+            f"{spec.min_requests} on every canary pod); artifact {previous_key} serves until "
+            "it has" + until,
+        )  # fmt: skip
+        out.status["message"] = out.cond.message[:1024]
         return out
     out.requeue_after = min(max(left, 1.0), _seconds_until(now, deadline) or left)
     out.cond = C.Cond(
         C.PROGRESSING, C.TRUE, C.CANARY_RUNNING,
         f"artifact {plan.short_key} serves on {count} beside artifact {previous_key} "
-        f"since {started}; the Deployment rolls out to it after {spec.duration_seconds}s "
-        f"within its bounds ({_bounds(plan)})" + until,
+        f"since {started} ({evidence.detail}); the Deployment rolls out to it after "
+        f"{spec.duration_seconds}s within its bounds ({_bounds(plan)})" + until,
     )  # fmt: skip
     out.status["message"] = out.cond.message[:1024]
     return out
+
+
+#: A canary past its window without enough judged requests is looked at again this often.
+EVIDENCE_RECHECK_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    enough: bool
+    #: the fewest requests a canary pod judged (None: none read)
+    least: int | None
+    detail: str
+
+
+def _evidence(
+    obs: Observed, pods: list[dict[str, Any]], replicas: int, min_requests: int
+) -> _Evidence:
+    """What the canary's Ready pods say they judged (obs.canary_reports, read from each pod):
+    enough when every one of ``replicas`` pods judged ``min_requests``."""
+    ready = sorted((p for p in pods if p.get("ready")), key=lambda p: str(p.get("name")))
+    counts: list[int] = []
+    parts: list[str] = []
+    for p in ready:
+        name = str(p.get("name"))
+        got = obs.canary_reports.get(name)
+        if isinstance(got, CanaryReport):
+            counts.append(got.judged)
+            parts.append(f"pod {name} judged {got.judged} of {min_requests} requests")
+        else:
+            parts.append(f"pod {name}'s count unread ({got or 'not read yet'})")
+    if not ready:
+        parts.append("no Ready canary pod listed yet")
+    enough = len(counts) == len(ready) >= replicas and all(n >= min_requests for n in counts)
+    return _Evidence(enough, min(counts) if counts else None, "; ".join(parts)[:600])
 
 
 def _window_start(recorded: str | None, pods: list[dict[str, Any]]) -> str | None:

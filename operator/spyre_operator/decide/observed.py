@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from .. import GROUP, jobs
 from ..api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
+from ..canary_report import CanaryReport
 from ..desired import names
 from ..desired.plan import OwnerRef
 from ..desired.site import SiteDefaults
@@ -55,6 +56,9 @@ class Policy:
     scheduler_silence_seconds: float = 60.0
     #: The cluster-wide defaults of per-site fields and the engine-image allow-list.
     site: SiteDefaults = field(default_factory=SiteDefaults)
+    #: The operator's own namespace (POD_NAMESPACE): a model's NetworkPolicy admits it while
+    #: the model has a canary (the operator reads the canary pods' counts).
+    operator_namespace: str | None = None
 
     def retry_delay(self, attempts: int) -> float:
         delay = self.retry_base_seconds * 2 ** max(0, attempts - 1)
@@ -126,6 +130,9 @@ class Observed:
     #: <model>-output-check (desired/verified.py)
     verified_configmap: dict[str, Any] | None = None
     server_pods: list[dict[str, Any]] = field(default_factory=list)
+    #: A running canary's pods (by name): the count each says it judged, or why it could not
+    #: be read (canary_report.py).
+    canary_reports: dict[str, CanaryReport | str] = field(default_factory=dict)
     #: Every SpyreModel in the namespace needing this (claim, key): owners of the shared Job.
     job_owners: list[OwnerRef] = field(default_factory=list)
     #: Every SpyreModel in the namespace using this managed claim with its volume settings,

@@ -24,6 +24,7 @@ from .observed import (
     Observed,
     WriteError,
     _parse_time,
+    served_key,
 )
 from .scaletozero import ScaleToZeroOutcome
 from .serving import Rollout, ServingOutcome, _engine_failure, _rollout, _unschedulable
@@ -285,7 +286,29 @@ def _progressing(
         C.PROGRESSING,
         C.TRUE,
         C.ROLLING_OUT,
-        f"rolling out artifact {plan.short_key}: {available}",
+        f"rolling out artifact {plan.short_key}: {available}{_gap(plan, obs, serving)}",
+    )
+
+
+def _gap(plan: ModelPlan, obs: Observed, serving: ServingOutcome) -> str:
+    """What a switch from another artifact costs when no pod of the old one may stay: with
+    ``maxSurge`` 0 and ``maxUnavailable`` covering every replica, the Deployment stops every
+    old pod before a new one loads and checks its answers (issue 44, 7)."""
+    rollout = plan.spec.serving.rollout
+    old = served_key(obs.deployment)
+    if (
+        old is None
+        or old == serving.key
+        or rollout.max_surge > 0
+        or rollout.max_unavailable < plan.spec.replicas
+        or plan.spec.serving.canary is not None
+    ):
+        return ""
+    return (
+        f"; with maxSurge 0 and maxUnavailable {rollout.max_unavailable} at "
+        f"{plan.spec.replicas} replica{'s' if plan.spec.replicas > 1 else ''}, the model "
+        "serves nothing while the new pods load and check their answers (a spare card: set "
+        "serving.rollout.maxSurge: 1, or serving.canary, to keep the previous artifact serving)"
     )
 
 

@@ -47,13 +47,17 @@ def _rule(port: str, peers: list[NetworkPolicyPeer] | None) -> list[NetworkPolic
         ports=[NetworkPolicyPort(port=port, protocol="TCP")], from_=peers)]
 
 
-def build_network_policy(plan: ModelPlan, interceptor_namespace: str | None) -> NetworkPolicy:
+def build_network_policy(
+    plan: ModelPlan, interceptor_namespace: str | None, operator_namespace: str | None = None
+) -> NetworkPolicy:
     """Ingress to the model's serving pods (every artifact's).
 
     The serving port: from serving.allowFrom only (everywhere when it is unset), plus the
     scale-to-zero interceptor's namespace when the model scales to zero through it. The
     metrics port (serving.metricsPort): from serving.metricsFrom, else as allowFrom. No other
-    port exists (probes come from the kubelet, which NetworkPolicies do not restrict).
+    port exists (probes come from the kubelet, which NetworkPolicies do not restrict). A
+    model with a canary admits the operator's namespace too: the operator reads each canary
+    pod's count of judged requests from the serving port (canary_report.py).
     """
     serving = plan.spec.serving
     allowed = None if serving.allow_from is None else [peer(c) for c in serving.allow_from]
@@ -61,6 +65,9 @@ def build_network_policy(plan: ModelPlan, interceptor_namespace: str | None) -> 
     if serving_peers is not None and interceptor_namespace:
         serving_peers = [*serving_peers, NetworkPolicyPeer(namespaceSelector=LabelSelector(
             matchLabels={NAMESPACE_NAME_LABEL: interceptor_namespace}))]
+    if serving_peers is not None and operator_namespace and serving.canary is not None:
+        serving_peers = [*serving_peers, NetworkPolicyPeer(namespaceSelector=LabelSelector(
+            matchLabels={NAMESPACE_NAME_LABEL: operator_namespace}))]
     rules = _rule(PORT_NAME, serving_peers)
     if serving.metrics_port is not None:
         scrapers = allowed if serving.metrics_from is None else [
