@@ -94,7 +94,13 @@ class OperatorProcess:
              "--liveness", f"http://127.0.0.1:{self.health_port}/healthz"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-        wait_until(self._healthy, timeout, "the operator's liveness endpoint")
+        try:
+            wait_until(self._healthy, timeout, "the operator's liveness endpoint")
+        except TimeoutError as e:
+            # What it was doing instead (the kwok session of c9da6be's full run saw operators
+            # that never served /healthz, with nothing to say why): the log's end.
+            raise TimeoutError(f"{e}; its log ({self.log_path}) ends:\n{self.log_tail()}"
+                               ) from None
 
     def _healthy(self) -> bool:
         assert self.proc is not None
