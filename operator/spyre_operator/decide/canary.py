@@ -5,8 +5,11 @@ The canary pods judge their own requests (``spyre-engine serve --canary-seconds`
 engine/spyre_engine/canary.py) and stop with ``CanaryFailed`` when they break the bounds; the
 artifact decision then refuses the artifact as it does on ``OutputMismatch``
 (decide/artifact.py), the serving decision keeps the artifact rolled out last, and this one
-removes the canary. Everything it decides from is in the cluster: the canary Deployment's
-status and status.canary (the window's start), so a restarted operator decides the same.
+removes the canary. A canary passes only with evidence: its window over (from when its pods
+last turned Ready) and every canary pod's own count of judged requests (read from the pod,
+Observed.canary_reports) at ``minRequests``. Everything it decides from is in the cluster: the
+canary Deployment's status, its pods, their counts and status.canary (its start and deadline),
+so a restarted operator decides the same.
 """
 
 from __future__ import annotations
