@@ -111,9 +111,8 @@ class Budgets:
             if labels.get(names.CANARY_LABEL) == "true":
                 # A canary holds its model's slot for as long as it exists: the switch it
                 # leads to is under way (counted once with the main Deployment's rollout).
-                model = _controller_name(dep)
-                if model:
-                    rolling.add((k[0], names.server_name(model)))
+                for ns, model in self.c.router.models_for_owner_refs(k[0], dep):
+                    rolling.add((ns, names.server_name(model)))
                 continue
             if k in reserved and served_key(dep) == reserved[k]:
                 self.rollout_reserved.drop(*k)  # the cache shows the switch now
@@ -215,11 +214,3 @@ class Budgets:
             return
         free = self.max_concurrent_rollouts - self.rollouts_in_use()
         self.c.enqueue(self.rollout_waiting.first(free))
-
-
-def _controller_name(obj: Mapping[str, Any]) -> str | None:
-    """The name of the object's controller (a canary Deployment's SpyreModel)."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "SpyreModel":
-            return str(ref.get("name") or "") or None
-    return None

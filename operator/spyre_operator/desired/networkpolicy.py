@@ -39,6 +39,13 @@ def peer(client: AllowedClients) -> NetworkPolicyPeer:
     )
 
 
+def _namespace(name: str) -> NetworkPolicyPeer:
+    """Every pod of namespace ``name``."""
+    return NetworkPolicyPeer(
+        namespaceSelector=LabelSelector(matchLabels={NAMESPACE_NAME_LABEL: name})
+    )
+
+
 def _rule(port: str, peers: list[NetworkPolicyPeer] | None) -> list[NetworkPolicyIngressRule]:
     """Ingress to ``port`` from ``peers`` (None: from everywhere; []: no rule, nobody)."""
     if peers == []:
@@ -61,13 +68,10 @@ def build_network_policy(
     """
     serving = plan.spec.serving
     allowed = None if serving.allow_from is None else [peer(c) for c in serving.allow_from]
-    serving_peers = allowed
-    if serving_peers is not None and interceptor_namespace:
-        serving_peers = [*serving_peers, NetworkPolicyPeer(namespaceSelector=LabelSelector(
-            matchLabels={NAMESPACE_NAME_LABEL: interceptor_namespace}))]
-    if serving_peers is not None and operator_namespace and serving.canary is not None:
-        serving_peers = [*serving_peers, NetworkPolicyPeer(namespaceSelector=LabelSelector(
-            matchLabels={NAMESPACE_NAME_LABEL: operator_namespace}))]
+    # A new list: ``allowed`` is the metrics port's too.
+    serving_peers = None if allowed is None else [*allowed, *(_namespace(ns) for ns in (
+        interceptor_namespace, operator_namespace if serving.canary is not None else None,
+    ) if ns)]  # fmt: skip
     rules = _rule(PORT_NAME, serving_peers)
     if serving.metrics_port is not None:
         scrapers = allowed if serving.metrics_from is None else [
