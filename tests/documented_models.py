@@ -1,8 +1,9 @@
 """Every SpyreModel the project ships or documents, found where users copy them from.
 
-The samples (``operator/samples/*.yaml``), each YAML block of the READMEs and GITOPS.md that is a
-SpyreModel, and the chart NOTES' heredoc. A new sample or block is picked up by itself; the unit,
-integration (server-side dry run) and engine (the plugin's own check) tests all use this list.
+The samples (``operator/samples/*.yaml``), each YAML block of the READMEs, docs/*.md and
+GITOPS.md that is a SpyreModel, and the chart NOTES' heredoc. A new sample, block or docs page is
+picked up by itself; the unit, integration (server-side dry run) and engine (the plugin's own
+check) tests all use this list.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "operator" / "samples"
 DOCS = [
     ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
     ROOT / "engine" / "README.md",
     ROOT / "charts" / "spyre-model-operator" / "README.md",
     ROOT / "charts" / "spyre-model-operator" / "GITOPS.md",

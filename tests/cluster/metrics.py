@@ -42,8 +42,8 @@ APISERVICE = "v1beta1.custom.metrics.k8s.io"
 SCRAPE_INTERVAL = "5s"
 RELIST_INTERVAL = "10s"
 
-#: The adapter rule users need too (README: Autoscaling): vLLM's series, renamed without the
-#: colon (custom metric names cannot hold one), summed per pod.
+#: The adapter rule users need too (docs/reference.md: Autoscaling): vLLM's series, renamed
+#: without the colon (custom metric names cannot hold one), summed per pod.
 SERIES = (
     '{__name__=~"vllm:(num_requests_waiting|num_requests_running|kv_cache_usage_perc)",'
     'namespace!="",pod!=""}'

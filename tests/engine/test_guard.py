@@ -157,8 +157,8 @@ def test_a_clients_4xx_is_no_evidence_for_the_canary() -> None:
 
 
 def test_the_readme_lists_the_client_routes() -> None:
-    """README's security model names exactly the routes the guard opens."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """The security model (docs/security.md) names exactly the routes the guard opens."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     start = readme.index("**What a client reaches on a model's port")
     bullet = readme[start:readme.index("\n- **", start)]
     posts, gets = bullet.split("`POST`", 1)[1].split("`GET`", 1)

@@ -1,6 +1,6 @@
 """Every shipped or documented SpyreModel is admitted by the API server (server-side dry run).
 
-The list is ``tests.documented_models``: samples, README/GITOPS YAML blocks, the chart NOTES.
+The list is ``tests.documented_models``: samples, README/docs/GITOPS YAML blocks, the chart NOTES.
 The operator's resolution of their shapes is checked in tests/unit/test_supported_shapes.py and
 the plugin's own verdict in tests/engine/test_supported_configs.py.
 """

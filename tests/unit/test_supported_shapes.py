@@ -181,8 +181,8 @@ def test_the_parser_finds_every_documented_spyremodel() -> None:
     found = documented_models()
     assert len(found) == mentions_of_spyre_models() >= 5
     assert {w.split("#")[0].split(":")[0] for w, _ in found} >= {
-        "operator/samples/granite-embedding.yaml", "README.md",
-        "charts/spyre-model-operator/templates/NOTES.txt",
+        "operator/samples/granite-embedding.yaml", "README.md", "docs/reference.md",
+        "docs/openshift.md", "charts/spyre-model-operator/templates/NOTES.txt",
     }
 
 

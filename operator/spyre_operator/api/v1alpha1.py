@@ -996,7 +996,7 @@ def _shared_access() -> list[AccessMode]:
     return ["ReadWriteMany"]
 
 
-#: Defaults of cache.volume.retention (see the README, "Garbage collection").
+#: Defaults of cache.volume.retention (see docs/operations.md, "Garbage collection").
 DEFAULT_KEEP_LAST = 2
 DEFAULT_UNUSED_FOR_SECONDS = 24 * 3600
 
@@ -1166,7 +1166,8 @@ class AutoscalingSpec(ApiModel):
     """A HorizontalPodAutoscaler on the engine's own load, scaling this SpyreModel's ``/scale``.
 
     The targets are per-pod averages of the engine's metrics, served to the HPA by
-    prometheus-adapter under the names in ``desired/autoscaling.py`` (README: Autoscaling).
+    prometheus-adapter under the names in ``desired/autoscaling.py`` (docs/reference.md:
+    Autoscaling).
     With ``minReplicas: 0`` the model scales to zero when idle: KEDA and its HTTP add-on
     replace the HPA (same targets, as Prometheus queries; ``desired/scaletozero.py``).
     """

@@ -7,7 +7,7 @@ the HPA (its field manager), so GitOps manifests of an autoscaled model leave it
 
 The metrics are the engine's own, averaged per pod, as prometheus-adapter serves them under
 ``custom.metrics.k8s.io``: Prometheus series names contain colons, which metric names in that
-API cannot, so the adapter renames ``vllm:X`` to ``vllm_X`` (the rule is in the README and in
+API cannot, so the adapter renames ``vllm:X`` to ``vllm_X`` (the rule is in docs/reference.md and in
 ``tests/cluster/metrics.py``).
 """
 

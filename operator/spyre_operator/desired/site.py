@@ -22,7 +22,7 @@ from ..api.v1alpha1 import SpyreModelSpec, Toleration
 
 #: The built-in defaults: what the CRD used to write into every SpyreModel, so an operator run
 #: without the chart's ``defaults`` (tests, a laptop) behaves as before.
-#: The engine image of this release's version (README "Install from a release" pins the
+#: The engine image of this release's version (README "Get a release" pins the
 #: released one by digest through the chart's defaults.engineImage).
 BUILTIN_ENGINE_IMAGE = f"ghcr.io/spyre-model-operator/spyre-engine:{__version__}"
 BUILTIN_RESOURCE_NAME = "ibm.com/spyre_vf"
