@@ -253,8 +253,49 @@ class Kube:
                 return True
             return False
 
-        wait_until(ok, timeout, desc or "condition")
+        try:
+            wait_until(ok, timeout, desc or "condition")
+        except TimeoutError as e:
+            # What the namespace's pods were doing when the wait gave up (a slow machine or a
+            # stuck pod: the failure says which, issue 43).
+            raise TimeoutError(f"{e}\n{self.pods_summary()}") from e.__cause__
         return box[-1]
+
+    def pods_summary(self, limit: int = 20) -> str:
+        """One line per pod of the namespace: phase, node, what is not Ready and why, each
+        container's state and restarts (never raises: it is a failure's diagnostics)."""
+        try:
+            pods = self.items("pods")
+        except Exception as e:  # noqa: BLE001 - the API server may be what failed
+            return f"pods in {self.ns}: could not list them ({e})"
+        return pods_summary(self.ns, pods, limit)
+
+
+def pods_summary(namespace: str, pods: list[dict[str, Any]], limit: int = 20) -> str:
+    """:meth:`Kube.pods_summary`'s text for ``pods`` (pod objects as the API returns them)."""
+    lines = [f"pods in {namespace} when the wait gave up ({len(pods)}):"]
+    for pod in pods[:limit]:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        parts = [f"  {meta.get('name')}: {status.get('phase')}",
+                 f"node={(pod.get('spec') or {}).get('nodeName') or '-'}"]
+        if meta.get("deletionTimestamp"):
+            parts.append("terminating")
+        for c in status.get("conditions") or []:
+            if c.get("status") != "True" and (c.get("reason") or c.get("message")):
+                parts.append(f"{c.get('type')}={c.get('reason')}: {c.get('message') or ''}"
+                             .rstrip(": "))
+        for cs in (status.get("initContainerStatuses") or []) + (
+                status.get("containerStatuses") or []):
+            state = cs.get("state") or {}
+            for kind, detail in state.items():
+                why = " ".join(str(detail.get(k)) for k in ("reason", "exitCode", "message")
+                               if detail.get(k) not in (None, ""))
+                parts.append(f"{cs.get('name')} {kind}{' ' + why if why else ''}"
+                             f" restarts={cs.get('restartCount', 0)}")
+        lines.append(" ".join(parts)[:600])
+    if len(pods) > limit:
+        lines.append(f"  ... and {len(pods) - limit} more")
+    return "\n".join(lines)
 
 
 def reconcile_now(kube: Kube, operator: OperatorProcess, name: str, timeout: float = 30) -> None:
