@@ -503,3 +503,33 @@ def test_a_switch_that_leaves_no_old_pod_says_what_it_costs_before_it_happens() 
     surge["spec"]["serving"]["rollout"] = {"maxSurge": 1, "maxUnavailable": 0}
     d = decide(surge, obs, T1)
     assert "serves nothing" not in cond(d, C.PROGRESSING)["message"]
+
+
+def test_a_refused_artifact_ends_the_rollout_for_kstatus_and_kubectl_wait() -> None:
+    """Once the spec's artifact is refused (its canary's verdict, or OutputMismatch), the
+    previous artifact serves and nothing is in progress: Progressing and Reconciling False
+    with the refusal's reason, Degraded and Stalled True, so ``kubectl wait
+    --for=condition=Progressing=False`` returns and kstatus (Flux) reads Failed. They stayed
+    True ``RollingOut`` "rolling out artifact <refused>" for good."""
+    for verdict in (FAILED, json.dumps({"reason": "OutputMismatch",
+                                        "message": "prompt 0 position 3: ..."})):
+        a, b, obs = _a_serves_then_b_compiled()
+        d = decide(b, obs, T1)
+        obs.canary_deployment = _canary(d)
+        obs.server_pods = [{"name": "m-canary-x", "artifact": plan_for(b).short_key,
+                            "canary": True, "terminated": {"exitCode": 1, "message": verdict}}]
+        d = decide(_with_status(b, d.status), obs, T2)
+        reason = json.loads(verdict)["reason"]
+        assert d.status["artifact"]["reason"] == reason
+        obs.canary_deployment, obs.server_pods = None, []  # the canary went
+        b = _with_status(b, d.status)
+        for t in (T3, T4):
+            d = decide(b, obs, t)
+            assert _main_key(d) == plan_for(a).key
+            for type_, status in ((C.PROGRESSING, "False"), (C.RECONCILING, "False"),
+                                  (C.DEGRADED, "True"), (C.STALLED, "True")):
+                c = cond(d, type_)
+                assert (c["status"], c["reason"]) == (status, reason), (type_, c)
+            assert plan_for(b).short_key in cond(d, C.PROGRESSING)["message"]
+            assert cond(d, C.READY)["status"] == "True", "the previous artifact serves"
+            b = _with_status(b, d.status)

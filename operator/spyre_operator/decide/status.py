@@ -21,6 +21,7 @@ from .observed import (
     DEFAULT_POLICY,
     FAILED,
     PENDING,
+    RETRY_ANNOTATION,
     Observed,
     WriteError,
     _parse_time,
@@ -270,6 +271,18 @@ def _progressing(
         return C.Cond(C.PROGRESSING, C.TRUE, C.WAITING_FOR_ROLLOUT_SLOT, serving.waiting)
     if f.canary is not None:
         return f.canary
+    if artifact.phase == FAILED and serving.key is not None and not f.current:
+        # The spec's artifact failed (its compile, or its pods' or canary's verdict) and the
+        # previous one serves: nothing is in progress until an edit or a retry. True here kept
+        # Reconciling True for good: kstatus read InProgress, `kubectl wait` never returned.
+        reason = str(artifact.status.get("reason") or artifact.cond.reason)
+        return C.Cond(
+            C.PROGRESSING,
+            C.FALSE,
+            reason,
+            f"artifact {plan.short_key} failed ({reason}); the previous artifact serves until "
+            f"the spec changes or the annotation {RETRY_ANNOTATION} is set",
+        )
     if serving.key is None or (f.current and roll.done) or roll.stall:
         return C.Cond(C.PROGRESSING, C.FALSE, C.RECONCILED, "nothing to do")
     available = f"{roll.available}/{plan.spec.replicas} replicas available"
