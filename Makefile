@@ -123,11 +123,10 @@ test: deps ## Everything: unit, golden, engine, integration (real control plane)
 	# A demo left running (`make demo`/`demo-kwok`) would reconcile beside the tests' operators
 	# and hold the real node's CPU: stop it first (a no-op when none runs).
 	operator/scripts/demo.sh down --quiet
-	# The control plane is started by the first session that needs it (or one from `make
-	# cluster-up` is reused) and stopped at the end if the run started it.
-	# Four pytest sessions side by side: the real-node tests as two on the same node, the
-	# kwok-only ones (on a control plane of their own) and the local ones (tests/streams.py;
-	# with PYTEST_ARGS, one session).
+	# The session fixture starts the control plane (or reuses one from `make cluster-up`)
+	# and stops it at the end if it started it.
+	# Three pytest sessions side by side: the real-node tests, the kwok-only ones (on a control
+	# plane of their own) and the local ones (tests/streams.py; with PYTEST_ARGS, one session).
 	$(PY) tests/streams.py $(PYTEST_ARGS)
 
 test-unit: install ## Only the tests that need neither the cluster nor vLLM

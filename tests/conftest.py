@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = [
-    "tests.cluster.fixtures", "tests.cluster.watchdog", "tests.cluster.prebuilt",
-    "tests.cluster.sessions",
-]
+pytest_plugins = ["tests.cluster.fixtures", "tests.cluster.watchdog", "tests.cluster.prebuilt"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Here, not in pyproject.toml: that file is an input of both images' hashes.
     config.addinivalue_line(
         "markers", "node: in a module that needs the real node (set at collection by "
-        "tests/cluster/sessions.py): make test's real-node sessions, not its kwok one")
+        "tests/integration/conftest.py): make test's cluster session, not its kwok one")
     config.addinivalue_line(
         "markers", "platforms: the release's operator image on every architecture (qemu "
         "builds): make test-platforms, once per change of its inputs; skipped in make test")

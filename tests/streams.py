@@ -1,4 +1,4 @@
-"""``make test``: the cluster tests and the local tests as four pytest sessions side by side.
+"""``make test``: the cluster tests and the local tests as three pytest sessions side by side.
 
 The tests that need the local cluster (marker ``integration``: kwok, the real node, the
 contract tests) spend most of their time waiting on the API server, the operator and pods;
@@ -8,25 +8,17 @@ session runs beside the cluster tests, at a lower CPU priority (``nice``, a low-
 so the control plane, the operators under test and the real node keep theirs.
 
 The cluster tests are two sessions, each on a control plane of its own: the modules that need
-the real node (marker ``node``, set at collection: tests/cluster/sessions.py; the contract
+the real node (marker ``node``, set at collection: tests/integration/conftest.py; the contract
 and real-pod tests, the node's, DNS, KEDA and release modules), the run's critical path, on the
 repository's ``.cluster/``; the kwok-only modules beside them, on one under a temporary
 directory (``$SPYRE_CLUSTER_ROOT``, tests/cluster/fixtures.py), where the all-namespaces
 operators those tests start never see a real-node module's models. One after the other, the
 kwok modules' ~15 minutes were on the critical path.
 
-The real-node modules are two sessions of their own on the same control plane and node
-(tests/cluster/sessions.py): the second (``cluster-b``, the modules in ``NODE_SECOND``) starts
-once the first has run the modules that must have the node to themselves (it takes the node
-down and up, it cordons it), and the run stops that control plane and node after both (the
-sessions keep them up for each other). One after the other they were ~40 minutes, the run's
-critical path, most of it waiting on pods.
-
-The first real-node session's output is passed on as it comes; the second's, the kwok and
-local sessions' are kept in files and printed whole after it, so no report is interleaved with
-another; the cluster sessions' FAILED/ERROR lines are repeated at the very end (where CI's
-excerpt of the output is). The exit status is the first that is not 0 of the sessions' (and 1
-when the real node left something on the host).
+The real-node session's output is passed on as it comes; the kwok and local sessions' are kept
+in files and printed whole after it, so no report is interleaved with another; the cluster
+sessions' FAILED/ERROR lines are repeated at the very end (where CI's excerpt of the output
+is). The exit status is the first that is not 0 of the real-node, kwok and local sessions'.
 
 Beside them, on CPU nothing else wants (an idle cgroup: nice alone did not keep it there,
 tests/cluster/background.py) and at the lowest I/O priority, what only the cluster session's
@@ -35,7 +27,7 @@ real-node autoscaling module, well after the kwok modules), KEDA and its HTTP ad
 (``tests/cluster/keda-deps.sh``, ~7 min on a cold machine; the scale-to-zero modules); nothing
 once cached. The operator image for the release's other architectures (qemu) is not built
 here: ``make test`` publishes the host's only (``make test-platforms`` proves the others).
-The cluster session leaves a core idle for much of its run, and tests/cluster/sessions.py
+The cluster session leaves a core idle for much of its run, and tests/integration/conftest.py
 orders the modules that need these last (KEDA's, then those publishing a release); they wait
 for the build (each script holds a lock; while they wait, the build runs at a normal weight,
 before the test's own timeout starts: tests/cluster/prebuilt.py) or build what is missing
@@ -70,35 +62,16 @@ from typing import Any
 
 if not __package__:  # run as a script (make test): the repository's root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.cluster import background, sessions  # noqa: E402
+from tests.cluster import background  # noqa: E402
 
 #: The cluster sessions: the real-node modules ("cluster", the critical path) and the kwok-only
 #: ones ("kwok", on a control plane of their own). Every ``integration`` test lives in these
 #: folders (tests/unit/test_streams.py checks it): the local session leaves them out by
 #: marker, so one elsewhere would run in neither.
 CLUSTER_DIRS = ["tests/integration", "tests/contract", "tests/realpods"]
-NODE = ["-m", "integration and node", "--durations=30"]
-CLUSTER = [*NODE, *CLUSTER_DIRS]
+CLUSTER = ["-m", "integration and node", "--durations=30", *CLUSTER_DIRS]
 KWOK = ["-m", "integration and not node", "--durations=15", *CLUSTER_DIRS]
 LOCAL = ["-m", "not integration", "--durations=15", "tests"]
-#: The real-node modules of the second real-node session ("cluster-b"): beside the first, on the
-#: same control plane and node, once the first session's modules that must have the node to
-#: themselves are done (tests/cluster/sessions.py). The two halves balanced by their times
-#: (.ci/README.md); a new real-node module runs in the first. SECOND_ENV replaces the list
-#: (space-separated paths; tests/unit/test_streams.py's toy tree).
-NODE_SECOND = (
-    "tests/realpods/test_output_check.py",
-    "tests/realpods/test_cache_gc.py",
-    "tests/realpods/test_precompile_failure.py",
-    "tests/realpods/test_precompile_stuck.py",
-    "tests/realpods/test_serving_lifecycle.py",
-    "tests/realpods/test_serving_stuck.py",
-)
-SECOND_ENV = "SPYRE_NODE_SECOND"
-#: The sessions keep the shared control plane and node up at their ends (tests/cluster/
-#: fixtures.py); this process stops them once both are done, as the session that started them
-#: would have (with its check that the node leaves nothing behind).
-KEEP_ENV = "SPYRE_KEEP_CLUSTER"
 #: pytest's short-summary lines that the run's end repeats for the cluster sessions
 FAILURE_LINES = (b"FAILED ", b"ERROR ")
 #: Where the kwok session's control plane lives (tests/cluster/fixtures.py).
@@ -201,42 +174,10 @@ def _pytest(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", *args]
 
 
-_interrupted: list[int] = []
-
-
 def _ignore(signum: int, frame: Any) -> None:
-    """A handler that only notes the signal: this process outlives its sessions' SIGINT to print
-    their reports, and starts no session after it. (SIG_IGN would be inherited by the sessions,
-    and Python would then never raise KeyboardInterrupt in them.)"""
-    _interrupted.append(signum)
-
-
-def _second() -> list[str]:
-    """The second real-node session's modules that exist here (none: no second session)."""
-    listed = os.environ.get(SECOND_ENV)
-    paths = listed.split() if listed is not None else list(NODE_SECOND)
-    return [p for p in paths if Path(p).is_file()]
-
-
-def _node_cluster_running() -> bool:
-    from tests.cluster.controlplane import ControlPlane
-
-    return ControlPlane(None).pid("kube-apiserver") is not None
-
-
-def _stop_node_cluster() -> str:
-    """The real-node sessions' control plane and node stopped (they kept them for each other);
-    what the node left on the host, if anything."""
-    from tests.cluster.controlplane import ControlPlane
-
-    cp = ControlPlane(None)
-    if not cp.state_file.exists():
-        return ""
-    try:
-        leaks = cp.down()
-    except Exception as e:  # noqa: BLE001 - said, and the run fails
-        return f"stopping the real-node sessions' cluster failed: {e}"
-    return f"the real node left behind: {leaks}" if leaks else ""
+    """A handler that does nothing: this process outlives its sessions' SIGINT to print their
+    reports. (SIG_IGN would be inherited by the sessions, and Python would then never raise
+    KeyboardInterrupt in them.)"""
 
 
 def main(argv: list[str]) -> int:
@@ -264,17 +205,8 @@ def main(argv: list[str]) -> int:
         kwok = subprocess.Popen(_pytest([*KWOK, *_junit("kwok", stamp)]), stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**_env("kwok"), KWOK_ROOT_ENV: str(kwok_root)})
-    second = _second()
-    shared = log_dir / "node-shared"
-    cluster_env = _env("cluster")
-    stop_node = False
-    if second:
-        logs["cluster-b"] = log_dir / "cluster-b.log"
-        stop_node = not os.environ.get(KEEP_ENV) and not _node_cluster_running()
-        cluster_env.update({KEEP_ENV: "1", sessions.SIGNAL_ENV: str(shared)})
-    ignored = [f"--ignore={p}" for p in second]
-    cluster = subprocess.Popen(_pytest([*CLUSTER, *ignored, *_junit("cluster", stamp)]),
-                               env=cluster_env, stdout=subprocess.PIPE,
+    cluster = subprocess.Popen(_pytest([*CLUSTER, *_junit("cluster", stamp)]),
+                               env=_env("cluster"), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     cluster_failures: list[bytes] = []
     relay = threading.Thread(target=_relay, args=(cluster, cluster_failures), daemon=True)
@@ -282,17 +214,7 @@ def main(argv: list[str]) -> int:
     took: dict[str, float] = {}
     codes: dict[str, int] = {}
     pending = {"cluster": cluster, "kwok": kwok, "local": local}
-    waiting = bool(second)  # the second real-node session, until the first says the node is shared
-    while pending or waiting:
-        if waiting and (shared.exists() or "cluster" not in pending):
-            waiting = False
-            if not _interrupted:
-                with open(logs["cluster-b"], "wb") as out:
-                    pending["cluster-b"] = subprocess.Popen(
-                        _pytest([*NODE, *second,
-                                 *_junit("cluster-b", stamp)]),
-                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        env={**_env("cluster-b"), KEEP_ENV: "1"})
+    while pending:
         for name, proc in list(pending.items()):
             code = proc.poll()
             if code is not None:
@@ -304,30 +226,21 @@ def main(argv: list[str]) -> int:
                        time.monotonic() - start)
     background.stop(local_group)  # what a local test left running (an engine) goes with it
     _stop_cluster(kwok_root)
-    node_left = _stop_node_cluster() if stop_node else ""
     built = _stop(build, group, log_dir / "build.log", start)
     sys.stdout.flush()
     failures = list(cluster_failures)
-    for name, title in (("cluster-b", "the second real-node session's tests (the same node"),
-                        ("kwok", "kwok tests (the control plane without the real node"),
+    for name, title in (("kwok", "kwok tests (the control plane without the real node"),
                         ("local", "local tests (unit, golden, images, engine")):
-        if name not in logs:
-            continue
-        try:
-            report = logs[name].read_bytes()
-        except FileNotFoundError:  # never started (interrupted first)
-            report = b"(not started)\n"
+        report = logs[name].read_bytes()
         print(f"\n{'=' * 30} {title}; their session's output) {'=' * 30}", flush=True)
         sys.stdout.buffer.write(report)
-        if name != "local":
+        if name == "kwok":
             failures += [line + b"\n" for line in report.splitlines()
                          if line.startswith(FAILURE_LINES)]
     shutil.rmtree(log_dir, ignore_errors=True)
     print("\nmake test: " + ", ".join(
         f"{name} session exit {codes[name]} after {took[name] / 60:.1f} min"
-        for name in ("cluster", "cluster-b", "kwok", "local") if name in codes), flush=True)
-    if node_left:
-        print(node_left, flush=True)
+        for name in ("cluster", "kwok", "local")), flush=True)
     if machine:
         print(machine, flush=True)
     slowest = _slowest(stamp)
@@ -339,8 +252,7 @@ def main(argv: list[str]) -> int:
         print("cluster sessions' failures (their reports are above the local one):", flush=True)
         sys.stdout.buffer.write(b"".join(failures))
         sys.stdout.flush()
-    return (codes["cluster"] or codes.get("cluster-b", 0) or codes["kwok"] or codes["local"]
-            or (1 if node_left else 0))
+    return codes["cluster"] or codes["kwok"] or codes["local"]
 
 
 def _slowest(stamp: str, n: int = 10, runs: Path | None = None) -> str:
@@ -367,7 +279,7 @@ def _slowest(stamp: str, n: int = 10, runs: Path | None = None) -> str:
         return ""
     rows.sort(reverse=True)
     return f"slowest {min(n, len(rows))} tests (seconds, session, test):\n" + "\n".join(
-        f"  {s:7.1f}  {session:9}  {name}" for s, session, name in rows[:n])
+        f"  {s:7.1f}  {session:7}  {name}" for s, session, name in rows[:n])
 
 
 def _stop_cluster(root: Path) -> None:

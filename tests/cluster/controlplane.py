@@ -1213,29 +1213,20 @@ profiles:
         ])  # fmt: skip
 
     def recycle_pvs(self) -> list[str]:
-        """Make Released static PVs Available again (what a deleter would do). Returns names.
-
-        Two sessions share the real node's control plane (make test, tests/cluster/nodeshare.py):
-        one at a time (a lock), each PV emptied while it is still Released (no claim can bind
-        it) and then freed only if it is still released from the same claim (a JSON patch
-        ``test``): a PV another session freed, and a new claim bound, is never emptied."""
-        with _flocked(self.state_dir / "pv-recycle.lock"):
-            pvs = self.kubectl_json("get", "pv", "-l", "spyre.dev/local-pv=true")["items"]
-            done = []
-            for pv in pvs:
-                if pv.get("status", {}).get("phase") not in ("Released", "Failed"):
-                    continue
+        """Make Released static PVs Available again (what a deleter would do). Returns names."""
+        pvs = self.kubectl_json("get", "pv", "-l", "spyre.dev/local-pv=true")["items"]
+        done = []
+        for pv in pvs:
+            if pv.get("status", {}).get("phase") in ("Released", "Failed"):
                 name = pv["metadata"]["name"]
-                uid = (pv["spec"].get("claimRef") or {}).get("uid")
-                self._wipe_pv_dir(name)
-                patch = [{"op": "test", "path": "/spec/claimRef/uid", "value": uid}] if uid \
-                    else []
-                patch.append({"op": "remove", "path": "/spec/claimRef"})
-                res = self.kubectl("patch", "pv", name, "--type=json", "-p", json.dumps(patch),
-                                   check=False)
+                res = self.kubectl(
+                    "patch", "pv", name, "--type=json",
+                    "-p", '[{"op":"remove","path":"/spec/claimRef"}]', check=False,
+                )  # fmt: skip
                 if res.returncode == 0:
                     done.append(name)
-            return done
+                    self._wipe_pv_dir(name)
+        return done
 
     @staticmethod
     def pv_names() -> list[str]:

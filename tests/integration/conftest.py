@@ -22,6 +22,51 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # The image tests (marker ``images``) build and run the images with buildah, no
+        # cluster: they run in the local session (tests/streams.py), off the cluster
+        # session's critical path.
+        if "tests/integration/" in str(item.fspath) and item.get_closest_marker("images") is None:
+            item.add_marker(pytest.mark.integration)
+    mark_node_modules(items)
+    items[:] = late_last(items)
+
+
+#: The fixtures of a test that needs the real node (or the release its pods pull).
+NODE_FIXTURES = ("real_node", "released")
+
+
+def mark_node_modules(items: list[pytest.Item]) -> None:
+    """Marker ``node`` on every test of a module where any test uses the real node (or the
+    session's release): ``make test`` runs those in the cluster session that starts the node,
+    each module whole, and the others (kwok only) in a session of their own beside it, on a
+    control plane of their own (tests/streams.py)."""
+    modules = {item.module for item in items
+               if set(NODE_FIXTURES) & set(getattr(item, "fixturenames", ()))}
+    for item in items:
+        if getattr(item, "module", None) in modules:
+            item.add_marker(pytest.mark.node)
+
+
+def late_last(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The modules that need what ``make test`` builds in the background (tests/streams.py), on
+    CPU the earlier tests leave idle, run last, each whole and in its order: first those that
+    start KEDA (they import ``KedaStack``; KEDA is built first), then those that publish a
+    release (fixture ``released``: the host's images only, so they need nothing from the
+    background build any more; they stay last, where they always ran)."""
+    releasing = {item.module for item in items
+                 if "released" in getattr(item, "fixturenames", ())}
+    keda = {item.module for item in items
+            if getattr(getattr(item, "module", None), "KedaStack", None) is not None} - releasing
+
+    def rank(item: pytest.Item) -> int:
+        module = getattr(item, "module", None)
+        return 2 if module in releasing else 1 if module in keda else 0
+
+    return sorted(items, key=rank)  # stable: the order within each rank is kept
+
+
 class OperatorProcess:
     """`spyre-operator run` as a child process, with its metrics endpoint."""
 

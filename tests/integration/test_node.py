@@ -38,9 +38,6 @@ from tests.cluster.node import (
     running_nodes,
 )
 
-#: make test's other real-node session waits for this module (tests/cluster/sessions.py).
-NODE_EXCLUSIVE = "takes the node down and starts it again; counts its cards"
-
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 90

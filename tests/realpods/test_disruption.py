@@ -39,9 +39,6 @@ pytestmark = [pytest.mark.realpods, pytest.mark.integration, pytest.mark.timeout
 
 env = real_env_fixture("disrupt")
 
-#: make test's other real-node session waits for this module (tests/cluster/sessions.py).
-NODE_EXCLUSIVE = "kubectl drain cordons the node: nobody else's pod would be scheduled"
-
 MODEL = "disrupt"
 #: Requests per second, open loop (each request max_tokens 4 on the tiny model).
 RATE = 3.0

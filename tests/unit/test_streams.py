@@ -3,7 +3,6 @@ report reaches the output, the exit status says a failure in any, Ctrl-C stops t
 
 from __future__ import annotations
 
-import ast
 import os
 import signal
 import subprocess
@@ -14,15 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests import streams
-from tests.cluster import background, fixtures, sessions
+from tests.cluster import background, fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 
 CONFTEST = '''
 import pytest
 
-# watchdog names each session's running test; sessions signals the second real-node session
-pytest_plugins = ["tests.cluster.watchdog", "tests.cluster.sessions"]
+pytest_plugins = ["tests.cluster.watchdog"]  # names each session's running test
 
 
 def pytest_collection_modifyitems(items):
@@ -109,12 +107,10 @@ def _tree(tmp_path: Path, kwok_test: str, local_test: str,
         (tmp_path / "tests" / folder / f"test_{folder}.py").write_text(body)
 
 
-def _run(tmp_path: Path, build: str = "", second: str = "", **kw: object
-         ) -> subprocess.Popen[str]:
-    # SPYRE_KEEP_CLUSTER: a toy run never stops the checkout's real cluster (the full run's own)
+def _run(tmp_path: Path, build: str = "", **kw: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SPYRE_BACKGROUND_BUILD": build,
-           "XDG_CACHE_HOME": str(tmp_path / "cache"), streams.SECOND_ENV: second,
-           streams.KEEP_ENV: "1", "SPYRE_CURRENT_TEST_FILE": str(tmp_path / "current")}
+           "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "SPYRE_CURRENT_TEST_FILE": str(tmp_path / "current")}
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "streams.py")], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, **kw)
@@ -132,60 +128,6 @@ def _running(tmp_path: Path, session: str) -> str:
         return (tmp_path / f"current.{session}").read_text()
     except FileNotFoundError:
         return ""
-
-
-def test_the_real_node_sessions_split_the_node_modules_and_the_exclusive_ones_go_first(
-) -> None:
-    """Every real-node test runs in exactly one of the two real-node sessions; the modules that
-    must have the node to themselves (``NODE_EXCLUSIVE``) run first in the first session, none
-    in the second (tests/cluster/sessions.py)."""
-    def collect(*args: str) -> list[str]:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
-                            "--collect-only", "-q", *args], capture_output=True, text=True,
-                           cwd=ROOT, timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        return [line for line in r.stdout.splitlines() if "::" in line]
-
-    every = collect(*streams.CLUSTER)
-    first = collect(*streams.CLUSTER, *(f"--ignore={p}" for p in streams.NODE_SECOND))
-    second = collect(*streams.NODE, *streams.NODE_SECOND)
-    assert sorted(first + second) == sorted(every), (first, second)
-    assert {t.split("::")[0] for t in second} == set(streams.NODE_SECOND)
-
-    def exclusive(path: str) -> bool:
-        tree = ast.parse((ROOT / path).read_text())
-        return any(isinstance(n, ast.Assign) and any(
-            getattr(t, "id", None) == sessions.ATTRIBUTE for t in n.targets) for n in tree.body)
-
-    modules = list(dict.fromkeys(t.split("::")[0] for t in first))
-    alone = [m for m in modules if exclusive(m)]
-    assert {"tests/integration/test_node.py", "tests/realpods/test_disruption.py"} <= set(alone)
-    assert modules[:len(alone)] == alone, modules
-    assert not [m for m in streams.NODE_SECOND if exclusive(m)]
-
-
-def test_the_second_real_node_session_starts_after_the_exclusive_modules(
-        tmp_path: Path) -> None:
-    """The second real-node session starts once the first has run its ``NODE_EXCLUSIVE``
-    modules (here: one that writes a file as its last act), and its report is printed."""
-    done = tmp_path / "exclusive-done"
-    _tree(tmp_path, "def test_i():\n    pass\n", "def test_u():\n    pass\n",
-          "import pathlib, time\n"
-          "NODE_EXCLUSIVE = 'the toy says so'\n"
-          "def test_c():\n"
-          "    time.sleep(3)\n"
-          f"    pathlib.Path({str(done)!r}).write_text('done')\n")
-    (tmp_path / "tests" / "realpods" / "test_realpods.py").write_text(
-        "import pathlib\n"
-        "def test_r():\n"
-        f"    assert pathlib.Path({str(done)!r}).exists()\n")
-    proc = _run(tmp_path, second="tests/realpods/test_realpods.py")
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    first, _, rest = out.partition("the second real-node session's tests")
-    assert "test_contract.py" in first and "test_realpods" not in first, out
-    assert "1 passed" in rest.partition("kwok tests (")[0], out
-    assert "cluster-b session exit 0" in out, out
 
 
 def test_every_session_reports_and_a_failure_in_any_fails_the_run(tmp_path: Path) -> None:
