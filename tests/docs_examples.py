@@ -409,9 +409,11 @@ def render(name: str) -> str:
 
 
 def spec_block() -> str:
-    """The examples' SpyreModel (the block named ``spec``)."""
+    """The examples' SpyreModel (the block named ``spec``). No namespace: the page says it is
+    team-a's, and tests/integration/test_documented_models.py applies every documented model
+    in a namespace of its own (kubectl refuses a manifest naming another)."""
     body = {"apiVersion": "serving.spyre.dev/v1alpha1", "kind": "SpyreModel",
-            "metadata": {"name": NAME, "namespace": NAMESPACE}, "spec": SPEC}  # fmt: skip
+            "metadata": {"name": NAME}, "spec": SPEC}  # fmt: skip
     return f"```yaml\n{yaml.dump(body, Dumper=_Dumper, sort_keys=False)}```\n"
 
 

@@ -169,11 +169,15 @@ def test_same_named_service_that_is_not_ours_is_not_taken_over(
     after = kube.get("service", "taken")
     assert after["spec"]["selector"] == before["spec"]["selector"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    # once it is gone, the model proceeds without any edit
+    # once it is gone, the model proceeds without any edit: the operator writes its Service.
+    # (Not a wait for Ready: with the Deployment available, Ready is True already beside the
+    # conflict, and the read came before the operator's Service: CI of 023c858.)
     kube.kubectl("delete", "service", "taken")
+    kube.wait(lambda: ((kube.get("service", "taken") or {}).get("metadata", {}).get("labels")
+                       or {}).get("app.kubernetes.io/managed-by") == "spyre-model-operator",
+              90, "the operator's Service taken")
+    kube.wait_condition("taken", "Degraded", "False", timeout=90)
     kube.wait_condition("taken", "Ready", timeout=90)
-    assert kube.get("service", "taken")["metadata"]["labels"][
-        "app.kubernetes.io/managed-by"] == "spyre-model-operator"
 
 
 def test_model_claim_appearing_later_is_noticed(kube: Kube, operator: OperatorProcess) -> None:
