@@ -33,6 +33,7 @@ from lightkube.resources.core_v1 import Event, PersistentVolumeClaim
 from lightkube.types import CascadeType, PatchType
 
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from .desired.names import ROLLED_OUT_LABEL
 from .quantity import parse_quantity
 
 #: Hash of the desired object last applied (see the module docstring).
@@ -104,14 +105,23 @@ def is_subset(desired: Any, live: Any, parent: str = "") -> bool:
     return isinstance(desired, int | str) and str(desired) == str(live)
 
 
+#: Labels that are records of what the operator saw, not desired state: left out of the hash,
+#: so writing one changes no annotation (a Deployment's annotations are part of its generation).
+UNHASHED_LABELS = frozenset({ROLLED_OUT_LABEL})
+
+
 def with_applied_hash(desired: dict[str, Any]) -> dict[str, Any]:
-    """``desired`` with the hash of its own content in an annotation."""
+    """``desired`` with the hash of its own content (records aside) in an annotation."""
     meta = desired.setdefault("metadata", {})
     annotations = {
         k: v for k, v in (meta.get("annotations") or {}).items() if k != APPLIED_HASH_ANNOTATION
     }
     meta["annotations"] = annotations or None
-    doc = json.dumps(desired, sort_keys=True, separators=(",", ":"), default=str)
+    hashed = desired
+    if UNHASHED_LABELS & set(meta.get("labels") or {}):
+        labels = {k: v for k, v in meta["labels"].items() if k not in UNHASHED_LABELS}
+        hashed = {**desired, "metadata": {**meta, "labels": labels}}
+    doc = json.dumps(hashed, sort_keys=True, separators=(",", ":"), default=str)
     annotations[APPLIED_HASH_ANNOTATION] = hashlib.sha256(doc.encode()).hexdigest()[:16]
     meta["annotations"] = annotations
     return desired

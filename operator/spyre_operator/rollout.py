@@ -7,13 +7,16 @@ controller cannot say that by itself: a complete rollout that is scaled up (an H
 the cluster's capacity) shows fewer available replicas than asked, and its progress deadline
 is never applied to a scale-up (``Progressing`` stays ``NewReplicaSetAvailable``), so such a
 Deployment would hold a slot for good. The operator records the completion on the Deployment
-itself (``names.ROLLED_OUT_ANNOTATION``, what the API server keeps, not the operator's memory):
+itself (``names.ROLLED_OUT_LABEL``, what the API server keeps, not the operator's memory):
 written once it sees the rollout complete, kept by every later apply of the same artifact and
-claims, and dropped by the apply that switches them.
+claims, and dropped by the apply that switches them. The record is a digest of what rolled
+out, in a label: an annotation change starts a new generation of a Deployment, and the apply
+hash (apply.py) leaves the record out, so writing it changes nothing the controller acts on.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,9 +33,16 @@ def identity(deployment: Mapping[str, Any]) -> str:
     return f"{key}/{','.join(sorted(mounted_claims(deployment)))}"
 
 
-def _annotation(deployment: Mapping[str, Any]) -> str | None:
+def record(ident: str) -> str:
+    """The label value that says ``ident`` rolled out (a label value holds 63 characters)."""
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def _recorded(deployment: Mapping[str, Any], ident: str) -> bool:
     meta = deployment.get("metadata") or {}
-    return (meta.get("annotations") or {}).get(names.ROLLED_OUT_ANNOTATION)
+    if (meta.get("labels") or {}).get(names.ROLLED_OUT_LABEL) == record(ident):
+        return True
+    return (meta.get("annotations") or {}).get(names.ROLLED_OUT_ANNOTATION) == ident
 
 
 def _wanted(deployment: Mapping[str, Any]) -> int:
@@ -53,7 +63,7 @@ def all_available(deployment: Mapping[str, Any]) -> bool:
 
 def rolled_out(deployment: Mapping[str, Any]) -> bool:
     """The Deployment completed the rollout of what it serves now, once."""
-    return _annotation(deployment) == identity(deployment)
+    return _recorded(deployment, identity(deployment))
 
 
 def deadline_exceeded(deployment: Mapping[str, Any]) -> bool:
@@ -77,13 +87,13 @@ def deployment_rolling(deployment: Mapping[str, Any]) -> bool:
 
 
 def mark_rolled_out(desired: Deployment, live: Mapping[str, Any] | None) -> Deployment:
-    """``desired`` with ``names.ROLLED_OUT_ANNOTATION`` when its artifact and claims have
-    rolled out: the live Deployment already says so, or serves them with every replica
-    available now. Left out otherwise, so the apply of a switch removes it."""
+    """``desired`` with ``names.ROLLED_OUT_LABEL`` when its artifact and claims have rolled
+    out: the live Deployment already says so, or serves them with every replica available now.
+    Left out otherwise, so the apply of a switch removes it."""
     if live is None or desired.metadata is None:
         return desired
     ident = identity(desired.to_dict())
-    if _annotation(live) == ident or (identity(live) == ident and all_available(live)):
-        desired.metadata.annotations = {
-            **(desired.metadata.annotations or {}), names.ROLLED_OUT_ANNOTATION: ident}
+    if _recorded(live, ident) or (identity(live) == ident and all_available(live)):
+        desired.metadata.labels = {
+            **(desired.metadata.labels or {}), names.ROLLED_OUT_LABEL: record(ident)}
     return desired

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from spyre_operator.desired import names
 
 from .conftest import Kube, OperatorProcess, reconcile_now, settle_writes
 
@@ -66,6 +67,14 @@ def test_happy_path_to_ready(kube: Kube, operator: OperatorProcess) -> None:
     kube.kubectl("wait", "--for=condition=Ready", "--timeout=90s", "spyremodel/granite")
     kube.kubectl("wait", "--for=condition=Reconciling=False", "--timeout=60s",
                  "spyremodel/granite")
+    # The operator's record of the completed rollout (rollout.py) starts no new generation of
+    # the Deployment. As an annotation it did (the API server bumps a Deployment's generation on
+    # an annotation change: the controller copies them to its ReplicaSets), and until the
+    # controller observed it, the rollout read as not done: Reconciling flapped back to True
+    # after `kubectl wait` had seen it False (the full run of 889b7f2).
+    kube.wait(lambda: (deployment(kube, "granite") or {}).get("metadata", {}).get(
+        "labels", {}).get(names.ROLLED_OUT_LABEL), 30, "the rolled-out record")
+    assert deployment(kube, "granite")["metadata"]["generation"] == 1
     m = kube.model("granite")
     st = m["status"]
     assert st["observedGeneration"] == m["metadata"]["generation"]

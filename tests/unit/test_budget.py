@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from spyre_operator import budget as B
 from spyre_operator import conditions as C
+from spyre_operator.apply import is_subset, with_applied_hash
 from spyre_operator.cli import main as cli_main
 from spyre_operator.controller import Caches, Controller
 from spyre_operator.desired import names
 from spyre_operator.reconcile import Observed, decide, served_key
-from spyre_operator.rollout import deployment_rolling
+from spyre_operator.rollout import deployment_rolling, record
 
 from .samples import GENERATE, model
 from .test_controller_failures import RecordingApplier
@@ -570,18 +571,43 @@ def test_a_scale_up_waiting_for_cards_holds_no_rollout_slot() -> None:
     """Issue 31, 2: a completed rollout scaled past the cluster's cards (an HPA at capacity)
     counted as rolling for good, and with the budget full no model could switch artifacts."""
     m, dep = served(model("m0", spec(0)))
-    assert names.ROLLED_OUT_ANNOTATION not in dep["metadata"]["annotations"]  # not up yet
+    assert names.ROLLED_OUT_LABEL not in dep["metadata"]["labels"]  # not up yet
     done = _rolled_out(m, dep)
-    ident = f"{plan_for(m).key}/{plan_for(m).claim}"
-    assert done["metadata"]["annotations"][names.ROLLED_OUT_ANNOTATION] == ident
+    ident = record(f"{plan_for(m).key}/{plan_for(m).claim}")
+    assert done["metadata"]["labels"][names.ROLLED_OUT_LABEL] == ident
     assert not deployment_rolling(_scaled(done, replicas=4, available=1))
     # kept by the next reconciles, whatever the availability
     again = _rolled_out(m, _scaled(done, replicas=4, available=1))
-    assert again["metadata"]["annotations"][names.ROLLED_OUT_ANNOTATION] == ident
+    assert again["metadata"]["labels"][names.ROLLED_OUT_LABEL] == ident
     # without the record (before the fix) the same Deployment held a slot
     bare = _scaled(done, replicas=4, available=1)
-    del bare["metadata"]["annotations"][names.ROLLED_OUT_ANNOTATION]
+    del bare["metadata"]["labels"][names.ROLLED_OUT_LABEL]
     assert deployment_rolling(bare)
+    # the record of an earlier build (the identity as an annotation) still counts
+    legacy = copy.deepcopy(bare)
+    legacy["metadata"]["annotations"][names.ROLLED_OUT_ANNOTATION] = (
+        f"{plan_for(m).key}/{plan_for(m).claim}")
+    assert not deployment_rolling(legacy)
+
+
+def test_recording_a_rollout_changes_no_annotation() -> None:
+    """The record of a completed rollout is left out of the applied hash: the apply that writes
+    it changes no annotation, so the API server starts no new generation of the Deployment
+    (with one, the rollout read as not done until the controller observed it, and
+    Reconciling flapped back to True after `kubectl wait` had seen it False)."""
+    m, dep = served(model("m0", spec(0)))
+    starting = copy.deepcopy(dep)
+    starting["status"]["availableReplicas"] = 0
+    obs = Observed(cache_pvc=bound(), job=live_job(m, "Complete"), deployment=starting)
+    before = with_applied_hash(next(o for o in decide(m, obs, NOW).apply
+                                    if o.kind == "Deployment").to_dict())
+    done = _rolled_out(m, dep)
+    obs = Observed(cache_pvc=bound(), job=live_job(m, "Complete"), deployment=done)
+    after = with_applied_hash(next(o for o in decide(m, obs, NOW).apply
+                                   if o.kind == "Deployment").to_dict())
+    assert names.ROLLED_OUT_LABEL in after["metadata"]["labels"]
+    assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
+    assert not is_subset(after, before)  # the label is still written
 
 
 def test_a_switch_holds_its_slot_until_its_new_pods_are_available() -> None:
@@ -593,7 +619,7 @@ def test_a_switch_holds_its_slot_until_its_new_pods_are_available() -> None:
     obs = Observed(cache_pvc=bound(), job=live_job(new, "Complete"), deployment=done)
     switched = next(o for o in decide(new, obs, NOW).apply if o.kind == "Deployment").to_dict()
     assert served_key(switched) == plan_for(new).key
-    assert names.ROLLED_OUT_ANNOTATION not in switched["metadata"]["annotations"]
+    assert names.ROLLED_OUT_LABEL not in switched["metadata"]["labels"]
     live = {**switched, "metadata": {**switched["metadata"], "generation": 2},
             "status": {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1,
                        "availableReplicas": 0}}

@@ -20,11 +20,16 @@ COMPONENT_CACHE = "cache"
 
 #: Annotation on a Job with the full artifact key (labels hold only the short key).
 ARTIFACT_KEY_ANNOTATION = f"{GROUP}/artifact-key"
-#: On a serving Deployment: the artifact and claims (``<key>/<claim>,...``) whose rollout it
-#: completed once (every asked replica updated and available). Written by the operator when it
-#: sees that; a Deployment that serves what it names is not switching, whatever its
-#: availability now (a scale-up waiting for cards holds no rollout slot). See rollout.py.
-ROLLED_OUT_ANNOTATION = f"{GROUP}/rolled-out"
+#: Label on a serving Deployment: a digest of the artifact and claims (``<key>/<claim>,...``)
+#: whose rollout it completed once (every asked replica updated and available). Written by the
+#: operator when it sees that; a Deployment that serves what it names is not switching,
+#: whatever its availability now (a scale-up waiting for cards holds no rollout slot). A label,
+#: not an annotation: the API server starts a new generation of a Deployment when its
+#: annotations change, and the rollout read as not done until the controller observed it
+#: (Reconciling flapped back to True). See rollout.py.
+ROLLED_OUT_LABEL = f"{GROUP}/rolled-out"
+#: Where earlier builds kept the record (the identity itself, as an annotation); still read.
+ROLLED_OUT_ANNOTATION = ROLLED_OUT_LABEL
 #: On a managed cache PVC: the artifact keys garbage collection removed from it (or found
 #: absent), ``{"<key>": "<removed at>"}`` as JSON, the newest ``REMOVED_ARTIFACTS_KEPT``. The
 #: GC Job's own report goes with the Job (its TTL); this record lives as long as the volume, so
