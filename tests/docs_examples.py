@@ -111,7 +111,7 @@ def _compiled(m: dict[str, Any]) -> Observed:
                    "succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]},
     }  # fmt: skip
     summary = ('{"key":null,"path":"/cache/x","compileSeconds":150.0,"sizeBytes":3221225472,'
-               '"versions":{},"references":{"source":"eager","prompts":6,"tokens":96,'
+               '"versions":{},"references":{"source":"eager","prompts":8,"tokens":128,'
                '"tolerance":0.08}}')  # fmt: skip
     obs = Observed(cache_pvc=_CLAIM, job=job)
     obs.job_pods = [{"name": f"{plan.job_name}-abcde",
@@ -170,15 +170,17 @@ def _pod(name: str, key: str, *, canary: bool, ready_since: str | None = None,
 
 def _output_mismatch() -> str:
     """The termination message of a pod whose answers left the reference (engine's verdict):
-    five of the six reference prompts answered as recorded, the third one not."""
+    seven of the eight reference prompts (the six short ones, ``long`` and ``prefix``: answers.
+    shaped_prompts) answered as recorded, the third one not."""
     refs, got = [], []
-    for i in range(len(engine_answers.DEFAULT_PROMPTS)):
+    ids = [f"p{i}" for i in range(len(engine_answers.DEFAULT_PROMPTS))] + ["long", "prefix"]
+    for i, pid in enumerate(ids):
         prompt = [100 + i, 200 + i, 300 + i]
         tokens, logprobs = [1000 + i, 11, 220, 16, 13], [-0.05, -0.2, -0.1, math.log(0.91), -0.3]
-        refs.append(engine_answers.Answer(f"p{i}", prompt, tokens, logprobs))
+        refs.append(engine_answers.Answer(pid, prompt, tokens, logprobs))
         if i == 2:  # position 3: another token, far less likely than the reference's was
             tokens, logprobs = [*tokens[:3], 17, 13], [*logprobs[:3], math.log(0.62), -0.3]
-        got.append(engine_answers.Answer(f"p{i}", prompt, tokens, logprobs))
+        got.append(engine_answers.Answer(pid, prompt, tokens, logprobs))
     verdict = engine_answers.judge(refs, got, engine_answers.DEFAULT_TOLERANCE)
     return FailureSummary(reason=C.OUTPUT_MISMATCH, message=verdict.message(),
                           output_check=verdict.summary()).to_line()  # fmt: skip

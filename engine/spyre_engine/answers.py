@@ -17,17 +17,20 @@ only logs), so the verdict is made here from the response's raw logprobs, which 
 before any logits processor runs: the logprob of the expected token and the model's own argmax
 (the top-1 entry), which shows a divergence the injection hid.
 
-Prompts are sent one at a time as token ids (no tokenizer or chat template drift between the
-recording and the check), greedy, with the penalties set explicitly (a model's
-generation_config would apply its own) and ``ignore_eos`` at check time so both cover the same
-positions. No prompt shares a prefix with another (prefix caching would change the prefill
-path), and none is sent twice in one run.
+Prompts are sent as token ids (no tokenizer or chat template drift between the recording and
+the check), greedy, with the penalties set explicitly (a model's generation_config would apply
+its own) and ``ignore_eos`` at check time so both cover the same positions. The reference is
+recorded one prompt at a time; the check asks the way static-shape graphs break
+(:func:`shaped_prompts`, :func:`check`): the prompts together (a batch, decodes beside a
+chunked prefill), one longer than a prefill chunk, and, once those are answered, one that
+repeats that long prompt's first chunk (a prefix-cache hit when prefix caching is on).
 
 Nothing here imports vLLM: the engine process only talks to it over HTTP.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -59,6 +62,12 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
     "La photosynthèse est le processus par lequel",
     "Kubernetes schedules pods onto nodes by",
 )
+
+#: The Spyre plugin's KV block (tokens): a prompt that repeats another's first block or more
+#: can hit the prefix cache, so the check asks it only after the other was answered.
+PREFIX_BLOCK = 64
+#: How far past the prefill chunk the long prompt goes (when the context allows it).
+PAST_THE_CHUNK = 8
 
 #: How an answer is asked for: a POST of a /v1/completions body, its JSON answer back.
 Post = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -285,6 +294,40 @@ def judge(refs: Sequence[Answer], got: Sequence[Answer], tolerance: float) -> Ve
     return Verdict(len(refs), tolerance, worst, mismatches, diverging)
 
 
+# ------------------------------------------------------------------ the prompts
+
+
+def shaped_prompts(
+    prompts: Sequence[tuple[str, list[int]]], chunk: int, max_model_len: int, max_tokens: int,
+) -> list[tuple[str, list[int]]]:
+    """``prompts`` and two that take the paths static-shape graphs break on: ``long``, longer
+    than a prefill chunk (``chunk`` tokens: chunked prefill), made of the prompts' own tokens
+    repeated; and ``prefix``, that prompt's first chunk followed by another ending (a
+    prefix-cache hit when it is asked after ``long``). Left out when the context cannot hold a
+    prompt past the chunk with ``max_tokens`` after it."""
+    filler = [t for _, ids in prompts for t in ids]
+    length = min(chunk + PAST_THE_CHUNK, max_model_len - max_tokens - 1)
+    if not filler or length <= chunk:
+        return list(prompts)
+    long = (filler * (length // len(filler) + 1))[:length]
+    ending = list(prompts[-1][1])
+    prefix = long[:chunk] + ending[: max(1, max_model_len - max_tokens - 1 - chunk)]
+    return [*prompts, ("long", long), ("prefix", prefix)]
+
+
+def _waves(refs: Sequence[Answer]) -> list[list[int]]:
+    """The indices of ``refs`` in the order the check asks them: together, except that a
+    prompt repeating an earlier one's first block (a prefix-cache hit) waits for it."""
+    first: list[int] = []
+    later: list[int] = []
+    for i, ref in enumerate(refs):
+        head = ref.prompt_token_ids[:PREFIX_BLOCK]
+        shares = len(head) == PREFIX_BLOCK and any(
+            r.prompt_token_ids[:PREFIX_BLOCK] == head for r in refs[:i])
+        (later if shares else first).append(i)
+    return [w for w in (first, later) if w]
+
+
 # ------------------------------------------------------------------ record and check
 
 
@@ -304,16 +347,23 @@ async def check(
     post: Post, served_name: str, refs: Sequence[Answer], tolerance: float,
     inject: bool = True,
 ) -> Verdict:
-    """Ask every reference prompt again (with the injector's expectation when ``inject``) and
-    judge the answers."""
-    got = []
-    for ref in refs:
+    """Ask every reference prompt again (with the injector's expectation when ``inject``), all
+    at once (a batch) but for those that repeat an earlier one's prefix, asked after it
+    (:func:`_waves`), and judge the answers."""
+
+    async def ask(ref: Answer) -> Answer:
         body = request_body(served_name, ref.prompt_token_ids, len(ref.token_ids),
                             ref if inject else None, tolerance, label=ref.prompt_id)
         if not inject:
             body["ignore_eos"] = True
-        got.append(parse_answer(ref.prompt_id, ref.prompt_token_ids, await post(body)))
-    return judge(refs, got, tolerance)
+        return parse_answer(ref.prompt_id, ref.prompt_token_ids, await post(body))
+
+    got: dict[int, Answer] = {}
+    for wave in _waves(refs):
+        for i, answer in zip(wave, await asyncio.gather(*(ask(refs[i]) for i in wave)),
+                             strict=True):
+            got[i] = answer
+    return judge(refs, [got[i] for i in range(len(refs))], tolerance)
 
 
 # ------------------------------------------------------------------ the file
@@ -336,10 +386,25 @@ def document(answers: Sequence[Answer], source: str, backend: str, versions: dic
 
 
 def weights_fingerprint(model_path: Path) -> str | None:
-    """What identifies the model's files without reading them: a sha256 over every file's
-    path, size and modification time under ``model_path`` (a stat each, so a restart of a
-    large model costs nothing). A file replaced by another (the same model name over changed
-    weights) changes it; so does a copy, which then checks once more. None: not a directory."""
+    """What identifies the model's files by their content: a sha256 over every file's path
+    under ``model_path`` and the sha256 of its bytes. Weights changed under the same names
+    change it, whatever their sizes and modification times say (a copy that keeps them, a
+    clock set back). It reads every byte once, which the engine's load then finds in the page
+    cache; only a serving pod told that its artifact passed before asks for it (the check it
+    may skip costs more). None: not a directory."""
+    if not model_path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for path in sorted(p for p in model_path.rglob("*") if p.is_file()):
+        with path.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        h.update(f"{path.relative_to(model_path)}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
+def files_signature(model_path: Path) -> str | None:
+    """A stat of every file under ``model_path`` (path, size, modification time): what tells,
+    without reading them again, that the files changed while a precompile ran."""
     if not model_path.is_dir():
         return None
     h = hashlib.sha256()

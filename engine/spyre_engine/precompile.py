@@ -156,12 +156,14 @@ def reference_backend(settings: PrecompileSettings) -> str | None:
     the cards (precompile.onCards) records on the vLLM that compiled: its pods are then checked
     against the cards' own first answers (a later change shows, a compiler's mistake does
     not; the default compile-only path is the one checked against CPU). ``eager`` compiles
-    nothing; its pods run the very code a reference would, so it records none.
+    nothing, so its reference checks what else can change under an unchanged artifact key:
+    the model's weights (changed under the same name) and the engine's answers to the shapes
+    of answers.shaped_prompts; its precompile starts vLLM for that alone.
     """
     if settings.reference_answers != "record" or settings.is_pooling:
         return None
-    return {"sendnn": "sendnn", "inductor": "eager", COMPILE_ONLY_BACKEND: "eager"}.get(
-        settings.backend)
+    return {"sendnn": "sendnn", "inductor": "eager", COMPILE_ONLY_BACKEND: "eager",
+            "eager": "eager"}.get(settings.backend)
 
 
 def record_references_on(
@@ -190,26 +192,41 @@ def _post_json(url: str, body: dict[str, object], timeout: float = 600) -> dict[
 def record_references(
     settings: PrecompileSettings, model_path: str, port: int
 ) -> dict[str, object]:
-    """The running engine's greedy answers to the default prompts (answers.py), as the
-    reference document: each prompt tokenized by vLLM's /tokenize, answered one at a time."""
+    """The running engine's greedy answers to the default prompts (answers.py), each
+    tokenized by vLLM's /tokenize, and to the two of answers.shaped_prompts (longer than the
+    shape's prefill chunk, and a repeat of its prefix), as the reference document: answered
+    one at a time."""
     base = f"http://127.0.0.1:{port}"
     name = served_name(settings, model_path)
+    tolerance = answers.QUANTIZED_TOLERANCE if quantization(
+        read_config_json(model_path)) else answers.DEFAULT_TOLERANCE
     try:
         prompts = []
         for i, text in enumerate(answers.DEFAULT_PROMPTS):
             tokens = _post_json(f"{base}/tokenize", {"model": name, "prompt": text})["tokens"]
             prompts.append((f"p{i}", [int(t) for t in tokens]))  # type: ignore[attr-defined]
+        chunk = settings.max_num_batched_tokens or known_configs.DEFAULT_CHUNK_SIZE
+        prompts = answers.shaped_prompts(prompts, chunk, settings.max_model_len,
+                                         settings.reference_max_tokens)
 
         async def post(body: dict[str, object]) -> dict[str, object]:
             return await asyncio.to_thread(_post_json, f"{base}/v1/completions", body)
 
         got = asyncio.run(answers.record(post, name, prompts, settings.reference_max_tokens))
+        # The same prompts the way a serving pod's check asks them (a batch, then the prefix
+        # repeat): a compiling backend builds those shapes into the artifact here, not in
+        # every pod at start-up; and the engine agreeing with itself is logged.
+        verdict = asyncio.run(answers.check(post, name, got, tolerance, inject=False))
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise PrecompileError(
             REASON_COMPILE_FAILED, f"recording the reference answers failed: {exc}"
         ) from exc
-    tolerance = answers.QUANTIZED_TOLERANCE if quantization(
-        read_config_json(model_path)) else answers.DEFAULT_TOLERANCE
+    if verdict.ok:
+        log.info("Asked together, the prompts were answered as one at a time: %s",
+                 verdict.message())
+    else:
+        log.warning("Asked together, the prompts were not answered as one at a time: %s",
+                    verdict.message())
     versions = {k: v for k, v in package_versions().items() if v}
     log.info("Recorded reference answers: %d prompts, %d tokens", len(got),
              sum(len(a.token_ids) for a in got))
@@ -357,20 +374,22 @@ def _precompile_locked(
         {} if recorded_on is not None and settings.backend in RUNS_THE_MODEL else None)
     # Before any load: the reference answers are those of the files as they were then.
     weights = answers.weights_fingerprint(Path(model_path)) if recorded_on else None
+    files = answers.files_signature(Path(model_path)) if recorded_on else None
     if settings.backend == "eager":
-        log.info("Backend eager compiles nothing; recording the shape only")
+        log.info("Backend eager compiles nothing; recording the shape%s",
+                 " and the reference answers" if recorded_on else " only")
     else:
         invalidate_manifest(artifact)
         logged = run_warmup(settings, model_path, env, answered)
     compile_seconds = time.monotonic() - started
     references = answered if recorded_on == settings.backend else None
-    if recorded_on is not None and recorded_on != settings.backend:
+    if recorded_on is not None and (answered is None or recorded_on != settings.backend):
         references = record_references_on(settings, model_path, recorded_on)
     # Before the catalog entry and the manifest (whose checksums cover the file); an earlier
     # compile's answers never stay beside graphs they were not recorded with.
     (artifact / answers.REFERENCE_FILENAME).unlink(missing_ok=True)
     if references:
-        if weights is not None and weights == answers.weights_fingerprint(Path(model_path)):
+        if weights is not None and files == answers.files_signature(Path(model_path)):
             # A serving pod finding the same files, on an artifact that passed before, need
             # not check again (serve's --output-verified).
             references["weights"] = weights

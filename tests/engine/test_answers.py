@@ -150,6 +150,59 @@ def test_the_file_round_trips_and_refuses_another_format(tmp_path: Path) -> None
     assert A.read(tmp_path / "none") is None
 
 
+def test_the_shaped_prompts_pass_the_chunk_and_repeat_its_prefix() -> None:
+    """Issue 44, 6: besides the short prompts, one longer than a prefill chunk (chunked
+    prefill) and one repeating that prompt's first chunk (a prefix-cache hit), within the
+    context with the answer's tokens after them; neither when the context cannot hold them."""
+    short = [(f"p{i}", [100 * i + j for j in range(1, 6)]) for i in range(6)]
+    shaped = A.shaped_prompts(short, chunk=128, max_model_len=512, max_tokens=16)
+    ids = dict(shaped)
+    assert [p for p, _ in shaped] == [*[p for p, _ in short], "long", "prefix"]
+    assert len(ids["long"]) == 128 + A.PAST_THE_CHUNK
+    assert ids["prefix"][:128] == ids["long"][:128] and ids["prefix"] != ids["long"][
+        :len(ids["prefix"])]
+    # at the edge of the context: the long prompt still passes the chunk, answer included
+    edge = dict(A.shaped_prompts(short, chunk=128, max_model_len=150, max_tokens=16))
+    assert 128 < len(edge["long"]) and len(edge["long"]) + 16 < 150
+    assert len(edge["prefix"]) + 16 < 150
+    assert A.shaped_prompts(short, chunk=128, max_model_len=140, max_tokens=16) == short
+    assert A.shaped_prompts(short, chunk=512, max_model_len=512, max_tokens=16) == short
+
+
+def test_the_check_asks_together_and_the_prefix_repeat_after_its_prefix() -> None:
+    """The reference is recorded one prompt at a time; the check asks the prompts at once (a
+    batch: several in flight together) and the one repeating another's prefix only once that
+    other was answered, so its prefix is cached."""
+    short = [(f"p{i}", [100 * i + j for j in range(1, 6)]) for i in range(3)]
+    prompts = A.shaped_prompts(short, chunk=64, max_model_len=256, max_tokens=2)
+    in_flight, most, order = 0, 0, []
+
+    async def post(body: dict[str, Any]) -> dict[str, Any]:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0)  # the others are sent meanwhile when asked together
+        await asyncio.sleep(0)
+        in_flight -= 1
+        order.append(body["prompt"])
+        n = body["max_tokens"]
+        return _response([10, 11][:n], [0.9, 0.6][:n], [(1, 0.01)] * n)
+
+    async def run() -> tuple[int, A.Verdict]:
+        refs = await A.record(post, "m", prompts, max_tokens=2)
+        recorded_most = most
+        return recorded_most, await A.check(post, "m", refs, 0.08)
+
+    recorded_most, v = asyncio.run(run())
+    assert v.ok and v.checked == len(prompts), v.message()
+    assert recorded_most == 1  # recorded one at a time
+    assert most == len(prompts) - 1  # every prompt but the prefix repeat together
+    ids = dict(prompts)
+    checked = order[len(prompts):]
+    assert checked.index(ids["prefix"]) > checked.index(ids["long"])
+    assert checked[-1] == ids["prefix"]
+
+
 def test_the_default_prompts_share_no_prefix() -> None:
     """Prefix caching would send a shared prefix down another prefill path."""
     words = [p.split()[0] for p in A.DEFAULT_PROMPTS]
@@ -176,6 +229,15 @@ def test_a_restart_skips_the_check_only_on_the_files_the_reference_was_recorded_
     st = (model / "model.safetensors").stat()
     os.utime(replaced, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     os.replace(replaced, model / "model.safetensors")
+    assert not A.passed_before(doc, model, said)
+    # weights rewritten in place with the same size and modification time (a copy that keeps
+    # them): by content, the check runs (by stat it was skipped)
+    doc = {"weights": A.weights_fingerprint(model)}
+    assert A.passed_before(doc, model, said)
+    st = (model / "model.safetensors").stat()
+    (model / "model.safetensors").write_bytes(b"u" * 64)
+    os.utime(model / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert A.files_signature(model) is not None
     assert not A.passed_before(doc, model, said)
     assert A.weights_fingerprint(tmp_path / "absent") is None
     assert not A.passed_before({"weights": None}, tmp_path / "absent", said)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -24,7 +27,8 @@ pytestmark = pytest.mark.engine
 
 def test_precompile_writes_entry_and_summary(tiny_model: Path, tmp_path: Path) -> None:
     art = tmp_path / "art"
-    summary = precompile_eager(tiny_model, art, "--artifact-key", "k-123")
+    summary = precompile_eager(tiny_model, art, "--artifact-key", "k-123",
+                               "--reference-answers", "record")
     parsed = parse_termination_message(json.dumps(summary))
     assert isinstance(parsed, PrecompileSummary)
     assert parsed.key == "k-123" and parsed.path == str(art.resolve())
@@ -50,6 +54,16 @@ def test_precompile_writes_entry_and_summary(tiny_model: Path, tmp_path: Path) -
             },
         }
     ]
+    # Issue 44, 6: eager records reference answers too (on a vLLM started for them), with a
+    # prompt past the shape's 128-token chunk and one repeating its prefix, from these files.
+    refs, ref_doc = answers.read(art) or ([], {})
+    ids = {a.prompt_id: a.prompt_token_ids for a in refs}
+    assert len(ids["long"]) > 128 and ids["prefix"][:128] == ids["long"][:128], ids.keys()
+    assert len(refs) == len(answers.DEFAULT_PROMPTS) + 2
+    assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in refs), refs
+    assert ref_doc["source"] == "self" and ref_doc["recordedWith"]["backend"] == "eager"
+    assert ref_doc["weights"] == answers.weights_fingerprint(tiny_model)
+    assert parsed.references is not None and parsed.references["prompts"] == len(refs)
     # The manifest is written last, and serve's check passes on what precompile left.
     assert manifest.verify(art)["format"] == 1
     # Re-running is idempotent: same single entry.
@@ -94,7 +108,7 @@ def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple
     # The reference answers were recorded on eager after the compile (not by the compiler under
     # check), and the manifest covers them.
     refs, ref_doc = answers.read(art) or ([], {})
-    assert len(refs) == len(answers.DEFAULT_PROMPTS), ref_doc
+    assert len(refs) == len(answers.DEFAULT_PROMPTS) + 2, ref_doc  # + long and prefix
     assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in refs), refs
     assert ref_doc["source"] == "eager" and ref_doc["recordedWith"]["backend"] == "eager", ref_doc
     # ... from these files (a restart on them need not check again: answers.passed_before)
@@ -105,12 +119,13 @@ def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple
 
 @pytest.mark.parametrize(("backend", "recorded_on"), [
     ("sendnn", "sendnn"), ("inductor", "eager"), ("sendnn_compile_only", "eager"),
-    ("eager", None)])  # fmt: skip
+    ("eager", "eager")])  # fmt: skip
 def test_each_backend_records_its_references_on(backend: str, recorded_on: str | None,
                                                 tmp_path: Path) -> None:
     """The CPU compile backends (the cards' graphs built on a CPU node, inductor) get references
-    from eager on that node, not from the compiler under check; eager itself compiles nothing
-    to check. Decoders only, and never when off."""
+    from eager on that node, not from the compiler under check; eager's own (issue 44, 6: it
+    compiles nothing, but weights changed under its key were served unchecked). Decoders only,
+    and never when off."""
     s = PrecompileSettings(model="m", artifact_dir=tmp_path, backend=backend)
     assert reference_backend(s) == recorded_on
     assert reference_backend(s.model_copy(update={"reference_answers": "off"})) is None
@@ -135,7 +150,7 @@ def test_a_compile_only_artifact_gets_references_from_eager_that_inductor_answer
     assert sorted(p.name for p in art.iterdir()) == [], "the eager run wrote into the artifact"
     answers.write(tmp_path, doc)
     eager, _ = answers.read(tmp_path) or ([], {})
-    assert len(eager) == len(answers.DEFAULT_PROMPTS)
+    assert len(eager) == len(answers.DEFAULT_PROMPTS) + 2
     assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in eager), eager
     compiled, _ = answers.read(inductor_artifact[0]) or ([], {})
     verdict = answers.judge(eager, compiled, float(doc["tolerance"]))  # type: ignore[arg-type]
@@ -220,3 +235,64 @@ def test_an_engine_answering_as_its_artifacts_reference_serves_and_one_that_does
     finally:
         ref_file.write_text(original)
         manifest.write_manifest(art)
+
+
+#: The tiny model answers near-uniformly (each token ~0.2%): no comparison of probabilities tells
+#: one such model from another. Its final norm scaled by 30 makes it as sure of its tokens as a
+#: trained model is; ``perturb`` then puts noise on every weight, in place: another model of the
+#: same shape and file size.
+_SHARPEN = r"""
+import os, sys, torch
+from safetensors.torch import load_file, save_file
+path, perturb = sys.argv[1], sys.argv[2] == "perturb"
+t = load_file(path)
+if perturb:
+    torch.manual_seed(7)
+    t = {k: (v + torch.randn_like(v) * (v.float().std() + 0.05)).to(v.dtype)
+         if v.is_floating_point() else v for k, v in t.items()}
+else:
+    t["model.norm.weight"] = t["model.norm.weight"] * 30
+save_file(t, path + ".tmp")
+os.replace(path + ".tmp", path)
+"""
+
+
+@pytest.mark.slow
+def test_weights_changed_under_an_eager_artifact_are_caught(
+    tiny_model: Path, start_engine: Callable[..., EngineProcess], tmp_path: Path,
+) -> None:
+    """Issue 44, 6: an eager artifact records reference answers of its own, and a pod told the
+    artifact passed before skips its check only on the same bytes: weights rewritten in place
+    under the same name, size and modification time (a copy that keeps them) are checked, and
+    the pod stops with OutputMismatch (before, eager had no reference and the stat fingerprint
+    saw nothing)."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    weights = model / "model.safetensors"
+    subprocess.run([sys.executable, "-c", _SHARPEN, str(weights), "sharpen"], check=True)
+    art = tmp_path / "art"
+    precompile_eager(model, art, "--reference-answers", "record")
+    refs, doc = answers.read(art) or ([], {})
+    assert len(refs) == len(answers.DEFAULT_PROMPTS) + 2 and doc["source"] == "self", doc
+    verified = {"SPYRE_ENGINE_OUTPUT_VERIFIED": "artifact x passed before"}
+    serve = ["--model", str(model), "--artifact-dir", str(art), "--backend", "eager", *SHAPE]
+
+    # the same files: asked together (a batch, the long prompt, the prefix repeat), the sharp
+    # model answers as it did one prompt at a time
+    same = start_engine(*serve)
+    same.wait_started(STARTUP_TIMEOUT)
+    assert "Output check passed: 8 prompts" in same.log_path.read_text(), same.log_tail()
+    same.kill()
+
+    st = weights.stat()
+    subprocess.run([sys.executable, "-c", _SHARPEN, str(weights), "perturb"], check=True)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_size == st.st_size
+    term = tmp_path / "term"
+    changed = start_engine(*serve, "--termination-log", str(term), env=verified)
+    assert changed.wait_exit(STARTUP_TIMEOUT) == 1, changed.log_tail()
+    log = changed.log_path.read_text()
+    assert "the model's files are not those its reference" in log, changed.log_tail()
+    failure = parse_termination_message(term.read_text())
+    assert isinstance(failure, FailureSummary) and failure.reason == "OutputMismatch", (
+        term.read_text())

@@ -131,7 +131,8 @@ def up(args: argparse.Namespace) -> int:
          f"(assigned by {OPERATOR_NS}'s range), "
          f"image {pod['spec']['containers'][0]['image']}")
 
-    spec = s.tiny_model_spec(refs["engine"], uri, backend=args.backend, override={
+    spec = s.tiny_model_spec(refs["engine"], uri, backend=args.backend, output_check="Enforce",
+                             override={
         "autoscaling": {"minReplicas": 0, "maxReplicas": 1, "scaleToZero": {
             "idleSeconds": IDLE_SECONDS, "maxWaitSeconds": 300,
             "responseTimeoutSeconds": 300}}} if args.scale_to_zero else None)

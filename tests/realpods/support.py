@@ -392,7 +392,7 @@ def tiny_model_spec(engine_image: str | None,
                     model_uri: str = f"pvc://{MODEL_CLAIM}/{MODEL_PATH}", *,
                     backend: str = "eager", served_name: str = SERVED_NAME,
                     shape: Mapping[str, int] | None = None, prefix_caching: bool = True,
-                    replicas: int = 1, grace_seconds: int = 10,
+                    replicas: int = 1, grace_seconds: int = 10, output_check: str = "Off",
                     override: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A SpyreModel ``spec`` for the tiny model on the real node with a CPU backend.
 
@@ -401,12 +401,16 @@ def tiny_model_spec(engine_image: str | None,
     The serving pods (``accelerator``) and the precompile Job (``precompile``, used because a
     CPU backend compiles off the cards) both select and tolerate the real node. The engine
     image is used with ``IfNotPresent``; without one (None) the operator's default applies (the
-    chart's ``defaults.engineImage``). ``override`` is deep-merged last."""
+    chart's ``defaults.engineImage``). ``serving.outputCheck`` is ``output_check``: ``Off``
+    unless a test is about the check (under ``Enforce`` an eager precompile starts a vLLM of
+    its own to record reference answers, ~30 s a model here, and every pod checks them).
+    ``override`` is deep-merged last."""
     spec: dict[str, Any] = {
         "model": {"uri": model_uri, "servedName": served_name},
         "compile": {"backend": backend, "tensorParallelSize": 1, **(shape or TINY_SHAPE)},
         "replicas": replicas,
-        "serving": {"prefixCaching": prefix_caching, "shutdownGracePeriodSeconds": grace_seconds},
+        "serving": {"prefixCaching": prefix_caching, "shutdownGracePeriodSeconds": grace_seconds,
+                    "outputCheck": output_check},
         "engine": {"imagePullPolicy": "IfNotPresent",
                    **({"image": engine_image} if engine_image else {})},
         "accelerator": placement(),

@@ -18,9 +18,11 @@ Once the first artifact has served every replica, the operator names it in the m
 check (the same files: issue 30's "cheap when nothing changed").
 
 The model runs a canary (``spec.serving.canary``): the second artifact's first pod is a canary
-pod, so the main Deployment never moves. A third artifact (eager: no references, no check)
+pod, so the main Deployment never moves. A third artifact (eager, with references of its own
+on artifact 1's weights, which its pod answers as recorded)
 whose engine answers every request with a 500 (``SPYRE_ENGINE_FAULT_ERROR_RATIO``, the engine's
-fault flag) passes the check nobody asks and takes its share of the traffic as a canary: it
+fault flag: the proxy's, which the check, asked of vLLM directly, never meets) passes its
+check and takes its share of the traffic as a canary: it
 breaks the bounds, stops with ``CanaryFailed``, and the model keeps the first artifact. The only
 failed requests are the canary's injected 500s, none once it is gone. Before its traffic starts
 (issue 44), the operator has read the canary pod's own count (0 judged), and the main pod,
@@ -84,7 +86,8 @@ save_file({k: (v + torch.randn_like(v) * (v.float().std() + 0.05)).to(v.dtype)
 
 def _spec(env: RealEnv, serving: dict[str, Any] | None = None, **compile_: Any) -> dict[str, Any]:
     return model_spec(env.image, path=PATH, compile={"backend": "inductor", **compile_},
-                      serving={"canary": CANARY, **(serving or {})})  # fmt: skip
+                      serving={"canary": CANARY, "outputCheck": "Enforce",
+                               **(serving or {})})  # fmt: skip
 
 
 def _canary_gone(env: RealEnv) -> bool:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 from spyre_engine.cli import build_parser, load_settings
-from spyre_engine.settings import ServeSettings, split_passthrough
+from spyre_engine.settings import PrecompileSettings, ServeSettings, split_passthrough
 from spyre_engine.summary import PrecompileSummary
 from spyre_operator.desired.deployment import serve_args
+from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
@@ -58,3 +59,20 @@ def test_the_precompiles_reference_summary_is_in_the_artifacts_status() -> None:
 
     assert artifact(refs)["references"] == refs
     assert "references" not in artifact(None)
+
+
+@pytest.mark.parametrize(("mode", "engine"), [(None, "record"), ("Enforce", "record"),
+                                              ("Warn", "record"), ("Off", "off")])
+def test_a_precompile_under_off_records_no_reference_answers(mode: str | None, engine: str
+                                                             ) -> None:
+    """Nothing will be checked under Off: the precompile records no reference answers (on
+    eager they cost a vLLM start of their own); the Job's arguments, parsed by the engine."""
+    spec = {**GENERATE, **({"serving": {"outputCheck": mode}} if mode else {})}
+    job = build_precompile_job(plan_for(model("m", spec)), []).to_dict()
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    ours, passthrough = split_passthrough(args)
+    flags = {k: v for k, v in vars(build_parser().parse_args(ours)).items() if k != "command"}
+    settings = load_settings("precompile", flags, passthrough)
+    assert isinstance(settings, PrecompileSettings)
+    assert settings.reference_answers == engine
+    assert ("--reference-answers" in args) == (mode == "Off")  # an older engine: no new flag

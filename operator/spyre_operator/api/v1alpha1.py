@@ -690,7 +690,8 @@ class ServingSpec(ApiModel):
             "precompile recorded (greedy token ids and logprobs) and compares, as upstream's "
             "tests do. Enforce: a mismatch stops the pod with OutputMismatch, the artifact is "
             "not promoted and the one served before keeps serving. Warn: logged only. Off: no "
-            "check (an artifact without references is served either way)."
+            "check, and a precompile under Off records no reference answers (an artifact "
+            "without references is served unchecked whatever this says)."
         ),
     )
     canary: CanarySpec | None = Field(

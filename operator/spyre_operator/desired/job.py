@@ -91,6 +91,8 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
             "--termination-log",
             TERMINATION_LOG,
             *([] if spec.compile.require_known_configuration else ["--no-require-known-config"]),
+            # Nothing will be checked: no reference answers (on eager, no vLLM started for them)
+            *(["--reference-answers", "off"] if spec.serving.output_check == "Off" else []),
         ],  # fmt: skip
         env=env,
         resources=resources(spec.precompile.resources, cards),
