@@ -12,6 +12,7 @@ from typing import Any
 
 from spyre_engine.cli import build_parser, load_settings
 from spyre_engine.settings import ServeSettings, split_passthrough
+from spyre_operator.api.v1alpha1 import SpyreModelStatus
 from spyre_operator.desired import names
 from spyre_operator.desired.verified import VERIFIED_ENV
 from spyre_operator.reconcile import Observed, decide
@@ -36,12 +37,28 @@ def _main(d: Any) -> dict[str, Any]:
     return dep
 
 
-def _served(spec: dict[str, Any]) -> tuple[dict[str, Any], Any, Observed]:
+#: What an engine's precompile says of the reference answers it recorded.
+REFERENCES = {"source": "eager", "prompts": 8, "tokens": 128, "tolerance": 0.08}
+
+
+def _compiled(m: dict[str, Any], references: bool = True) -> Observed:
+    """The model's precompile finished, with reference answers (or none: a pooling model, an
+    engine from before the check, a compile under outputCheck Off)."""
+    obs = _complete(m)
+    if references:
+        summary = {**json.loads(obs.job_pods[0]["terminated"]["message"]),
+                   "references": REFERENCES}
+        obs.job_pods[0]["terminated"]["message"] = json.dumps(summary)
+    return obs
+
+
+def _served(spec: dict[str, Any], references: bool = True
+            ) -> tuple[dict[str, Any], Any, Observed]:
     """The model compiled, then its Deployment rolled out with every replica available."""
     m = model("m", spec)
-    d = decide(m, _complete(m), T0)
+    d = decide(m, _compiled(m, references), T0)
     assert _configmap(d) is None, "nothing served yet, nothing verified"
-    obs = _complete(m)
+    obs = _compiled(m, references)
     obs.deployment = deployment_obj(d, ready=1)
     return _with_status(m, d.status), decide(_with_status(m, d.status), obs, T0), obs
 
@@ -167,6 +184,17 @@ def test_the_outcome_is_on_the_models_status_not_only_in_a_configmap() -> None:
     off.setdefault("serving", {})["outputCheck"] = "Off"
     _, d_off, _ = _served(off)
     assert "outputCheck" not in d_off.status, "nothing was checked"
+
+
+def test_an_artifact_without_references_is_recorded_as_unchecked_not_passed() -> None:
+    """An artifact whose precompile recorded no reference answers (a pooling model, an engine
+    from before the check, a compile under Off) rolled out under Enforce was recorded as
+    Passed: nothing had been asked. Unchecked, saying why."""
+    m, d, _ = _served(GENERATE, references=False)
+    check = d.status["outputCheck"]
+    assert check["result"] == "Unchecked" and check["artifactKey"] == plan_for(m).key, check
+    assert "no reference answers" in check["message"] and "pods" not in check, check
+    SpyreModelStatus.model_validate(d.status)  # the CRD's enum has it
 
 
 def test_a_refused_artifact_is_recorded_as_failed() -> None:

@@ -1680,17 +1680,19 @@ class OutputCheckStatus(ApiModel):
     """The last output-check outcome the operator recorded (serving.outputCheck)."""
 
     artifact_key: str | None = Field(default=None, description="The artifact it concerns.")
-    result: Literal["Passed", "Failed"] | None = Field(
+    result: Literal["Passed", "Failed", "Unchecked"] | None = Field(
         default=None,
         description=(
             "Passed: every replica of the artifact's rollout answered its reference prompts "
             "as recorded (under Enforce); its later pods skip the check while its files are "
-            "unchanged. Failed: a pod of it answered unlike its reference (OutputMismatch)."
+            "unchanged. Failed: a pod of it answered unlike its reference (OutputMismatch). "
+            "Unchecked: it rolled out, but its precompile recorded no reference answers."
         ),
     )
     time: str | None = Field(default=None, description="When the operator recorded it.")
     pods: int | None = Field(default=None, description="Passed: the replicas that passed.")
-    message: str | None = Field(default=None, description="Failed: the first divergence.")
+    message: str | None = Field(
+        default=None, description="Failed: the first divergence; Unchecked: why.")
 
 
 class SpyreModelStatus(ApiModel):

@@ -289,6 +289,13 @@ def _foreign_entries(live: dict[str, Any] | None, checked: str | None) -> bool:
     return any(v and k != mine for k, v in ((live or {}).get("data") or {}).items())
 
 
+#: status.outputCheck's message for an artifact served without a check.
+NO_REFERENCES = (
+    "its precompile recorded no reference answers (a pooling model, an engine from before the "
+    "check, or a compile under serving.outputCheck Off): served without a check"
+)
+
+
 def _output_check_status(
     old: dict[str, Any], checked: str | None, plan: ModelPlan, artifact: Any, now: str
 ) -> dict[str, Any]:
@@ -299,6 +306,9 @@ def _output_check_status(
     if artifact.answers_refused and artifact.status.get("reason") == C.OUTPUT_MISMATCH:
         new = {"artifactKey": plan.key, "result": "Failed",
                "message": str(artifact.status.get("message") or "")[:1024]}  # fmt: skip
+    elif checked is not None and checked == plan.key and not artifact.status.get("references"):
+        # Nothing was asked: its precompile recorded nothing to compare with.
+        new = {"artifactKey": checked, "result": "Unchecked", "message": NO_REFERENCES}
     elif checked is not None:
         new = {"artifactKey": checked, "result": "Passed", "pods": plan.spec.replicas}
     else:
