@@ -109,7 +109,8 @@ def test_a_new_artifact_runs_its_canary_beside_the_previous_one_then_rolls_out()
     d = decide(b, obs, T2)  # 60 s in
     assert _main_key(d) == key_a and d.status["canary"]["startTime"] == T1
 
-    assert "pod m-canary-0 judged 4 of 10 requests" in cond(d, C.PROGRESSING)["message"]
+    assert "pod m-canary-0 judged 4 of the 10 requests needed" in cond(d, C.PROGRESSING)[
+        "message"]
 
     # Issue 44: the window is over, but the canary judged 4 of its 10 requests: no promotion
     # (an idle canary proves nothing); the rollout waits, and says for what.
@@ -118,7 +119,7 @@ def test_a_new_artifact_runs_its_canary_beside_the_previous_one_then_rolls_out()
     assert (d.status["canary"]["judgedRequests"], d.status["canary"]["minRequests"]) == (4, 10)
     progressing = cond(d, C.PROGRESSING)
     assert progressing["reason"] == C.CANARY_AWAITING_TRAFFIC, progressing
-    assert "judged 4 of 10 requests" in progressing["message"]
+    assert "judged 4 of the 10 requests needed" in progressing["message"]
     assert d.requeue_after is not None and d.requeue_after <= 10
     # A count that cannot be read is no count either.
     obs.canary_reports = {"m-canary-0": "http://10.0.0.9:8000/health/canary: TimeoutError"}
@@ -127,9 +128,11 @@ def test_a_new_artifact_runs_its_canary_beside_the_previous_one_then_rolls_out()
     assert "TimeoutError" in cond(d, C.PROGRESSING)["message"]
 
     # The requests came: the Deployment rolls out to B; the canary stays until that is done.
-    obs.canary_reports = {"m-canary-0": CanaryReport(judged=10, errors=1)}
+    obs.canary_reports = {"m-canary-0": CanaryReport(judged=214, errors=1)}
     d = decide(b, obs, T3)
     assert d.status["canary"]["phase"] == "Passed" and d.status["canary"]["passedTime"] == T3
+    assert "pod m-canary-0 judged 214 requests" in d.status["canary"]["message"]
+    assert "of 10" not in d.status["canary"]["message"], d.status["canary"]["message"]
     assert _main_key(d) == key_b
     assert (names.canary_name("m")) not in [n for _, n in d.delete]
     dep_b = deployment_obj(d, ready=1, replicas=2)
@@ -431,6 +434,7 @@ def test_a_canary_that_never_comes_up_fails_by_its_deadline_with_what_it_was_doi
     art = d.status["artifact"]
     assert (art["phase"], art["reason"]) == ("Failed", C.CANARY_DEADLINE_EXCEEDED), art
     assert "deadlineSeconds (180s)" in art["message"] and "ImagePullBackOff" in art["message"]
+    assert "fails unless passed by" not in art["message"], art["message"]  # said once, above
     assert d.status["canary"]["phase"] == "Failed"
     assert d.status["canary"]["reason"] == C.CANARY_DEADLINE_EXCEEDED
     assert names.canary_name("m") in [n for _, n in d.delete]
@@ -442,6 +446,24 @@ def test_a_canary_that_never_comes_up_fails_by_its_deadline_with_what_it_was_doi
     obs.canary_deployment, obs.server_pods = None, []
     d = decide(_with_status(b, d.status), obs, "2026-11-21T10:05:00Z")
     assert _canary(d) is None and d.status["artifact"]["phase"] == "Failed"
+
+
+def test_a_canary_pod_waiting_for_a_node_says_so() -> None:
+    """A canary pod no node has room for (the cards all serving) showed only "starts (0/1
+    canary pod available)": the scheduler's word is in Progressing, as for the main rollout."""
+    _, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 0)
+    obs.server_pods = [{"name": "m-canary-0", "artifact": plan_for(b).short_key, "canary": True,
+                        "phase": "Pending", "ready": False,
+                        "unschedulable": "0/3 nodes are available: 3 Insufficient "
+                                         "ibm.com/spyre_vf."}]  # fmt: skip
+    d = decide(_with_status(b, d.status), obs, T2)
+    progressing = cond(d, C.PROGRESSING)
+    assert progressing["reason"] == C.INSUFFICIENT_CAPACITY, progressing
+    assert "Insufficient ibm.com/spyre_vf" in progressing["message"], progressing
+    assert "canary of artifact" in progressing["message"], progressing
+    assert d.status["canary"]["phase"] == "Running"
 
 
 def test_the_deadline_must_exceed_the_window() -> None:

@@ -36,7 +36,13 @@ from .observed import (
     _seconds_between,
     served_key,
 )
-from .serving import ServingOutcome, _engine_failure, _previous_serving, _rollout
+from .serving import (
+    ServingOutcome,
+    _engine_failure,
+    _previous_serving,
+    _rollout,
+    _unschedulable,
+)
 
 RUNNING, PASSED, FAILED = "Running", "Passed", "Failed"
 
@@ -156,15 +162,19 @@ def decide_canary(
     # A pod that is down now (a canary pod keeps its last termination once restarted, for
     # its verdict: one that serves again is no problem).
     out.problem = _engine_failure([p for p in pods if not p.get("ready")])
+    # In the condition only: status.canary has deadlineTime, and its message is what the
+    # deadline's own message quotes (decide/artifact.py).
     until = f"; it fails unless passed by {deadline}" if deadline else ""
     if started is None:
-        out.cond = C.Cond(
-            C.PROGRESSING, C.TRUE, C.CANARY_RUNNING,
+        waits = _unschedulable(pods)
+        doing = (
             f"the canary of artifact {plan.short_key} starts ({count} available); artifact "
             f"{previous_key} serves meanwhile" + (f"; {out.problem[1]}" if out.problem else "")
-            + until,
+            + (f"; {waits}" if waits else "")
         )  # fmt: skip
-        out.status["message"] = out.cond.message[:1024]
+        reason = C.INSUFFICIENT_CAPACITY if waits and not out.problem else C.CANARY_RUNNING
+        out.cond = C.Cond(C.PROGRESSING, C.TRUE, reason, doing + until)
+        out.status["message"] = doing[:1024]
         out.requeue_after = _seconds_until(now, deadline)
         return out
     out.status["startTime"] = started
@@ -187,23 +197,23 @@ def decide_canary(
         # An idle canary proves nothing: the rollout waits for its requests (no watch says
         # when they come: look again), or its deadline.
         out.requeue_after = min(EVIDENCE_RECHECK_SECONDS, _seconds_until(now, deadline) or 1e9)
-        out.cond = C.Cond(
-            C.PROGRESSING, C.TRUE, C.CANARY_AWAITING_TRAFFIC,
+        doing = (
             f"artifact {plan.short_key}'s canary window of {spec.duration_seconds}s is over, "
             f"but it judged too few requests to promote it ({evidence.detail}; minRequests "
             f"{spec.min_requests} on every canary pod); artifact {previous_key} serves until "
-            "it has" + until,
+            "it has"
         )  # fmt: skip
-        out.status["message"] = out.cond.message[:1024]
+        out.cond = C.Cond(C.PROGRESSING, C.TRUE, C.CANARY_AWAITING_TRAFFIC, doing + until)
+        out.status["message"] = doing[:1024]
         return out
     out.requeue_after = min(max(left, 1.0), _seconds_until(now, deadline) or left)
-    out.cond = C.Cond(
-        C.PROGRESSING, C.TRUE, C.CANARY_RUNNING,
+    doing = (
         f"artifact {plan.short_key} serves on {count} beside artifact {previous_key} "
         f"since {started} ({evidence.detail}); the Deployment rolls out to it after "
-        f"{spec.duration_seconds}s within its bounds ({_bounds(plan)})" + until,
+        f"{spec.duration_seconds}s within its bounds ({_bounds(plan)})"
     )  # fmt: skip
-    out.status["message"] = out.cond.message[:1024]
+    out.cond = C.Cond(C.PROGRESSING, C.TRUE, C.CANARY_RUNNING, doing + until)
+    out.status["message"] = doing[:1024]
     return out
 
 
@@ -232,7 +242,11 @@ def _evidence(
         got = obs.canary_reports.get(name)
         if isinstance(got, CanaryReport):
             counts.append(got.judged)
-            parts.append(f"pod {name} judged {got.judged} of {min_requests} requests")
+            parts.append(
+                f"pod {name} judged {got.judged} of the {min_requests} requests needed"
+                if got.judged < min_requests
+                else f"pod {name} judged {got.judged} request{'s' if got.judged != 1 else ''} "
+                     f"({min_requests} needed)")
         else:
             parts.append(f"pod {name}'s count unread ({got or 'not read yet'})")
     if not ready:
