@@ -256,29 +256,31 @@ def output_mismatch() -> tuple[dict[str, Any], Decision]:
     return _settled(b, obs, decide(b, obs, MID_WINDOW), MID_WINDOW)
 
 
-def canary_running() -> tuple[dict[str, Any], Decision]:
+def _canary_judged(judged: int, errors: int, at: str,
+                   annotations: dict[str, str] | None = None) -> tuple[dict[str, Any], Decision]:
+    """The canary pod has counted ``judged`` requests (``errors`` of them failed) at ``at``."""
     b, obs, _ = _canary_started()
-    obs.canary_reports = {CANARY_POD: CanaryReport(judged=31, errors=0)}
-    return b, decide(b, obs, MID_WINDOW)
+    obs.canary_reports = {CANARY_POD: CanaryReport(judged=judged, errors=errors)}
+    if annotations:
+        b["metadata"]["annotations"] = annotations
+    return b, decide(b, obs, at)
+
+
+def canary_running() -> tuple[dict[str, Any], Decision]:
+    return _canary_judged(31, 0, MID_WINDOW)
 
 
 def canary_awaiting_traffic() -> tuple[dict[str, Any], Decision]:
-    b, obs, _ = _canary_started()
-    obs.canary_reports = {CANARY_POD: CanaryReport(judged=12, errors=0)}
-    return b, decide(b, obs, WINDOW_OVER)
+    return _canary_judged(12, 0, WINDOW_OVER)
 
 
 def window_passed() -> tuple[dict[str, Any], Decision]:
-    b, obs, _ = _canary_started()
-    obs.canary_reports = {CANARY_POD: CanaryReport(judged=214, errors=2)}
-    return b, decide(b, obs, WINDOW_OVER)
+    return _canary_judged(214, 2, WINDOW_OVER)
 
 
 def promoted_by_annotation() -> tuple[dict[str, Any], Decision]:
-    b, obs, _ = _canary_started()
-    obs.canary_reports = {CANARY_POD: CanaryReport(judged=31, errors=0)}
-    b["metadata"]["annotations"] = {CANARY_PROMOTE_ANNOTATION: plan_for(b).short_key}
-    return b, decide(b, obs, MID_WINDOW)
+    b, _, _ = _canary_started()
+    return _canary_judged(31, 0, MID_WINDOW, {CANARY_PROMOTE_ANNOTATION: plan_for(b).short_key})
 
 
 def canary_aborted() -> tuple[dict[str, Any], Decision]:
