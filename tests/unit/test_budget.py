@@ -435,6 +435,51 @@ def test_jobs_the_cache_does_not_show_yet_hold_their_slot() -> None:
     assert c.budgets.compiles_in_use() == 1
 
 
+def _squatter(kind: str, ns: str, name: str, owner: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+    """A Job or Deployment a namespace editor made with the operator's labels (issue 45, 1):
+    running for good, or rolling for good."""
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}",
+                            "labels": {names.MANAGED_BY: names.MANAGED_BY_VALUE,
+                                       names.COMPONENT: names.COMPONENT_PRECOMPILE
+                                       if kind == "Job" else "server"}}  # fmt: skip
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    if kind == "Job":
+        return {"metadata": meta, "spec": {"suspend": True}, "status": {}}
+    return {"metadata": {**meta, "generation": 1}, "spec": {"replicas": 1},
+            "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                       "availableReplicas": 0}}  # fmt: skip
+
+
+def test_labelled_objects_the_operator_did_not_make_hold_no_slot() -> None:
+    """Issue 45, 1: the budgets counted every unfinished Job and every rolling Deployment with
+    the operator's labels, in any namespace: a namespace editor's suspended Jobs and
+    never-scheduled Deployments stalled every compile and switch in the cluster. A slot is
+    held only by what a SpyreModel of the object's namespace owns (by name and UID) and names
+    as its own: its status' Job, its Deployments by their derived names."""
+    m, tenant = model("m", spec(0)), model("t", spec(1), ns="team-b")
+    c, cl = cluster([m, tenant], compiles=1, rollouts=1)
+    forged = {"apiVersion": "serving.spyre.dev/v1alpha1", "kind": "SpyreModel", "name": "t",
+              "uid": "not-its-uid", "controller": True}  # fmt: skip
+    real = {**forged, "uid": "uid-t"}
+    squat = [("team-b", "free-for-all", None), ("team-b", "forged", forged),
+             ("team-b", "owned-not-named", real)]
+    for ns, name, owner in squat:
+        c.caches.indices["jobs"][(ns, name)] = [_squatter("Job", ns, name, owner)]
+        c.caches.indices["deployments"][(ns, name)] = [_squatter("Deployment", ns, name, owner)]
+    assert c.budgets.compiles_in_use() == 0 and c.budgets.rollouts_in_use() == 0
+
+    async def run() -> None:
+        c.enqueue([("ns", "m")])
+        await drain(c)
+
+    asyncio.run(run())
+    assert cl.created == [plan_for(m).job_name], "m compiled: the squatters hold no slot"
+    assert reason(c, "m") == C.COMPILING
+    assert c.budgets.compiles_in_use() == 1, "the operator's own Job holds its slot"
+
+
 def test_a_retry_under_the_same_job_name_holds_its_slot_until_the_cache_shows_it() -> None:
     """A failed Job is deleted for its retry; the new one has the same name, and the cache
     still holds the deleted one when the retry is created."""
@@ -650,11 +695,11 @@ def test_a_switch_goes_while_another_model_waits_for_cards_to_scale_up() -> None
 
 
 def test_the_model_whose_artifact_was_ready_first_rolls_first() -> None:
-    (x0, xd), (y0, yd), (_, busy) = (served(model(n, spec(i)))
-                                    for i, n in enumerate(["x", "y", "busy"]))
+    (x0, xd), (y0, yd), (other, busy) = (served(model(n, spec(i)))
+                                        for i, n in enumerate(["x", "y", "busy"]))
     x, y = edited(x0, "registry.local/engine:2"), edited(y0, "registry.local/engine:2")
     busy["status"].update(updatedReplicas=0)  # another model's rollout holds the one slot
-    c, cl = cluster([x, y], compiles=0, rollouts=1,
+    c, cl = cluster([x, y, other], compiles=0, rollouts=1,
                     deployments={"x": xd, "y": yd, "busy": busy})
     for m, done in ((x, "2026-11-21T10:05:00Z"), (y, "2026-11-21T10:02:00Z")):
         job = live_job(m, "Complete")

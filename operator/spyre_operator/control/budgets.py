@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import KIND
 from .. import budget as B
 from .. import conditions as C
 from .. import jobs as job_status
@@ -66,10 +67,40 @@ class Budgets:
             if progressing.get("reason") == C.WAITING_FOR_ROLLOUT_SLOT:
                 self.rollout_waiting.add(key, str(art.get("completedAt") or ""))
 
+    def _owners(self, ns: str, obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """The SpyreModels (from the cache) that ``obj``'s ownerReferences name, by name and
+        UID: an owner reference is namespace-local, and a forged one names no live UID."""
+        out = []
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("kind") != KIND:
+                continue
+            m = self.c.caches.one("models", (ns, str(ref.get("name") or "")))
+            if m is not None and (m.get("metadata") or {}).get("uid") == ref.get("uid"):
+                out.append(m)
+        return out
+
+    def _own_job(self, ns: str, job: Mapping[str, Any]) -> bool:
+        """A precompile Job of this operator: one an owning SpyreModel's status names as its
+        own (status is written by the operator alone); labels are anyone's to set."""
+        name = (job.get("metadata") or {}).get("name")
+        return any(((m.get("status") or {}).get("artifact") or {}).get("jobName") == name
+                   for m in self._owners(ns, job))
+
+    def _own_deployment(self, ns: str, dep: Mapping[str, Any]) -> list[str]:
+        """The models whose serving (or canary) Deployment ``dep`` is: owned by them, under
+        the name derived from theirs."""
+        name = (dep.get("metadata") or {}).get("name")
+        return [str(m["metadata"]["name"]) for m in self._owners(ns, dep)
+                if name in (names.server_name(str(m["metadata"]["name"])),
+                            names.canary_name(str(m["metadata"]["name"])))]
+
     def compiles_in_use(self) -> int:
         """Precompile Jobs of this operator that have not finished, in every watched namespace
         (from the Job cache; a Job shared by several models is one), plus the ones just created
-        that the cache does not show yet."""
+        that the cache does not show yet. A Job counts when a SpyreModel that owns it names it
+        in its status (``_own_job``): the labels alone let any namespace editor take every slot
+        (issue 45). One just created, before the status naming it is in the cache, keeps its
+        reservation."""
         running: set[tuple[str, str]] = set()
         seen: set[tuple[str, str]] = set()  # Jobs in the cache that are not deleted ones
         index = self.c.caches.indices.get("jobs") or {}
@@ -80,12 +111,13 @@ class Budgets:
             meta = job.get("metadata") or {}
             if meta.get("uid") in self.c.writer.deleted_jobs:
                 continue  # e.g. a failed Job removed for its retry, under the same name
-            seen.add(k)
             labels = meta.get("labels") or {}
-            if (
-                labels.get(names.COMPONENT) == names.COMPONENT_PRECOMPILE
-                and not job_status.finished(job)
-            ):
+            if labels.get(names.COMPONENT) != names.COMPONENT_PRECOMPILE:
+                continue
+            if not self._own_job(k[0], job):
+                continue  # someone else's, or its model's status does not name it yet
+            seen.add(k)
+            if not job_status.finished(job):
                 running.add(k)
         for k in self.compile_reserved.live():
             if k in seen:
@@ -97,7 +129,9 @@ class Budgets:
     def rollouts_in_use(self, exclude: tuple[str, str] | None = None) -> int:
         """Serving Deployments of this operator whose rollout is not complete (pods of an
         older template left, or fewer available than asked) and has not exceeded its progress
-        deadline, plus the ones just switched that the cache does not show yet."""
+        deadline, plus the ones just switched that the cache does not show yet. Only a
+        model's own Deployments count (``_own_deployment``: owned by it, under its derived
+        names), not whatever carries the labels (issue 45)."""
         rolling: set[tuple[str, str]] = set()
         index = self.c.caches.indices.get("deployments") or {}
         reserved = self.rollout_reserved.live()
@@ -108,11 +142,14 @@ class Budgets:
             labels = (dep.get("metadata") or {}).get("labels") or {}
             if labels.get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
                 continue
+            models = self._own_deployment(k[0], dep)
+            if not models:
+                continue
             if labels.get(names.CANARY_LABEL) == "true":
                 # A canary holds its model's slot for as long as it exists: the switch it
                 # leads to is under way (counted once with the main Deployment's rollout).
-                for ns, model in self.c.router.models_for_owner_refs(k[0], dep):
-                    rolling.add((ns, names.server_name(model)))
+                for model in models:
+                    rolling.add((k[0], names.server_name(model)))
                 continue
             if k in reserved and served_key(dep) == reserved[k]:
                 self.rollout_reserved.drop(*k)  # the cache shows the switch now
