@@ -64,7 +64,14 @@ MANAGED: dict[str, Managed] = {
     "port": Managed("--port", "spec.serving.port"),
     # vLLM's stop budget; the engine's drain before it is the model's shutdown grace period.
     "shutdown_timeout": Managed("--drain-timeout", "spec.serving.shutdownGracePeriodSeconds"),
+    # Secrets: as arguments they are in the pod spec, the model's status and the log.
+    "api_key": Managed("VLLM_API_KEY", "spec.serving.apiKey"),
+    "hf_token": Managed("HF_TOKEN", "spec.model.tokenSecret"),
 }
+
+
+#: The managed settings that carry secrets: a refusal names their option, not their value.
+SECRETS = frozenset({"api_key", "hf_token"})
 
 
 @dataclass(frozen=True)
@@ -138,8 +145,11 @@ def refusal(result: ParseResult) -> str | None:
         managed = MANAGED.get(s.dest)
         if managed is None or (s.dest == "model_tag" and s.given == MODEL_PLACEHOLDER):
             continue
+        given = s.given
+        if s.dest in SECRETS and "=" in given:
+            given = given.split("=", 1)[0] + "=…"  # a refusal is logged: not the secret
         problems.append(
-            f"{s.given!r} sets vLLM's {s.dest}, which the engine sets from "
+            f"{given!r} sets vLLM's {s.dest}, which the engine sets from "
             f"{managed.engine_flag} (SpyreModel {managed.spyre_field}): set that instead"
         )
     return "; ".join(problems) or None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from spyre_engine.launch import vllm_command
 from spyre_engine.settings import ServeSettings
-from spyre_engine.vllm_args import MANAGED, ParseResult, parse_with_vllm, refusal
+from spyre_engine.vllm_args import MANAGED, SECRETS, ParseResult, parse_with_vllm, refusal
 from spyre_operator.api.v1alpha1 import MANAGED_ARG_ABBREVIATIONS, MANAGED_ARG_PATTERN
 
 # Each vLLM setting the engine manages: its option and a value it accepts.
@@ -28,6 +28,8 @@ MANAGED_OPTIONS = {
     "port": ("--port", "9000"),
     "shutdown_timeout": ("--shutdown-timeout", "1"),
     "model": ("--model", "/elsewhere"),
+    "api_key": ("--api-key", "s3cret"),
+    "hf_token": ("--hf-token", "hf_s3cret"),
 }
 
 
@@ -115,6 +117,9 @@ def test_every_form_of_a_managed_flag_is_refused(parsed: dict[str, ParseResult],
     field = MANAGED[dest].spyre_field
     assert f"vLLM's {dest}" in message and field in message and MANAGED[dest].engine_flag in message
     given = [a for a in CASES[case] if a.startswith("-")][-1]
+    if dest in SECRETS:  # the option as written, never the secret
+        given = given.split("=", 1)[0] + ("=…" if "=" in given else "")
+        assert "s3cret" not in message, message
     assert f"{given!r} sets" in message  # the argument as the user wrote it
 
 

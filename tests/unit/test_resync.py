@@ -46,7 +46,9 @@ def test_a_model_and_its_job_deleted_during_a_watch_gap_hold_no_compile_slot() -
     precompile slots in use" cluster-wide) and the deleted model was reconciled again."""
     gone, waiting = model("gone", spec(1)), model("waits", spec(2))
     gone["metadata"]["uid"], waiting["metadata"]["uid"] = "uid-gone", "uid-waits"
-    job = live_job(gone)  # running: it holds the one slot
+    job = live_job(gone)  # running: it holds the one slot (its model's status names it)
+    gone["status"] = {"artifact": {"key": plan_for(gone).key, "phase": "Compiling",
+                                   "jobName": job["metadata"]["name"]}}
     claim = plan_for(waiting).claim
     pvc = {**bound(), "metadata": {**bound()["metadata"], "name": claim, "namespace": "ns",
                                    "uid": "pvc-1"}}

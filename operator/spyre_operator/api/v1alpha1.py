@@ -430,6 +430,9 @@ MANAGED_ARGS = (
     "--runner",
     "--convert",
     "--shutdown-timeout",
+    # Secrets: in args they land in the pod spec, status.servedSpec and the engine's log.
+    "--api-key",
+    "--hf-token",
 )
 #: vLLM accepts any unambiguous abbreviation of a long option (``--max-model-l``): the shortest
 #: one of each managed option among the installed vLLM's ``serve`` options (``--model`` has none:
@@ -449,6 +452,8 @@ MANAGED_ARG_ABBREVIATIONS = {
     "--runner": len("--ru"),
     "--convert": len("--conv"),
     "--shutdown-timeout": len("--shu"),
+    "--api-key": len("--api-k"),
+    "--hf-token": len("--hf-t"),
 }
 
 
@@ -716,8 +721,9 @@ class ServingSpec(ApiModel):
                 cel(
                     EXTRA_ARGS_RULE,
                     "serving.extraArgs must not set flags derived from spec (model, shape, port, "
-                    "prefix caching, task), in any spelling (--max_model_len=N, -tp N): set the "
-                    "spec field instead",
+                    "prefix caching, task) nor carry secrets (--api-key: use serving.apiKey; "
+                    "--hf-token: use model.tokenSecret), in any spelling (--max_model_len=N, "
+                    "-tp N): set the spec field instead",
                 )
             ]
         },
@@ -747,8 +753,10 @@ class ServingSpec(ApiModel):
     api_key: ApiKeyRef | None = Field(
         default=None,
         description=(
-            "Require an API key: requests to /v1/* without the header 'Authorization: Bearer "
-            "<key>' are answered 401 (vLLM's own check, given the key as " + API_KEY_ENV + "). "
+            "Require an API key: requests to every client route (the OpenAI API, tokenize, "
+            "pooling, score, rerank; not /health) without the header 'Authorization: Bearer "
+            "<key>' are answered 401 (the engine's check, and vLLM's own, given the key as "
+            + API_KEY_ENV + "). "
             "The key is read from this Secret in the model's namespace when a pod starts; "
             "/health and /metrics stay open (restrict /metrics with serving.metricsPort and "
             "metricsFrom)."
