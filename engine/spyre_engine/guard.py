@@ -16,11 +16,17 @@ The engine's port is the Service's: everything a client sends arrives here first
   treats that as fatal to the engine: no client input reaches it. A prompt that merely mentions
   the key is an ordinary string and is served.
 
+* **The API key guards every client route** but vLLM's plain ``/health``. vLLM's own check
+  (``VLLM_API_KEY``) covers only the paths its middleware lists (``/v1``, ``/v2``, …), and
+  ``/tokenize``, ``/pooling``, ``/score`` or ``/rerank`` answered without the key; the engine
+  asks for ``Authorization: Bearer <key>`` on all of them itself (:func:`auth_refusal`).
+
 Pure functions, no I/O: serve.py asks :func:`refusal` before forwarding.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +76,22 @@ def route_refusal(method: str, raw_path: str) -> Refusal | None:
     if path in CLIENT_POSTS or path in CLIENT_GETS:
         return Refusal(405, "MethodNotAllowed", f"{method} is not served on {path}")
     return Refusal(404, "NotFoundError", f"{path[:200]!r} is not a route this server exposes")
+
+
+#: Forwarded without the API key: a liveness answer that says nothing about the model.
+OPEN_WITH_A_KEY = frozenset({"/health"})
+
+
+def auth_refusal(raw_path: str, authorization: str | None, key: str | None) -> Refusal | None:
+    """None when no key is set, the route is open (:data:`OPEN_WITH_A_KEY`), or the request
+    carries ``Authorization: Bearer <key>`` (compared in constant time); else 401."""
+    if not key or raw_path.split("?", 1)[0] in OPEN_WITH_A_KEY:
+        return None
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()):
+        return None
+    return Refusal(401, "Unauthorized", "this model requires an API key: "
+                                        "Authorization: Bearer <key>")
 
 
 def body_refusal(body: bytes, reserved: str = answers.INJECTOR_KEY) -> Refusal | None:

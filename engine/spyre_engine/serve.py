@@ -171,6 +171,9 @@ class EngineServer:
         self.unready = False
         #: a failure that lets in-flight requests finish (the drain deadline) before exiting
         self.drain_on_failure = False
+        #: serving.apiKey (the Secret's value, as vLLM reads it): the engine asks for it on
+        #: every client route (guard.auth_refusal), not only where vLLM's middleware does.
+        self.api_key = os.environ.get("VLLM_API_KEY") or None
         self.internal_port = settings.internal_port or free_port()
         self.upstream = f"http://127.0.0.1:{self.internal_port}"
         self.child: Child | None = None
@@ -491,7 +494,8 @@ class EngineServer:
                 503, "The server is shutting down", "ServiceUnavailableError", close=True
             )
         # Client routes only (guard.py): vLLM's control routes never face clients.
-        why = guard.route_refusal(request.method, request.raw_path)
+        why = guard.route_refusal(request.method, request.raw_path) or guard.auth_refusal(
+            request.raw_path, request.headers.get("Authorization"), self.api_key)
         if why is not None:
             return _json_error(why.status, why.message, why.type)
         if not self.started:

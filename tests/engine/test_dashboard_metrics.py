@@ -138,9 +138,9 @@ def test_every_engine_panel_returns_data_from_a_real_prometheus(
     assert all(positive.values()), positive
 
 
-def test_the_api_key_guards_the_api_not_probes_or_metrics(engine: EngineProcess) -> None:
-    """VLLM_API_KEY (serving.apiKey) through the engine's front: /v1/* without the key, or
-    with another, is 401; the kubelet's probes and Prometheus' scrape need none."""
+def test_the_api_key_guards_every_client_route_not_probes_or_metrics(engine: EngineProcess) -> None:
+    """VLLM_API_KEY (serving.apiKey) through the engine's front: every client route without
+    the key, or with another, is 401; the kubelet's probes and Prometheus' scrape need none."""
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         r = httpx.post(engine.url + "/v1/completions", json=body, headers=headers,
@@ -148,7 +148,14 @@ def test_the_api_key_guards_the_api_not_probes_or_metrics(engine: EngineProcess)
         assert r.status_code == 401, (headers, r.status_code, r.text)
     assert httpx.get(engine.url + "/v1/models", timeout=TIMEOUT).status_code == 401
     assert httpx.get(engine.url + "/v1/models", headers=AUTH, timeout=TIMEOUT).status_code == 200
-    for path in ("/health/startup", "/health/ready", "/health/live", "/metrics"):
+    # Issue 45, 4: vLLM's own check covers /v1 and /v2 only; the engine asks on every client
+    # route (/tokenize answered without the key before)
+    tok = {"model": MODEL, "prompt": "hello"}
+    r = httpx.post(engine.url + "/tokenize", json=tok, timeout=TIMEOUT)
+    assert r.status_code == 401, (r.status_code, r.text)
+    r = httpx.post(engine.url + "/tokenize", json=tok, headers=AUTH, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.json()["tokens"], (r.status_code, r.text)
+    for path in ("/health/startup", "/health/ready", "/health/live", "/metrics", "/health"):
         assert httpx.get(engine.url + path, timeout=TIMEOUT).status_code == 200, path
 
 

@@ -150,6 +150,24 @@ def _decoded(spelling: str) -> str | None:
     return out if isinstance(out, str) else None
 
 
+@pytest.mark.parametrize("path", sorted(guard.CLIENT_POSTS | guard.CLIENT_GETS))
+def test_the_api_key_guards_every_client_route_but_plain_health(path: str) -> None:
+    """Issue 45, 4: vLLM's own key check covered only the paths its middleware lists; with
+    serving.apiKey set, /tokenize, /pooling, /score and the rest answered without it."""
+    key = "s3cret-key"
+    assert guard.auth_refusal(path, None, None) is None, "no key set: nothing asked"
+    assert guard.auth_refusal(path, f"Bearer {key}", key) is None
+    assert guard.auth_refusal(path + "?x=1", f"bearer {key}", key) is None
+    for wrong in (None, "", key, f"Bearer {key}x", f"Basic {key}", "Bearer s3cret"):
+        refused = guard.auth_refusal(path, wrong, key)
+        if path in guard.OPEN_WITH_A_KEY:
+            assert refused is None
+        else:
+            assert refused is not None and refused.status == 401, (path, wrong)
+            assert key not in refused.message
+    assert guard.OPEN_WITH_A_KEY <= guard.CLIENT_GETS
+
+
 def test_a_clients_4xx_is_no_evidence_for_the_canary() -> None:
     assert canary.is_evidence(200) and canary.is_evidence(500) and canary.is_evidence(503)
     assert not canary.is_evidence(400) and not canary.is_evidence(404)
