@@ -79,7 +79,8 @@ EXTRA_ARGS_REFUSED = ["--max_model_len=4096", "--max-model-len=4096", "-tp", "-t
                       "--tensor_parallel_size=2", "--served_model_name=x",
                       "--no_enable_prefix_caching", "--max_num_seqs", "--runner=pooling",
                       "--port=9000", "--max-num-seq=2", "--tensor_par", "--max-model-l=4096",
-                      "--max-model-len=" + "4" * 1000]  # fmt: skip (abbreviations, long)
+                      "--max-model-len=" + "4" * 1000,  # abbreviations, long
+                      "--api-key=s3cret", "--api_k", "--hf-token=hf_x"]  # fmt: skip (secrets)
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -99,6 +100,7 @@ def test_extra_args_in_every_spelling_the_rule_covers_are_refused(
     r = dry_run(control_plane, namespace, [model({"serving": {"extraArgs": ["--seed", "1", arg]}})])
     assert r.returncode != 0, f"admitted extraArgs {arg}"
     assert "must not set flags derived from spec" in r.stderr, r.stderr
+    assert "use serving.apiKey" in r.stderr, r.stderr  # the secrets' fields named
 
 
 def test_a_model_name_over_the_limit_is_refused(
