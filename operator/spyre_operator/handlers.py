@@ -26,7 +26,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.discovery_v1 import EndpointSlice
 from pydantic import ValidationError
 
-from . import FIELD_MANAGER, GROUP, PLURAL, VERSION, jobs, peers
+from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import STATUS_FIELDS_KEY, status_fields_owned
 from .budget import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
@@ -463,11 +463,24 @@ def index_named_children(
     it filters labels on its side) costs memory for stubs instead of a GET per child and model.
     """
     labels = (body.get("metadata") or {}).get("labels") or {}
-    if labels.get(names.MANAGED_BY) == names.MANAGED_BY_VALUE:
+    if labels.get(names.MANAGED_BY) == names.MANAGED_BY_VALUE and (
+            body.get("kind") != "ConfigMap" or _own_configmap(body)):
         return {(namespace, name): slim(body)}
     meta = body.get("metadata") or {}
     stub = {k: meta.get(k) for k in ("name", "namespace", "uid", "labels", "ownerReferences")}
     return {(namespace, name): {"kind": body.get("kind"), "metadata": stub}}
+
+
+def _own_configmap(body: Any) -> bool:
+    """A model's ``<model>-output-check``, owned by that model: the only ConfigMap the
+    operator writes. Any other, labelled or not, is kept as a stub: every ConfigMap of the
+    watched namespaces reaches the index, and a tenant's megabyte ConfigMaps with the
+    operator's labels were kept whole (issue 45, 2)."""
+    meta = body.get("metadata") or {}
+    return any(
+        r.get("kind") == KIND and meta.get("name") == names.verified_name(str(r.get("name")))
+        for r in meta.get("ownerReferences") or []
+    )
 
 
 # ------------------------------------------------------------------------------ routing
