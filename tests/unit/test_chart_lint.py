@@ -123,6 +123,10 @@ def test_rbac_is_least_privilege(name: str) -> None:
     # a canary Deployment is removed when its canary ends (without: the refused canary stayed,
     # every reconcile failing on the delete, tests/realpods/test_output_check.py)
     assert ("apps", "deployments", "delete") in verbs
+    # a model moved off a retainPolicy Delete claim: the old PVC is deleted once nothing names
+    # or mounts it (control/claims.py); without the verb that delete was refused (issue 45, 3)
+    assert ("", "persistentvolumeclaims", "delete") in verbs
+    assert ("", "services", "delete") not in verbs, "Services go with their model only"
 
 
 @needs_helm

@@ -108,10 +108,15 @@ object does not exist yet.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Serving Services (watched as Deployments) and the cache PVCs: server-side applied.
+# Serving Services (watched as Deployments): server-side applied.
 - apiGroups: [""]
-  resources: ["services", "persistentvolumeclaims"]
+  resources: ["services"]
   verbs: ["list", "watch", "create", "patch"]
+# Cache PVCs: server-side applied; a managed claim (retainPolicy Delete) a model moved off is
+# deleted once no SpyreModel names it and no pod of the operator mounts it (control/claims.py).
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # PodDisruptionBudgets: watched (as Deployments), server-side applied, deleted when replicas
 # drop below 2.
 - apiGroups: ["policy"]
