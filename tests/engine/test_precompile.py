@@ -61,7 +61,7 @@ def test_precompile_writes_entry_and_summary(tiny_model: Path, tmp_path: Path) -
     assert len(ids["long"]) > 128 and ids["prefix"][:128] == ids["long"][:128], ids.keys()
     assert len(refs) == len(answers.DEFAULT_PROMPTS) + 2
     assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in refs), refs
-    assert ref_doc["source"] == "self" and ref_doc["recordedWith"]["backend"] == "eager"
+    assert ref_doc["source"] == "eager" and ref_doc["recordedWith"]["backend"] == "eager"
     assert ref_doc["weights"] == answers.weights_fingerprint(tiny_model)
     assert parsed.references is not None and parsed.references["prompts"] == len(refs)
     # The manifest is written last, and serve's check passes on what precompile left.
@@ -273,7 +273,7 @@ def test_weights_changed_under_an_eager_artifact_are_caught(
     art = tmp_path / "art"
     precompile_eager(model, art, "--reference-answers", "record")
     refs, doc = answers.read(art) or ([], {})
-    assert len(refs) == len(answers.DEFAULT_PROMPTS) + 2 and doc["source"] == "self", doc
+    assert len(refs) == len(answers.DEFAULT_PROMPTS) + 2 and doc["source"] == "eager", doc
     verified = {"SPYRE_ENGINE_OUTPUT_VERIFIED": "artifact x passed before"}
     serve = ["--model", str(model), "--artifact-dir", str(art), "--backend", "eager", *SHAPE]
 
