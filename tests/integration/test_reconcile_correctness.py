@@ -169,9 +169,10 @@ def test_same_named_service_that_is_not_ours_is_not_taken_over(
     after = kube.get("service", "taken")
     assert after["spec"]["selector"] == before["spec"]["selector"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    # Its pods may serve, but its endpoint is someone else's Service: not Ready.
+    ready = kube.wait_condition("taken", "Ready", "False", reason="NameConflict", timeout=60)
+    assert "not its Service" in ready["message"], ready
     # once it is gone, the model proceeds without any edit: the operator writes its Service.
-    # (Not a wait for Ready: with the Deployment available, Ready is True already beside the
-    # conflict, and the read came before the operator's Service: CI of 023c858.)
     kube.kubectl("delete", "service", "taken")
     kube.wait(lambda: ((kube.get("service", "taken") or {}).get("metadata", {}).get("labels")
                        or {}).get("app.kubernetes.io/managed-by") == "spyre-model-operator",

@@ -238,6 +238,25 @@ def test_foreign_service_is_not_written_and_reported() -> None:
     assert foreign_owner("Service", ours, "m") is None
 
 
+def test_pods_serving_behind_a_foreign_service_are_not_ready() -> None:
+    """Ready said True (Serving) once the Deployment was available, beside Degraded
+    NameConflict: but status.endpoint names a Service that is not the operator's, and clients
+    that use it never reach the model (CI of 023c858 found it). Ready is False, NameConflict,
+    until that Service goes; a foreign PDB (not on the clients' path) leaves Ready alone."""
+    from .test_reconcile import deployment_obj, job_obj
+
+    m = model("m", GENERATE)
+    obs = Observed(cache_pvc=bound(), job=job_obj(m, "Complete"))
+    obs.deployment = deployment_obj(decide(m, obs, NOW), ready=1)
+    assert cond(decide(m, obs, NOW), C.READY)["status"] == "True"
+    obs.foreign = {"Service": foreign_owner("Service", {"metadata": {"name": "m"}}, "m")}
+    ready = cond(decide(m, obs, NOW), C.READY)
+    assert (ready["status"], ready["reason"]) == ("False", C.NAME_CONFLICT), ready
+    assert "Service m" in ready["message"] and "endpoint" in ready["message"], ready
+    obs.foreign = {"PodDisruptionBudget": "PodDisruptionBudget m is not managed by the operator"}
+    assert cond(decide(m, obs, NOW), C.READY)["status"] == "True"
+
+
 def test_later_model_with_other_volume_settings_gets_a_condition() -> None:
     first = (OwnerRef("a", "uid-a"), CacheVolumeSpec(size="50Gi"))
     mine = CacheVolumeSpec(size="100Gi")

@@ -52,6 +52,9 @@ class _StatusFacts:
     no_scheduler: str | None = None
     #: (reason, message) of a canary pod that failed or cannot start.
     canary_problem: tuple[str, str] | None = None
+    #: The model's Service name is taken by an object that is not the operator's (why): the
+    #: endpoint status gives reaches someone else's Service, whatever the pods do.
+    foreign_service: str | None = None
 
 
 def _conflict(plan: ModelPlan, obs: Observed) -> str | None:
@@ -100,6 +103,7 @@ def decide_status(
         no_scheduler=no_scheduler,
         canary=canary,
         canary_problem=canary_problem,
+        foreign_service=obs.foreign.get("Service"),
     )
     conds = [
         _ready(plan, cache, artifact, serving, facts),
@@ -185,6 +189,12 @@ def _ready(
         if artifact.waiting:
             return C.Cond(C.READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, artifact.cond.message)
         return C.Cond(C.READY, C.FALSE, C.COMPILING, f"compiling artifact {plan.short_key}")
+    if f.foreign_service:
+        return C.Cond(
+            C.READY, C.FALSE, C.NAME_CONFLICT,
+            f"the model's endpoint {plan.endpoint} is not its Service: {f.foreign_service}; "
+            "its pods serve, but clients of that endpoint do not reach them"[:1024],
+        )  # fmt: skip
     if replicas == 0 and f.zero_problem is not None:
         return C.Cond(
             C.READY, C.FALSE, C.SCALE_TO_ZERO_UNAVAILABLE,
