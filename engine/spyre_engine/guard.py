@@ -78,6 +78,19 @@ def route_refusal(method: str, raw_path: str) -> Refusal | None:
     return Refusal(404, "NotFoundError", f"{path[:200]!r} is not a route this server exposes")
 
 
+#: A request body the engine reads at most, per token of the model's context: JSON of text
+#: (escapes, chat turns, token-id lists) with room to spare; never under MIN_BODY_BYTES.
+BODY_BYTES_PER_TOKEN = 256
+MIN_BODY_BYTES = 1024 * 1024
+
+
+def max_body_bytes(max_model_len: int) -> int:
+    """The largest request body worth reading for a model of ``max_model_len`` tokens: a larger
+    one cannot fit its context, and was buffered whole (up to 64 MiB) before vLLM refused it.
+    Refused at once with 413."""
+    return max(MIN_BODY_BYTES, max_model_len * BODY_BYTES_PER_TOKEN)
+
+
 #: Forwarded without the API key: a liveness answer that says nothing about the model.
 OPEN_WITH_A_KEY = frozenset({"/health"})
 

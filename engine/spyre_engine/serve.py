@@ -174,6 +174,10 @@ class EngineServer:
         #: serving.apiKey (the Secret's value, as vLLM reads it): the engine asks for it on
         #: every client route (guard.auth_refusal), not only where vLLM's middleware does.
         self.api_key = os.environ.get("VLLM_API_KEY") or None
+        #: The largest request body read (guard.max_body_bytes of the model's context).
+        self.max_body = guard.max_body_bytes(
+            max(w.prompt_len for w in settings.warmup_shapes)
+            if settings.is_pooling and settings.warmup_shapes else settings.max_model_len)
         self.internal_port = settings.internal_port or free_port()
         self.upstream = f"http://127.0.0.1:{self.internal_port}"
         self.child: Child | None = None
@@ -386,7 +390,9 @@ class EngineServer:
     # ------------------------------------------------------------------- HTTP
 
     async def _start_http(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        # A body larger than the model's context can hold is refused (413): unread when its
+        # length is declared (proxy), and aiohttp stops reading a chunked one there.
+        app = web.Application(client_max_size=self.max_body)
         app.router.add_get("/health/startup", self.startup_probe)
         app.router.add_get("/health/ready", self.readiness_probe)
         app.router.add_get("/health/live", self.liveness_probe)
@@ -498,6 +504,11 @@ class EngineServer:
             request.raw_path, request.headers.get("Authorization"), self.api_key)
         if why is not None:
             return _json_error(why.status, why.message, why.type)
+        if (request.content_length or 0) > self.max_body:
+            return _json_error(
+                413, f"the request body ({request.content_length} bytes) is larger than this "
+                f"model's context could hold ({self.max_body} bytes at most)",
+                "RequestEntityTooLarge", close=True)
         if not self.started:
             return _json_error(503, "The model is still loading", "ServiceUnavailableError")
         if not canary.is_inference(request.method, request.path):

@@ -10,6 +10,7 @@ of the Gateway API Inference Extension's model-server protocol
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,15 @@ def test_the_api_key_guards_every_client_route_not_probes_or_metrics(engine: Eng
     assert r.status_code == 401, (r.status_code, r.text)
     r = httpx.post(engine.url + "/tokenize", json=tok, headers=AUTH, timeout=TIMEOUT)
     assert r.status_code == 200 and r.json()["tokens"], (r.status_code, r.text)
+    # Issue 45, 5: a body larger than the model's context could hold is refused unread (it
+    # was buffered up to 64 MiB): the answer comes before any byte of it is sent
+    host, port = engine.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: engine\r\n"
+                  + f"Authorization: {AUTH['Authorization']}\r\n".encode()
+                  + b"Content-Type: application/json\r\nContent-Length: 2097152\r\n\r\n")
+        head = s.recv(65536).split(b"\r\n", 1)[0]
+    assert b" 413 " in head, head
     for path in ("/health/startup", "/health/ready", "/health/live", "/metrics", "/health"):
         assert httpx.get(engine.url + path, timeout=TIMEOUT).status_code == 200, path
 

@@ -168,6 +168,14 @@ def test_the_api_key_guards_every_client_route_but_plain_health(path: str) -> No
     assert guard.OPEN_WITH_A_KEY <= guard.CLIENT_GETS
 
 
+def test_the_body_limit_follows_the_context() -> None:
+    """Issue 45, 5: bodies up to 64 MiB were buffered whatever the model; now what its
+    context could hold, with room (1 MiB at least)."""
+    assert guard.max_body_bytes(512) == guard.MIN_BODY_BYTES
+    assert guard.max_body_bytes(32768) == 32768 * guard.BODY_BYTES_PER_TOKEN  # 8 MiB
+    assert guard.max_body_bytes(131072) < 64 * 1024 * 1024
+
+
 def test_a_clients_4xx_is_no_evidence_for_the_canary() -> None:
     assert canary.is_evidence(200) and canary.is_evidence(500) and canary.is_evidence(503)
     assert not canary.is_evidence(400) and not canary.is_evidence(404)
