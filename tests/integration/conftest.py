@@ -67,8 +67,32 @@ def late_last(items: list[pytest.Item]) -> list[pytest.Item]:
     return sorted(items, key=rank)  # stable: the order within each rank is kept
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries the end of every running operator's log, lines naming
+    the test's namespace first: the kwok session's logs go with its temporary root, and a
+    flap seen once (test_happy_path_to_ready's Reconciling, 889b7f2's run) left nothing to
+    find it by."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    kube = getattr(item, "funcargs", {}).get("kube")
+    ns = getattr(kube, "ns", None)
+    for op in list(OperatorProcess.live):
+        if op.log_path is None or not op.log_path.exists():
+            continue
+        lines = op.log_path.read_text(errors="replace").splitlines()
+        mine = [ln for ln in lines if ns and ns in ln][-60:]
+        report.sections.append((f"operator log {op.log_path.name} (namespace {ns})",
+                                "\n".join(mine + ["-- last lines --"] + lines[-30:])))
+
+
 class OperatorProcess:
     """`spyre-operator run` as a child process, with its metrics endpoint."""
+
+    #: The instances started and not stopped (their logs go into a failed test's report).
+    live: set[OperatorProcess] = set()  # noqa: RUF012 - shared on purpose
 
     def __init__(self, kubeconfig: Path, log_dir: Path, args: list[str] | None = None,
                  env: dict[str, str] | None = None) -> None:
@@ -88,6 +112,7 @@ class OperatorProcess:
         self.log_path = self.log_dir / f"operator-{os.getpid()}-{id(self):x}-{self.starts}.log"
         log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        OperatorProcess.live.add(self)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "spyre_operator.cli", "run", *self.args,
              "--metrics-port", str(self.metrics_port),
@@ -115,6 +140,7 @@ class OperatorProcess:
             return False
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        OperatorProcess.live.discard(self)
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, sig)

@@ -17,7 +17,6 @@ from .observed import (
     READY,
     Observed,
     _remembered_serving,
-    _served_spec,
     parse_served_spec,
     served_key,
 )
@@ -59,7 +58,7 @@ def decide_serving(
             # A first Deployment (or one deleted by hand), or one serving nothing (scaled to
             # zero, crashing): switching it takes nothing away from users.
             return new
-        previous = _previous_serving(plan, obs, None)
+        previous = _previous_serving(plan, obs, old_status)
         if previous.plan is None or previous.current(plan):
             return new  # nothing else serves: not a switch to a new artifact
         previous.waiting = (
@@ -89,12 +88,24 @@ def last_good(deployment: dict[str, Any] | None, status: dict[str, Any]) -> tupl
         spec = deployment.get("spec") or {}
         replicas = int(spec.get("replicas", 1) or 0)
         key = served_key(deployment)
-        raw = (deployment.get("metadata", {}).get("annotations") or {}).get(
-            names.SERVED_SPEC_ANNOTATION
-        )
+        raw = _trusted_served_spec(deployment, key, status)
         if replicas > 0 and key and raw and _rollout(deployment, replicas, key).done:
             return key, raw
     return status.get("lastGoodArtifactKey"), status.get("lastGoodServedSpec")
+
+
+def _trusted_served_spec(
+    deployment: dict[str, Any], key: str | None, status: dict[str, Any]
+) -> str | None:
+    """The spec the live Deployment serves ``key`` from, as the operator recorded it: status'
+    ``servedSpec`` when status names that artifact (only the operator writes status; anyone
+    who may edit Deployments may edit their annotation, issue 45), else the Deployment's
+    annotation (status lost, or written by an operator from before the field)."""
+    if key and status.get("servingArtifactKey") == key and status.get("servedSpec"):
+        return str(status["servedSpec"])
+    raw = (deployment.get("metadata", {}).get("annotations") or {}).get(
+        names.SERVED_SPEC_ANNOTATION)
+    return str(raw) if raw else None
 
 
 def verified_key(good_key: str | None, good_spec: str | None) -> str | None:
@@ -110,8 +121,16 @@ def verified_key(good_key: str | None, good_spec: str | None) -> str | None:
 def _previous_serving(
     plan: ModelPlan, obs: Observed, old_status: dict[str, Any] | None
 ) -> ServingOutcome:
-    """What the live Deployment serves (else what status remembers), at the spec's replicas."""
-    live_key, old_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
+    """What the live Deployment serves (else what status remembers), at the spec's replicas;
+    its spec from the operator's record when status has it (:func:`_trusted_served_spec`),
+    and never one whose engine image the allow-list refuses."""
+    live_key = served_key(obs.deployment)
+    old_spec = parse_served_spec(
+        _trusted_served_spec(obs.deployment, live_key, old_status or {})
+    ) if obs.deployment is not None else None
+    if old_spec is not None and old_spec.engine.image and not plan.site.allows(
+            old_spec.engine.image):
+        old_spec = None
     if not live_key or old_spec is None:
         live_key, old_spec = _remembered_serving(old_status or {})
     return _serving(plan, live_key, old_spec)
