@@ -159,7 +159,7 @@ def test_the_api_key_guards_every_client_route_not_probes_or_metrics(engine: Eng
     # Issue 45, 5: a body larger than the model's context could hold is refused unread (it
     # was buffered up to 64 MiB): the answer comes before any byte of it is sent
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=TIMEOUT) as s:
+    with socket.create_connection((host, int(port)), timeout=60) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: engine\r\n"
                   + f"Authorization: {AUTH['Authorization']}\r\n".encode()
                   + b"Content-Type: application/json\r\nContent-Length: 2097152\r\n\r\n")
