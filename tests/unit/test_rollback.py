@@ -240,15 +240,22 @@ def test_a_complete_job_whose_artifact_a_gc_job_removed_since_runs_again() -> No
     assert cond(decide(b, obs, T3), C.ARTIFACT_READY)["status"] == "True"
 
 
-def _switched_to_b() -> tuple[dict[str, Any], dict[str, Any], Observed]:
-    """A served and rolled out; the spec edited to B, compiled; the Deployment switched to B
-    with A's pod still serving (maxUnavailable 0) and B's first pod not Ready yet."""
-    a = model("m", GENERATE)
+def _a_rolled_out(spec: dict[str, Any] = GENERATE) -> tuple[dict[str, Any], Any]:
+    """Model ``m`` compiled, its Deployment rolled out with its replica available, and the
+    reconcile that saw it: (that Deployment, that reconcile's decision)."""
+    a = model("m", spec)
     d = decide(a, _complete(a), T0)
     dep_a = deployment_obj(d, ready=1)
     obs = _complete(a)
     obs.deployment = dep_a
-    d = decide(_with_status(a, d.status), obs, T0)
+    return dep_a, decide(_with_status(a, d.status), obs, T0)
+
+
+def _switched_to_b() -> tuple[dict[str, Any], dict[str, Any], Observed]:
+    """A served and rolled out; the spec edited to B, compiled; the Deployment switched to B
+    with A's pod still serving (maxUnavailable 0) and B's first pod not Ready yet."""
+    a = model("m", GENERATE)
+    dep_a, d = _a_rolled_out()
     assert d.status["lastGoodArtifactKey"] == plan_for(a).key
     assert json.loads(d.status["lastGoodServedSpec"])["compile"] == json.loads(
         d.status["servedSpec"])["compile"]

@@ -15,8 +15,8 @@ from spyre_operator.desired import names
 from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
-from .test_reconcile import deployment_obj, job_obj
-from .test_rollback import CLAIM, T0, _complete, _with_status
+from .test_reconcile import job_obj
+from .test_rollback import CLAIM, T0, _a_rolled_out, _with_status
 
 TAMPERED_IMAGE = "evil.example/engine:latest"
 
@@ -38,12 +38,7 @@ def _image(d: Any) -> str:
 
 
 def test_a_tampered_served_spec_annotation_is_not_re_applied_nor_recorded() -> None:
-    a = model("m", GENERATE)
-    d = decide(a, _complete(a), T0)
-    served = deployment_obj(d, ready=1)
-    obs = _complete(a)
-    obs.deployment = served
-    d = decide(_with_status(a, d.status), obs, T0)
+    served, d = _a_rolled_out()
     image = _image(d)
     assert image != TAMPERED_IMAGE and d.status["servedSpec"]
     # the spec edited (another engine image): its artifact compiles while the old one serves
