@@ -385,6 +385,11 @@ def document(answers: Sequence[Answer], source: str, backend: str, versions: dic
     }
 
 
+def _model_files(model_path: Path) -> list[Path]:
+    """Every file under ``model_path``, in a fixed order (both fingerprints walk the same)."""
+    return sorted(p for p in model_path.rglob("*") if p.is_file())
+
+
 def weights_fingerprint(model_path: Path) -> str | None:
     """What identifies the model's files by their content: a sha256 over every file's path
     under ``model_path`` and the sha256 of its bytes. Weights changed under the same names
@@ -395,7 +400,7 @@ def weights_fingerprint(model_path: Path) -> str | None:
     if not model_path.is_dir():
         return None
     h = hashlib.sha256()
-    for path in sorted(p for p in model_path.rglob("*") if p.is_file()):
+    for path in _model_files(model_path):
         with path.open("rb") as f:
             digest = hashlib.file_digest(f, "sha256").hexdigest()
         h.update(f"{path.relative_to(model_path)}\0{digest}\n".encode())
@@ -408,7 +413,7 @@ def files_signature(model_path: Path) -> str | None:
     if not model_path.is_dir():
         return None
     h = hashlib.sha256()
-    for path in sorted(p for p in model_path.rglob("*") if p.is_file()):
+    for path in _model_files(model_path):
         st = path.stat()
         h.update(f"{path.relative_to(model_path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
