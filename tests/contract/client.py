@@ -12,7 +12,8 @@ Modes (every result is one JSON line on stdout, or in ``--out``):
     One POST; prints ``{"status", "body"}``, and ``headers`` unless the status is 200.
 ``steady URL BODY``
     POSTs one after another until stdin is closed (``kubectl exec -i``); one line per request
-    with its start and end (``time.time()``), status, and error (a reset, a refused
+    with its start and end (``time.time()``), when its name was resolved and its connection
+    made (``resolved``, ``connected``), status, and error (a reset, a refused
     connection, a timeout).
 ``many URL BODY --count N``
     N POSTs at once (threads); prints ``{"results": [...]}``, each as ``once`` prints it.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import socket
 import sys
 import threading
 import time
@@ -34,25 +36,47 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
-def _post(url: str, body: str, timeout: float) -> tuple[http.client.HTTPConnection, Any]:
+def _post(
+    url: str, body: str, timeout: float, phases: dict[str, float] | None = None
+) -> tuple[http.client.HTTPConnection, Any]:
+    """POST ``body``; ``phases`` gets when the name was resolved and the connection made
+    (``time.time()``): a slow request says whether DNS, the connection or the answer took
+    the time."""
     u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname or "", u.port or 80, timeout=timeout)
-    conn.request("POST", u.path, body=body, headers={"Content-Type": "application/json"})
+    host, port = u.hostname or "", u.port or 80
+    phases = {} if phases is None else phases
+    # resolved here, once, and each address tried in turn (what create_connection does), to
+    # time the two apart
+    addrs = [str(a[4][0]) for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+    phases["resolved"] = time.time()
+    for i, addr in enumerate(addrs):
+        conn = http.client.HTTPConnection(addr, port, timeout=timeout)
+        try:
+            conn.connect()
+            break
+        except OSError:
+            if i == len(addrs) - 1:
+                raise
+    phases["connected"] = time.time()
+    # the Host header the name gives (the interceptor routes on it), not the address
+    conn.request("POST", u.path, body=body, headers={
+        "Content-Type": "application/json", "Host": host if port == 80 else f"{host}:{port}"})
     return conn, conn.getresponse()
 
 
 def once(url: str, body: str, timeout: float) -> dict[str, Any]:
     t0 = time.time()
+    phases: dict[str, float] = {}
     try:
-        conn, resp = _post(url, body, timeout)
+        conn, resp = _post(url, body, timeout, phases)
         text = resp.read().decode(errors="replace")
         conn.close()
-        out = {"t0": t0, "t1": time.time(), "status": resp.status, "body": text}
+        out = {"t0": t0, "t1": time.time(), "status": resp.status, "body": text, **phases}
         if resp.status != 200:  # a 503's Retry-After
             out["headers"] = {k.lower(): v for k, v in resp.getheaders()}
         return out
     except (OSError, http.client.HTTPException) as exc:
-        return {"t0": t0, "t1": time.time(), "status": 0, "error": repr(exc)}
+        return {"t0": t0, "t1": time.time(), "status": 0, "error": repr(exc), **phases}
 
 
 def many(url: str, body: str, timeout: float, count: int) -> dict[str, Any]:
