@@ -31,7 +31,7 @@ from spyre_engine import canary as engine_canary
 from spyre_engine.summary import REASON_ENGINE_FAILED, FailureSummary
 from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.canary_report import CanaryReport
+from spyre_operator.canary_report import CanaryReport, ServedReport
 from spyre_operator.control.common import compact_pod
 from spyre_operator.decide.observed import CANARY_ABORT_ANNOTATION, CANARY_PROMOTE_ANNOTATION
 from spyre_operator.desired import names
@@ -72,6 +72,10 @@ DEADLINE = "2026-11-21T10:43:00Z"  # CANARY_CREATED + durationSeconds + 1800
 
 CANARY_POD = "granite-canary-6d5f8b9c7-x2k4q"
 NEW_POD = "granite-7c9d4f6b5-m8p2t"
+#: The previous artifact's two pods (the baseline), and what each had served when the canary's
+#: window started (since 09:10: 3,000 requests, 180 ms to the first token, 40 ms per token).
+OLD_PODS = ("granite-5b8c7d9f4-h2j6k", "granite-5b8c7d9f4-q9w3e")
+BASELINE_BEFORE = ServedReport(3000, 1, 5400.0, ttft=(540.0, 3000), tpot=(120.0, 3000))
 
 
 # ------------------------------------------------------------------------------ the cluster
@@ -227,10 +231,38 @@ def _canary_started() -> tuple[dict[str, Any], Observed, Decision]:
     b, obs = _served_then_new_image(SPEC)
     d = decide(b, obs, CANARY_CREATED)
     obs.canary_deployment = _available(_deployment(d, names.canary_name(NAME)), 1)
-    obs.server_pods = [_pod(CANARY_POD, plan_for(b).key, canary=True, ready_since=CANARY_READY)]
+    obs.server_pods = [_pod(CANARY_POD, plan_for(b).key, canary=True, ready_since=CANARY_READY),
+                       *(_pod(p, _old_key(b), canary=False, ready_since=SERVED)
+                         for p in OLD_PODS)]  # fmt: skip
+    obs.served_reports = _served(0, 0.0, 0.0)
     b = _with_status(b, d)
     d = decide(b, obs, CANARY_READY)
     return _with_status(b, d), obs, d
+
+
+def _old_key(b: dict[str, Any]) -> str:
+    return str((b.get("status") or {}).get("servingArtifactKey") or "")
+
+
+def _served(
+    judged: int, ttft: float, tpot: float, baseline: tuple[float, float] = (0.18, 0.04)
+) -> dict[str, ServedReport | str]:
+    """What the pods say they served: the canary ``judged`` requests at ``ttft`` and ``tpot``
+    seconds; each baseline pod twice as many as the canary in the same time, at
+    ``baseline``'s."""
+    out: dict[str, ServedReport | str] = {
+        CANARY_POD: ServedReport(judged, 0, judged * 1.2, ttft=(judged * ttft, judged),
+                                 tpot=(judged * tpot, judged)),
+    }  # fmt: skip
+    b = BASELINE_BEFORE
+    for pod in OLD_PODS:
+        n = 2 * judged
+        out[pod] = ServedReport(
+            b.judged + n, b.errors, b.seconds + n * 1.2,
+            ttft=(b.ttft[0] + n * baseline[0], b.ttft[1] + n),  # type: ignore[index]
+            tpot=(b.tpot[0] + n * baseline[1], b.tpot[1] + n),  # type: ignore[index]
+        )  # fmt: skip
+    return out
 
 
 def _settled(
@@ -261,6 +293,7 @@ def _canary_judged(judged: int, errors: int, at: str,
     """The canary pod has counted ``judged`` requests (``errors`` of them failed) at ``at``."""
     b, obs, _ = _canary_started()
     obs.canary_reports = {CANARY_POD: CanaryReport(judged=judged, errors=errors)}
+    obs.served_reports = _served(judged, 0.21, 0.042)
     if annotations:
         b["metadata"]["annotations"] = annotations
     return b, decide(b, obs, at)
@@ -297,6 +330,17 @@ def canary_failed() -> tuple[dict[str, Any], Decision]:
     return _settled(b, obs, decide(b, obs, MID_WINDOW), MID_WINDOW)
 
 
+def slower_than_baseline() -> tuple[dict[str, Any], Decision]:
+    """The window is over with the requests it needs, but the new artifact takes 3x the
+    previous one's time to the first token: refused on the next reconcile."""
+    b, obs, _ = _canary_started()
+    obs.canary_reports = {CANARY_POD: CanaryReport(judged=214, errors=0)}
+    obs.served_reports = _served(214, 0.54, 0.043)
+    d = decide(b, obs, WINDOW_OVER)
+    b = _with_status(b, d)
+    return _settled(b, obs, decide(b, obs, WINDOW_OVER), WINDOW_OVER)
+
+
 def canary_deadline_exceeded() -> tuple[dict[str, Any], Decision]:
     b, obs = _served_then_new_image(SPEC)
     d = decide(b, obs, CANARY_CREATED)
@@ -325,6 +369,8 @@ class Example:
     fields: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
     #: show the model's annotations
     annotations: bool = False
+    #: the reason it leads to, when its name is not one (a case of a reason)
+    reason: str | None = None
 
 
 _FAILED = ("artifactKey", "phase", "reason")
@@ -349,7 +395,7 @@ EXAMPLES: dict[str, Example] = {
     ),
     C.WINDOW_PASSED: Example(
         window_passed, (),
-        (("canary", ("phase", "reason", "message", "passedTime")),),
+        (("canary", ("phase", "reason", "message", "passedTime", "comparison")),),
     ),
     C.PROMOTED_BY_ANNOTATION: Example(
         promoted_by_annotation, (),
@@ -358,6 +404,10 @@ EXAMPLES: dict[str, Example] = {
     ),
     C.CANARY_FAILED: Example(
         canary_failed, (C.DEGRADED,), (("canary", _FAILED),),
+    ),
+    "SlowerThanBaseline": Example(
+        slower_than_baseline, (C.DEGRADED,),
+        (("canary", (*_FAILED, "comparison")),), reason=C.CANARY_FAILED,
     ),
     C.CANARY_DEADLINE_EXCEEDED: Example(
         canary_deadline_exceeded, (C.DEGRADED,),

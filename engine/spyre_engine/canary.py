@@ -9,7 +9,9 @@ canary.py). Pure, no I/O; the fault injector lets tests and chaos drills make a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def is_inference(method: str, path: str) -> bool:
@@ -109,3 +111,58 @@ class FaultInjector:
             return False
         self.seen += 1
         return math.floor(self.seen * self.ratio) > math.floor((self.seen - 1) * self.ratio)
+
+
+#: vLLM's own histograms the baseline comparison reads (vllm/v1/metrics/loggers.py): time to
+#: the first token, and each request's mean time per output token.
+LATENCY_SERIES = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+}
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Sums and counts of vLLM's latency histograms (every model name's series added up)."""
+
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
+    tpot_sum: float = 0.0
+    tpot_count: float = 0.0
+
+    def since(self, before: Latency) -> Latency:
+        """What was observed after ``before`` (a counter that went down restarted: all of it)."""
+        if any(getattr(self, f.name) < getattr(before, f.name) for f in fields(self)):
+            return self
+        return Latency(*(getattr(self, f.name) - getattr(before, f.name) for f in fields(self)))
+
+
+def vllm_latency(text: str) -> Latency:
+    """The latency sums and counts in vLLM's ``/metrics`` text (zero where absent)."""
+    got = {f"{k}_{part}": 0.0 for k in LATENCY_SERIES for part in ("sum", "count")}
+    wanted = {f"{series}_{part}": f"{k}_{part}" for k, series in LATENCY_SERIES.items()
+              for part in ("sum", "count")}  # fmt: skip
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None and math.isfinite(sample.value):
+                got[key] += sample.value
+    return Latency(**got)
+
+
+def served_report(tally: Tally, latency: Latency | None) -> dict[str, object]:
+    """What ``GET /health/served`` answers on every serving pod: the inference requests it
+    answered or failed since Ready (a client's 4xx is no evidence) and vLLM's latency
+    histograms over the same time (None: vLLM's metrics unread). The operator compares a
+    canary's with the previous artifact's pods' over the canary's window
+    (operator/spyre_operator/decide/canary.py)."""
+    return {
+        "served": True,
+        "judged": tally.requests,
+        "errors": tally.errors,
+        "secondsSum": round(tally.seconds, 6),
+        "latency": None if latency is None else {
+            "ttftSum": round(latency.ttft_sum, 6), "ttftCount": int(latency.ttft_count),
+            "tpotSum": round(latency.tpot_sum, 6), "tpotCount": int(latency.tpot_count),
+        },
+    }  # fmt: skip

@@ -164,6 +164,10 @@ class EngineServer:
             else None
         )
         self.tally = canary.Tally()
+        #: Every pod's evidence since Ready, and vLLM's latency histograms then (the baseline
+        #: comparison's figures: GET /health/served).
+        self.served = canary.Tally()
+        self.latency_at_ready = canary.Latency()
         #: monotonic end of the canary's window (set at Ready)
         self.canary_until: float | None = None
         self.faults = canary.FaultInjector(settings.fault_error_ratio)
@@ -291,6 +295,7 @@ class EngineServer:
                         self.metrics.startup_phase_seconds.labels("total").set(
                             now - self.process_started
                         )
+                        self.latency_at_ready = await self._vllm_latency() or canary.Latency()
                         self.started = True
                         self.metrics.ready.set(1)
                         if self.canary is not None:
@@ -397,6 +402,7 @@ class EngineServer:
         app.router.add_get("/health/ready", self.readiness_probe)
         app.router.add_get("/health/live", self.liveness_probe)
         app.router.add_get("/health/canary", self.canary_report)
+        app.router.add_get("/health/served", self.served_report)
         metrics_port = self.settings.metrics_port
         app.router.add_get(
             "/metrics", self.metrics_endpoint if metrics_port is None else self.metrics_elsewhere
@@ -446,6 +452,28 @@ class EngineServer:
             return web.json_response({"canary": False}, status=404)
         left = None if self.canary_until is None else self.canary_until - time.monotonic()
         return web.json_response(canary.report(self.canary, self.tally, left))
+
+    async def served_report(self, request: web.Request) -> web.Response:
+        """What this pod served since Ready (canary.served_report); 503 before Ready."""
+        if not self.started:
+            return web.json_response({"served": False}, status=503)
+        now = await self._vllm_latency()
+        latency = None if now is None else now.since(self.latency_at_ready)
+        return web.json_response(canary.served_report(self.served, latency))
+
+    async def _vllm_latency(self) -> canary.Latency | None:
+        """vLLM's latency histograms now (its /metrics), or None when unread."""
+        if self._session is None:
+            return None
+        try:
+            async with self._session.get(
+                self.upstream + "/metrics", timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                return canary.vllm_latency((await resp.read()).decode(errors="replace"))
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
 
     async def liveness_probe(self, request: web.Request) -> web.Response:
         """200 while healthy (also while loading and draining); 503 if vLLM died or hangs."""
@@ -528,6 +556,8 @@ class EngineServer:
         request was at fault (4xx): that is no evidence about the artifact (canary.py)."""
         self.metrics.requests.labels(canary.status_class(status)).inc()
         self.metrics.request_seconds.observe(seconds)
+        if self.started and canary.is_evidence(status):
+            self.served.add(status, seconds)
         if self.canary is None or self.canary_until is None or self.unready or self.draining:
             return
         if not canary.is_evidence(status):

@@ -312,8 +312,12 @@ class Controller:
         if short:
             obs.server_pods = await self.observer.recent_server_pods(key)
         if plan is not None and obs.canary_deployment is not None:
-            obs.canary_reports = await self.observer.canary_reports(
-                obs.server_pods, plan.short_key, plan.spec.serving.port
+            # Both at once: a pod that does not answer costs one timeout, not two.
+            obs.canary_reports, obs.served_reports = await asyncio.gather(
+                self.observer.canary_reports(
+                    obs.server_pods, plan.short_key, plan.spec.serving.port
+                ),
+                self.observer.served_reports(obs.server_pods, plan.spec.serving.port),
             )
         if plan is not None and plan.claim_managed:
             obs.collected = await self.gc.collected(ns, plan.claim)

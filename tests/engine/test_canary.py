@@ -93,3 +93,14 @@ def test_a_canary_past_its_window_keeps_judging_until_min_requests(
     assert (r["judged"], r["judging"]) == (3, False), r
     assert _complete(engine.url) == 200
     assert report()["judged"] == 3, "settled: no more judging"
+    # Every serving pod's figures since Ready (the baseline comparison's, issue 44, 5): the
+    # requests the model answered, vLLM's own latency histograms over the same requests, and
+    # a client's 400 counted in neither.
+    bad = httpx.post(f"{engine.url}/v1/completions", timeout=60,
+                     json={"model": MODEL, "prompt": "hello", "max_tokens": -1})  # fmt: skip
+    assert bad.status_code == 400, bad.text
+    served = httpx.get(f"{engine.url}/health/served", timeout=10).json()
+    assert (served["judged"], served["errors"]) == (4, 0), served
+    latency = served["latency"]
+    assert latency["ttftCount"] == 4 and latency["tpotCount"] == 4, served
+    assert 0 < latency["ttftSum"] < served["secondsSum"], served

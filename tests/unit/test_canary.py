@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from spyre_operator import conditions as C
-from spyre_operator.canary_report import CanaryReport
+from spyre_operator.canary_report import CanaryReport, ServedReport
 from spyre_operator.decide.observed import RETRY_ANNOTATION
 from spyre_operator.desired import names
 from spyre_operator.reconcile import Observed, decide, served_key
@@ -555,3 +555,109 @@ def test_a_refused_artifact_ends_the_rollout_for_kstatus_and_kubectl_wait() -> N
             assert plan_for(b).short_key in cond(d, C.PROGRESSING)["message"]
             assert cond(d, C.READY)["status"] == "True", "the previous artifact serves"
             b = _with_status(b, d.status)
+
+
+def _served(judged: int, ttft_mean: float, errors: int = 0, tpot_mean: float = 0.01,
+            ttft_base: tuple[float, int] = (0.0, 0)) -> ServedReport:  # fmt: skip
+    """A pod's /health/served figures: ``ttft_base`` plus ``judged`` requests at the means."""
+    return ServedReport(
+        judged + ttft_base[1], errors, 1.0,
+        ttft=(ttft_base[0] + judged * ttft_mean, ttft_base[1] + judged),
+        tpot=(judged * tpot_mean, judged + ttft_base[1]),
+    )  # fmt: skip
+
+
+def _baseline_pod(a: dict[str, Any], name: str = "m-a-0") -> dict[str, Any]:
+    return {"name": name, "artifact": plan_for(a).short_key, "phase": "Running", "ready": True,
+            "readySince": T0}  # fmt: skip
+
+
+def _canary_window_over(ttft_canary: float) -> tuple[dict[str, Any], dict[str, Any], Observed,
+                                                     Any]:  # fmt: skip
+    """B's canary beside A's pod: the window starts at T1, when A's pod had served 500 slow
+    requests (1 s to first token each); in the window A's pod serves 40 at 0.1 s and the
+    canary 20 at ``ttft_canary``. Returns (a, b, obs, the decision at the window's end)."""
+    a, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    obs.server_pods = [_pod(b, T1), _baseline_pod(a)]
+    obs.canary_reports = {"m-canary-0": CanaryReport(judged=0, errors=0)}
+    history = (500.0, 500)
+    obs.served_reports = {"m-canary-0": _served(0, 0.0),
+                          "m-a-0": _served(0, 0.0, ttft_base=history)}  # fmt: skip
+    b = _with_status(b, d.status)
+    d = decide(b, obs, T1)
+    start = d.status["canary"]["baselineStart"]
+    assert start == [{"pod": "m-a-0", "judged": 500, "errors": 0, "ttftSum": 500.0,
+                      "ttftCount": 500, "tpotSum": 0.0, "tpotCount": 500}], start
+    assert d.status["canary"]["baselineFrom"] == T1
+    b = _with_status(b, d.status)
+    obs.canary_reports = {"m-canary-0": CanaryReport(judged=20, errors=0)}
+    obs.served_reports = {"m-canary-0": _served(20, ttft_canary),
+                          "m-a-0": _served(40, 0.1, ttft_base=history)}  # fmt: skip
+    return a, b, obs, decide(b, obs, T3)
+
+
+def test_a_canary_slower_than_the_baseline_over_its_window_fails() -> None:
+    """Issue 44, 5: compared with the previous artifact's pods over the same window (their
+    slow history before it left out): 0.5 s to first token against 0.1 s is 5x."""
+    a, b, obs, d = _canary_window_over(0.5)
+    key_a = plan_for(a).key
+    st = d.status["canary"]
+    assert st["phase"] == "Running" and _main_key(d) == key_a, "not promoted"
+    assert "5.0x the baseline's 100.0 ms" in st["baselineVerdict"], st
+    comparison = st["comparison"]
+    assert comparison["canary"] == {"pods": 1, "requests": 20, "errorRatio": 0.0,
+                                    "ttftSeconds": 0.5, "tpotSeconds": 0.01}, comparison
+    assert comparison["baseline"]["requests"] == 40 and comparison["baseline"][
+        "ttftSeconds"] == 0.1, comparison
+    assert "compared worse than artifact" in cond(d, C.PROGRESSING)["message"]
+    # the next reconcile refuses the artifact; A keeps serving, the comparison stays in status
+    d = decide(_with_status(b, d.status), obs, T3)
+    art = d.status["artifact"]
+    assert (art["phase"], art["reason"]) == ("Failed", C.CANARY_FAILED), art
+    assert "compared with the previous artifact's pods over its window" in art["message"]
+    assert _main_key(d) == key_a and names.canary_name("m") in [n for _, n in d.delete]
+    assert d.status["canary"]["phase"] == "Failed"
+    assert d.status["canary"]["comparison"] == comparison
+
+
+def test_a_canary_within_the_ratio_of_the_baseline_passes_and_says_so() -> None:
+    _, b, _, d = _canary_window_over(0.15)
+    st = d.status["canary"]
+    assert st["phase"] == "Passed" and _main_key(d) == plan_for(b).key, st
+    assert "baselineVerdict" not in st
+    assert "within 2x of the baseline" in st["message"], st["message"]
+
+
+def test_too_few_baseline_requests_or_unread_figures_compare_nothing() -> None:
+    a, b, obs = _a_serves_then_b_compiled()
+    d = decide(b, obs, T1)
+    obs.canary_deployment = _available(_canary(d) or {}, 1)
+    obs.server_pods = [_pod(b, T1), _baseline_pod(a)]
+    obs.canary_reports = {"m-canary-0": CanaryReport(judged=20, errors=0)}
+    # the baseline served 3 in the window; an older engine's pod has no /health/served
+    obs.served_reports = {"m-canary-0": _served(0, 0.0), "m-a-0": _served(0, 0.0)}
+    b = _with_status(b, d.status)
+    b = _with_status(b, decide(b, obs, T1).status)
+    obs.served_reports = {"m-canary-0": _served(20, 5.0), "m-a-0": _served(3, 0.1)}
+    d = decide(b, obs, T3)
+    assert d.status["canary"]["phase"] == "Passed"
+    assert "not compared yet: the baseline served 3 of the 10 requests needed" in d.status[
+        "canary"]["message"]
+    obs.served_reports = {"m-canary-0": _served(20, 5.0),
+                          "m-a-0": "http://10.0.0.8:8000/health/served answered HTTP 404"}
+    d = decide(b, obs, T3)
+    assert d.status["canary"]["phase"] == "Passed"
+    assert "unread: m-a-0: http://10.0.0.8:8000/health/served answered HTTP 404" in d.status[
+        "canary"]["comparison"]["message"]
+
+
+def test_a_baseline_pod_restarted_in_the_window_counts_from_its_restart() -> None:
+    from spyre_operator.decide.baseline import _since
+
+    start = {"pod": "p", "judged": 500, "errors": 0, "ttftSum": 500.0, "ttftCount": 500}
+    assert _since(_served(40, 0.1, ttft_base=(500.0, 500)), start)[:3] == (40, 0, (
+        _served(40, 0.1).ttft[0], 40.0))  # type: ignore[index]
+    restarted = _served(7, 0.2)
+    assert _since(restarted, start)[:3] == (7, 0, (7 * 0.2, 7.0))

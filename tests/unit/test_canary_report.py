@@ -14,7 +14,15 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spyre_engine import canary
-from spyre_operator.canary_report import MAX_REPORT_BYTES, REPORT_PATH, CanaryReport, parse_report
+from spyre_operator.canary_report import (
+    MAX_REPORT_BYTES,
+    REPORT_PATH,
+    SERVED_PATH,
+    CanaryReport,
+    ServedReport,
+    parse_report,
+    parse_served,
+)
 from spyre_operator.control.observe import read_report
 
 
@@ -123,3 +131,89 @@ def test_a_pod_that_does_not_answer_in_time_is_unread(monkeypatch: Any) -> None:
         return web.json_response({})
 
     assert "TimeoutError" in str(_read(slow))
+
+
+# ---- /health/served: every serving pod's figures, the baseline comparison's (issue 44, 5)
+
+#: vLLM's /metrics as its v1 loggers write them (two model names: both added up), and series
+#: the comparison does not read.
+VLLM_METRICS = """\
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="a"} 3.0
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="a"} 4.0
+vllm:time_to_first_token_seconds_count{model_name="a"} 4.0
+vllm:time_to_first_token_seconds_sum{model_name="a"} 0.5
+vllm:time_to_first_token_seconds_count{model_name="b"} 1.0
+vllm:time_to_first_token_seconds_sum{model_name="b"} 0.25
+# HELP vllm:request_time_per_output_token_seconds Histogram of time_per_output_token_seconds.
+# TYPE vllm:request_time_per_output_token_seconds histogram
+vllm:request_time_per_output_token_seconds_count{model_name="a"} 4.0
+vllm:request_time_per_output_token_seconds_sum{model_name="a"} 0.08
+# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_count{model_name="a"} 60.0
+vllm:inter_token_latency_seconds_sum{model_name="a"} 9.0
+"""
+
+
+def test_vllms_histograms_are_read_and_taken_since_ready() -> None:
+    got = canary.vllm_latency(VLLM_METRICS)
+    assert got == canary.Latency(ttft_sum=0.75, ttft_count=5, tpot_sum=0.08, tpot_count=4)
+    assert got.since(canary.Latency(0.5, 4, 0.05, 3)) == canary.Latency(0.25, 1, 0.03, 1)
+    # a counter that went down (vLLM restarted): all of it
+    assert got.since(canary.Latency(9.0, 9, 0.0, 0)) == got
+    assert canary.vllm_latency("") == canary.Latency()
+
+
+def test_the_engines_served_report_parses_as_the_operator_reads_it() -> None:
+    t = canary.Tally()
+    t.add(200, 0.25)
+    t.add(503, 0.5)
+    got = canary.vllm_latency(VLLM_METRICS)
+    body = json.dumps(canary.served_report(t, got)).encode()
+    assert parse_served(body) == ServedReport(2, 1, 0.75, ttft=(0.75, 5), tpot=(0.08, 4))
+    unread = json.dumps(canary.served_report(t, None)).encode()
+    assert parse_served(unread) == ServedReport(2, 1, 0.75)
+
+
+def test_the_served_route_is_the_engines() -> None:
+    import inspect
+
+    from spyre_engine import serve
+
+    assert f'"{SERVED_PATH}"' in inspect.getsource(serve.EngineServer._start_http)
+
+
+@pytest.mark.parametrize("body", [
+    b"", b"{}", b'{"served": false, "judged": 1, "errors": 0, "secondsSum": 1}',
+    b'{"served": true, "judged": 1, "errors": 0}',
+    b'{"served": true, "judged": 1, "errors": 0, "secondsSum": -1}',
+    b'{"served": true, "judged": 1, "errors": 0, "secondsSum": NaN}',
+    b'{"served": true, "judged": 1, "errors": 0, "secondsSum": true}',
+    b'{"served": true, "judged": 1, "errors": 0, "secondsSum": 1, "latency": []}',
+    b'{"served": true, "judged": 1, "errors": 0, "secondsSum": 1, "latency": {"ttftSum": 1}}',
+    b'{"served": true, "judged": 1, "errors": 0, "secondsSum": 1, "latency": {"ttftSum": '
+    b'Infinity, "ttftCount": 1, "tpotSum": 0, "tpotCount": 0}}',
+    b'{"served": true, "judged": 1, "errors": 2, "secondsSum": 1}',
+])  # fmt: skip
+def test_anything_but_a_served_report_is_an_error(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_served(body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(
+        ["served", "judged", "errors", "secondsSum", "latency", "ttftSum", "ttftCount",
+         "tpotSum", "tpotCount"]), c, max_size=6),
+    max_leaves=14).map(lambda d: json.dumps(d).encode()))  # fmt: skip
+def test_fuzzed_served_answers_give_valid_figures_or_a_value_error(body: bytes) -> None:
+    try:
+        r = parse_served(body)
+    except ValueError:
+        return
+    assert 0 <= r.errors <= r.judged and 0 <= r.seconds
+    for pair in (r.ttft, r.tpot):
+        assert pair is None or (pair[0] >= 0 and type(pair[1]) is int and pair[1] >= 0)

@@ -632,6 +632,18 @@ class CanarySpec(ApiModel):
             "answer); unset: latency is not judged."
         ),
     )
+    max_latency_ratio: float | None = Field(
+        default=2.0,
+        ge=1,
+        le=100,
+        description=(
+            "Compared with the baseline: at the window's end, the canary's mean time to first "
+            "token and mean time per output token (vLLM's own histograms) may be at most this "
+            "many times the previous artifact's pods' over the same window, or the canary "
+            "fails with CanaryFailed. Judged when both sides served minRequests in the "
+            "window; null: not compared (status.canary.comparison still shows both sides)."
+        ),
+    )
     deadline_seconds: int | None = Field(
         default=None,
         ge=20,
@@ -1682,6 +1694,63 @@ class CanaryStatus(ApiModel):
         ),
     )
     message: str | None = Field(default=None, description="Why it passed or failed.")
+    baseline_from: str | None = Field(
+        default=None,
+        description=(
+            "The window start the baseline's starting counts were taken for "
+            "(baselineStart): the previous artifact's pods are compared over the window "
+            "from then."
+        ),
+    )
+    baseline_start: list[ServedCounts] | None = Field(
+        default=None,
+        description=(
+            "What each of the previous artifact's pods had served when the window started "
+            "(read from the pods); what they serve from then on is the baseline."
+        ),
+    )
+    comparison: CanaryComparison | None = Field(
+        default=None, description="The canary and the baseline over the window, side by side."
+    )
+    baseline_verdict: str | None = Field(
+        default=None,
+        description=(
+            "Why the canary compared worse than the baseline at the window's end (it then "
+            "fails with CanaryFailed)."
+        ),
+    )
+
+
+class ServedCounts(ApiModel):
+    """What one serving pod had served since Ready (its engine's /health/served)."""
+
+    pod: str = Field(description="The pod.")
+    judged: int = Field(ge=0, description="Inference requests the model answered or failed.")
+    errors: int = Field(ge=0, description="Of them, answered with a server error.")
+    ttft_sum: float | None = Field(default=None, ge=0, description="Seconds to first token.")
+    ttft_count: int | None = Field(default=None, ge=0, description="Requests timed so.")
+    tpot_sum: float | None = Field(default=None, ge=0, description="Seconds per output token.")
+    tpot_count: int | None = Field(default=None, ge=0, description="Requests timed so.")
+
+
+class ServedFigures(ApiModel):
+    """One side of the comparison over the canary's window."""
+
+    pods: int = Field(ge=0, description="Pods whose figures were read.")
+    requests: int = Field(ge=0, description="Inference requests answered or failed.")
+    error_ratio: float | None = Field(default=None, description="Share of server errors.")
+    ttft_seconds: float | None = Field(default=None, description="Mean time to first token.")
+    tpot_seconds: float | None = Field(
+        default=None, description="Mean time per output token."
+    )
+
+
+class CanaryComparison(ApiModel):
+    """The canary's figures beside the previous artifact's pods' (the baseline)."""
+
+    canary: ServedFigures
+    baseline: ServedFigures
+    message: str | None = Field(default=None, description="What the comparison concluded.")
 
 
 class OutputCheckStatus(ApiModel):

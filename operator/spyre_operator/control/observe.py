@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 from lightkube import ApiError
@@ -20,8 +20,11 @@ from ..canary_report import (
     MAX_REPORT_BYTES,
     REPORT_PATH,
     REPORT_TIMEOUT_SECONDS,
+    SERVED_PATH,
     CanaryReport,
+    ServedReport,
     parse_report,
+    parse_served,
 )
 from ..desired import names
 from ..desired.plan import ModelPlan
@@ -39,6 +42,7 @@ from .common import (
 )
 
 log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+T = TypeVar("T")
 
 #: A same-named mirror EndpointSlice of someone else is looked at again this often.
 FOREIGN_RECHECK_SECONDS = 60.0
@@ -218,6 +222,20 @@ class Observer:
             )
         return {str(p["name"]): a for p, a in zip(mine, answers, strict=True)}
 
+    async def served_reports(
+        self, pods: list[dict[str, Any]], port: int
+    ) -> dict[str, ServedReport | str]:
+        """What each Ready serving pod (the canary's and the previous artifact's: the
+        baseline) served since Ready, or why it could not be read; in parallel."""
+        ready = [p for p in pods if p.get("ready") and p.get("podIP")]
+        if not ready:
+            return {}
+        async with aiohttp.ClientSession() as session:
+            answers = await asyncio.gather(
+                *(read_served(session, str(p["podIP"]), port) for p in ready)
+            )
+        return {str(p["name"]): a for p, a in zip(ready, answers, strict=True)}
+
     async def mirror_slice(self, obs: Observed, plan: ModelPlan) -> None:
         """The mirror EndpointSlice, asked of the API server by name while the cache has none
         for a model that may go to zero (before the operator makes it, and while someone
@@ -344,8 +362,21 @@ class Observer:
 
 async def read_report(session: aiohttp.ClientSession, ip: str, port: int) -> CanaryReport | str:
     """One canary pod's report, or why it could not be read (the message status shows)."""
+    return await _read_pod(session, ip, port, REPORT_PATH, parse_report)
+
+
+async def read_served(session: aiohttp.ClientSession, ip: str, port: int) -> ServedReport | str:
+    """What one serving pod served since Ready, or why it could not be read."""
+    return await _read_pod(session, ip, port, SERVED_PATH, parse_served)
+
+
+async def _read_pod(
+    session: aiohttp.ClientSession, ip: str, port: int, path: str, parse: Callable[[bytes], T]
+) -> T | str:
+    """A pod's answer on ``path``, parsed as hostile (at most MAX_REPORT_BYTES, within
+    REPORT_TIMEOUT_SECONDS), or why it could not be read."""
     host = f"[{ip}]" if ":" in ip else ip
-    url = f"http://{host}:{port}{REPORT_PATH}"
+    url = f"http://{host}:{port}{path}"
     try:
         async with session.get(
             url, timeout=aiohttp.ClientTimeout(total=REPORT_TIMEOUT_SECONDS),
@@ -354,7 +385,7 @@ async def read_report(session: aiohttp.ClientSession, ip: str, port: int) -> Can
             body = await resp.content.read(MAX_REPORT_BYTES + 1)
             if resp.status != 200:
                 return f"{url} answered HTTP {resp.status}"
-            return parse_report(body)
+            return parse(body)
     except ValueError as e:
         return f"{url}: {e}"
     except (aiohttp.ClientError, TimeoutError, OSError) as e:

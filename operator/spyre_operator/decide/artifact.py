@@ -535,8 +535,9 @@ def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifact
 
 def _canary_refused(a: _ArtifactFacts) -> tuple[str, str] | None:
     """The operator's own verdicts on the spec's running canary (status.canary, which only
-    the operator writes): aborted by the annotation naming its artifact, or not passed by its
-    deadline (what it was doing then is its last message)."""
+    the operator writes): aborted by the annotation naming its artifact, worse than the
+    baseline at its window's end, or not passed by its deadline (what it was doing then is its
+    last message)."""
     spec, st = a.plan.spec.serving.canary, a.canary
     if spec is None or st.get("artifactKey") != a.plan.key or st.get("phase") != "Running":
         return None
@@ -545,6 +546,11 @@ def _canary_refused(a: _ArtifactFacts) -> tuple[str, str] | None:
             f"the canary was aborted by the annotation {CANARY_ABORT_ANNOTATION}={a.abort} "
             "(remove it, then set the retry annotation, to run the canary again)"
         )
+    if st.get("baselineVerdict"):  # decide/baseline.py, at the window's end
+        return C.CANARY_FAILED, (
+            f"compared with the previous artifact's pods over its window: "
+            f"{st['baselineVerdict']}"
+        )[:1024]
     created = _parse_time(st.get("createdTime"))
     if created is not None and (a.now - created).total_seconds() >= spec.deadline:
         doing = str(st.get("message") or "").strip()

@@ -27,6 +27,7 @@ from ..desired.deployment import build_canary_deployment
 from ..desired.plan import ModelPlan
 from ..desired.verified import reads_verified
 from .artifact import ArtifactOutcome
+from .baseline import compare
 from .observed import (
     CANARY_PROMOTE_ANNOTATION,
     READY,
@@ -98,7 +99,8 @@ def decide_canary(
         # is over.
         if mine or artifact.status.get("reason") in C.CANARY_REFUSED_REASONS:
             out.status = {
-                **{k: old[k] for k in ("createdTime", "startTime") if mine and k in old},
+                **{k: old[k] for k in ("createdTime", "startTime", "comparison")
+                   if mine and k in old},
                 "artifactKey": plan.key,
                 "phase": FAILED,
                 "reason": artifact.status.get("reason"),
@@ -184,12 +186,30 @@ def decide_canary(
     if evidence.least is not None:
         out.status["judgedRequests"] = evidence.least
     out.status["minRequests"] = spec.min_requests
+    baseline = compare(
+        obs, pods,
+        [p for p in obs.server_pods if not p.get("canary") and p.get("artifact") == previous_key],
+        old if running else {}, started, spec.min_requests, spec.max_latency_ratio, previous_key,
+    )  # fmt: skip
+    out.status.update(baseline.status)
+    if left <= 0 and evidence.enough and baseline.worse:
+        # decide/artifact.py refuses the artifact (CanaryFailed) on this record next.
+        out.status["baselineVerdict"] = baseline.worse[:1024]
+        out.requeue_after = 1.0
+        doing = (
+            f"artifact {plan.short_key}'s canary compared worse than artifact {previous_key}'s "
+            f"pods over its window: {baseline.worse}; it fails"
+        )
+        out.cond = C.Cond(C.PROGRESSING, C.TRUE, C.CANARY_RUNNING, doing)
+        out.status["message"] = doing[:1024]
+        return out
     if left <= 0 and evidence.enough:
         out.status = {
             **out.status, "phase": PASSED, "passedTime": now, "reason": C.WINDOW_PASSED,
             "message": f"{count} served {spec.duration_seconds}s within the bounds "
                        f"({_bounds(plan)}), each judging at least {spec.min_requests} "
-                       f"requests ({evidence.detail})",
+                       f"requests ({evidence.detail}); compared with artifact "
+                       f"{previous_key}'s pods: {baseline.conclusion}",
         }  # fmt: skip
         out.hold = None  # the Deployment rolls out to the new artifact
         return out

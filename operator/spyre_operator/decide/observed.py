@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from .. import GROUP, jobs
 from ..api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
-from ..canary_report import CanaryReport
+from ..canary_report import CanaryReport, ServedReport
 from ..desired import names
 from ..desired.plan import OwnerRef
 from ..desired.site import SiteDefaults
@@ -133,6 +133,9 @@ class Observed:
     #: A running canary's pods (by name): the count each says it judged, or why it could not
     #: be read (canary_report.py).
     canary_reports: dict[str, CanaryReport | str] = field(default_factory=dict)
+    #: While a canary runs, every Ready serving pod's figures since Ready (the canary's and
+    #: the baseline's), or why they could not be read (decide/baseline.py).
+    served_reports: dict[str, ServedReport | str] = field(default_factory=dict)
     #: Every SpyreModel in the namespace needing this (claim, key): owners of the shared Job.
     job_owners: list[OwnerRef] = field(default_factory=list)
     #: Every SpyreModel in the namespace using this managed claim with its volume settings,
