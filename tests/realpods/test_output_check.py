@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 from spyre_operator import conditions as C
+from spyre_operator.decide.observed import RETRY_ANNOTATION
 from spyre_operator.desired import names
 
 from tests.contract.realpods import (
@@ -276,3 +277,42 @@ def test_an_artifact_whose_answers_changed_is_refused_while_the_previous_one_ser
     assert all(r["t1"] <= gone_at for r in bad), "a request failed after the canary was gone"
     assert _served_key(env) == key1
     assert env.kube.model(MODEL)["status"]["lastGoodArtifactKey"] == key1
+    _fixed_canary_waits_for_traffic_then_passes_against_the_baseline(env, art["key"], key1)
+
+
+def _fixed_canary_waits_for_traffic_then_passes_against_the_baseline(
+    env: RealEnv, key3: str, key1: str
+) -> None:
+    """Issue 44, 2 and 5: the third artifact without its fault, its canary run again by the
+    retry annotation (nothing compiles). With no traffic its window ends unjudged and nothing
+    is promoted (CanaryAwaitingTraffic); once requests come it passes, compared with artifact
+    1's pod over its window (both pods' figures read from their engines: vLLM's own TTFT and
+    TPOT), and the Deployment rolls out to it. The ratio is wide: eager against inductor on a
+    shared CPU is no latency benchmark; what is checked is that both sides were read."""
+    canary = {**CANARY, "durationSeconds": 15, "maxLatencyRatio": 50}
+    env.kube.apply_model(MODEL, _spec(env, {"canary": canary}, backend="eager"))
+    env.cp.kubectl("annotate", "spyremodel", MODEL, "-n", env.ns,
+                   f"{RETRY_ANNOTATION}=fixed", "--overwrite")  # fmt: skip
+    waiting = env.kube.wait(lambda: (c := support.condition(env.kube.model(MODEL), "Progressing"))
+                            and c["reason"] == C.CANARY_AWAITING_TRAFFIC and c, 600,
+                            "the idle canary waiting for traffic")  # fmt: skip
+    assert "judged too few requests" in waiting["message"], waiting
+    assert _served_key(env) == key1, "an idle canary promoted nothing"
+    url = support.service_url(env.cp, env.ns, MODEL)
+    steady = Steady(env.client, url)
+    try:
+        m = env.kube.wait(lambda: (m := env.kube.model(MODEL))["status"].get("canary", {}).get(
+            "phase") == "Passed" and m, 300, "the canary passed once requests came")  # fmt: skip
+        st = m["status"]["canary"]
+        assert st["reason"] == C.WINDOW_PASSED and st["artifactKey"] == key3, st
+        sides = st["comparison"]
+        print(f"canary against the baseline: {sides['message']}")
+        assert sides["canary"]["pods"] == 1 and sides["canary"]["requests"] >= 3, sides
+        assert sides["canary"].get("ttftSeconds") and sides["canary"].get("tpotSeconds"), sides
+        assert sides["baseline"]["pods"] == 1, sides
+        assert "within 50x of the baseline" in sides["message"] or "not compared yet: the "\
+            "baseline served" in sides["message"], sides
+        env.kube.wait(lambda: _served_key(env) == key3, 300, "the Deployment on artifact 3")
+        env.kube.wait(lambda: _canary_gone(env), 300, "the passed canary removed")
+    finally:
+        steady.stop()
