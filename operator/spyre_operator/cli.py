@@ -159,6 +159,8 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"spyre-operator run: {e}", file=sys.stderr)
         return 2
+    if OperatorConfig.scale_to_zero.enabled:
+        handlers.register_mirror_slice_handlers()
     OperatorConfig.coldstart_port = args.coldstart_port
     OperatorConfig.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     configure_logging(args.log_level, args.log_format)

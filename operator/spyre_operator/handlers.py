@@ -439,7 +439,6 @@ def index_owned_jobs(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED, id="jobs")
-@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED, id="endpointslices")
 @kopf.index("", "v1", "persistentvolumeclaims", id="pvcs")
 def index_by_name(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     """Children (and every PVC, for existing cache claims) by (namespace, name)."""
@@ -509,7 +508,6 @@ async def on_model(
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=MANAGED)
 @kopf.on.event("", "v1", "configmaps", labels=MANAGED)
-@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)
 async def on_child(
     type: str | None, namespace: str, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -523,6 +521,23 @@ async def on_child(
         c.budgets.wake_compile_waiters()
     elif body.get("kind") == "Deployment" and (type == "DELETED" or not deployment_rolling(body)):
         c.budgets.wake_rollout_waiters()
+
+
+_MIRROR_SLICES_REGISTERED: list[bool] = []
+
+
+def register_mirror_slice_handlers() -> None:
+    """With scale to zero on, and only then, the mirror EndpointSlices the operator writes
+    (a scale-to-zero model's Service -> the interceptor) are indexed and watched like its
+    other children: the chart grants EndpointSlice rights only with ``scaleToZero.enabled``
+    (issue 45, 3), and a kopf watch it may not list would stop the operator. Called by
+    ``spyre-operator run`` before kopf starts; once."""
+    if _MIRROR_SLICES_REGISTERED:
+        return
+    _MIRROR_SLICES_REGISTERED.append(True)
+    kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED,
+               id="endpointslices")(index_by_name)  # fmt: skip
+    kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=MANAGED)(on_child)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={names.MANAGED_BY: kopf.ABSENT})

@@ -130,6 +130,37 @@ def test_rbac_is_least_privilege(name: str) -> None:
 
 
 @needs_helm
+@pytest.mark.parametrize("scope", [[], ["--set", "watch.allNamespaces=false", "--set",
+                                        "watch.namespaces={team-a}"]])  # fmt: skip
+def test_endpointslice_rights_come_with_scale_to_zero_only(scope: list[str]) -> None:
+    """Issue 45, 3: the mirror slices are the only EndpointSlices the operator writes, and
+    only for scale to zero; off, it neither watches nor may touch any (the operator registers
+    that watch only when it is on: handlers.register_mirror_slice_handlers)."""
+    def slices(*values: str) -> list[dict[str, Any]]:
+        return [r for r in _rules(render(*scope, *values)) if "endpointslices" in r["resources"]]
+
+    assert slices() == []
+    assert any("create" in r["verbs"] for r in slices("--set", "scaleToZero.enabled=true"))
+
+
+def test_the_operator_watches_endpointslices_only_with_scale_to_zero() -> None:
+    import kopf
+    from spyre_operator import handlers
+
+    def watched() -> bool:
+        registry = kopf.get_default_registry()
+        return any("endpointslices" in str(getattr(h, "selector", "")) for h in
+                   [*registry._indexing.get_all_handlers(),
+                    *registry._watching.get_all_handlers()])  # fmt: skip
+
+    if not handlers._MIRROR_SLICES_REGISTERED:
+        assert not watched()
+    handlers.register_mirror_slice_handlers()
+    handlers.register_mirror_slice_handlers()  # once
+    assert watched()
+
+
+@needs_helm
 def test_only_the_cluster_scope_reads_other_installs_leases() -> None:
     """peers.py: a get on Leases (another install's, named by a model's stamp) in the
     ClusterRole; a namespaced install has none (it cannot know the other's namespace)."""

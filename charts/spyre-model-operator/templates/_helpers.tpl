@@ -151,13 +151,13 @@ object does not exist yet.
 - apiGroups: ["http.keda.sh"]
   resources: ["httpscaledobjects"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-{{- end }}
 # The EndpointSlice mirroring the interceptor's endpoints into a scale-to-zero model's
-# selector-less Service: indexed by kopf (always, so this rule is unconditional: a kopf index
-# it may not list would stop the operator), server-side applied, deleted with zero.
+# selector-less Service: indexed by kopf (only with scale to zero on:
+# handlers.register_mirror_slice_handlers), server-side applied, deleted with zero.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+{{- end }}
 # controller.py: precompile pods' termination messages and why they do not start, serving
 # pods' crash loops (a plain list, no watch).
 - apiGroups: [""]
