@@ -17,7 +17,9 @@ status.
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections.abc import Iterator, Mapping
 
 from .decide.slots import FREE, WAITING_RECHECK_SECONDS, Slot, ordinal
 
@@ -58,6 +60,10 @@ class Waiting:
         mine = (since, key)
         return sum(1 for k, s in self._since.items() if k != key and (s, k) < mine)
 
+    def since(self) -> dict[ModelKey, str]:
+        """Every waiting model and when it started waiting."""
+        return dict(self._since)
+
     def first(self, n: int) -> list[ModelKey]:
         """The ``n`` models that waited longest."""
         ordered = sorted(self._since.items(), key=lambda kv: (kv[1], kv[0]))
@@ -65,11 +71,67 @@ class Waiting:
 
 
 def slot(limit: int, in_use: int, waiting: Waiting, key: ModelKey, since: str) -> Slot:
-    """Free when the slots in use plus the models that waited longer leave one for ``key``."""
+    """Free when the slots in use plus the models that waited longer leave one for ``key``
+    (one namespace, or no per-namespace share: :func:`fair_slot` in general)."""
     if limit <= 0:
         return FREE
     ahead = waiting.ahead(key, since)
     return Slot(in_use + ahead < limit, in_use, limit, ahead + 1)
+
+
+def _walk(
+    limit: int, held: Mapping[str, int], waiting: Mapping[ModelKey, str], ns_limit: int
+) -> Iterator[tuple[ModelKey, bool]]:
+    """The waiting models in the order slots go to them, each with whether one does now.
+
+    Fair share (issue 45): the next slot goes to the longest-waiting model of the namespace
+    that holds the fewest slots (counting the ones just given), so one namespace's many
+    models cannot take every slot while another namespace waits; with one namespace it is
+    plain oldest-first. A namespace at ``ns_limit`` (0: no cap) gets none."""
+    queues: dict[str, list[tuple[str, ModelKey]]] = {}
+    for k, since in waiting.items():
+        queues.setdefault(k[0], []).append((since, k))
+    for q in queues.values():
+        q.sort(reverse=True)  # the oldest last: popped first
+    taken = dict(held)
+    free = limit - sum(held.values()) if limit > 0 else None
+    heap = [(taken.get(ns, 0), q[-1], ns) for ns, q in queues.items()]
+    heapq.heapify(heap)
+    while heap:
+        _, _, ns = heapq.heappop(heap)
+        _, k = queues[ns].pop()
+        goes = (free is None or free > 0) and (ns_limit <= 0 or taken.get(ns, 0) < ns_limit)
+        if goes:
+            taken[ns] = taken.get(ns, 0) + 1
+            if free is not None:
+                free -= 1
+        yield k, goes
+        if queues[ns]:
+            heapq.heappush(heap, (taken.get(ns, 0), queues[ns][-1], ns))
+
+
+def fair_slot(
+    limit: int, held: Mapping[str, int], waiting: Waiting, key: ModelKey, since: str,
+    ns_limit: int = 0,
+) -> Slot:
+    """``key``'s answer: free when its turn in :func:`_walk` (with it waiting since
+    ``since``) comes with a slot. ``held``: slots in use by namespace."""
+    if limit <= 0 and ns_limit <= 0:
+        return FREE
+    order = {**waiting.since(), key: since}
+    in_use, ns_in_use = sum(held.values()), held.get(key[0], 0)
+    for position, (k, goes) in enumerate(_walk(limit, held, order, ns_limit), start=1):
+        if k == key:
+            full = not goes and ns_limit > 0 and ns_in_use >= ns_limit
+            return Slot(goes, in_use, limit, position, ns_in_use, ns_limit, full)
+    raise AssertionError("unreachable: key is in the order")  # pragma: no cover
+
+
+def fair_first(
+    limit: int, held: Mapping[str, int], waiting: Waiting, ns_limit: int = 0
+) -> list[ModelKey]:
+    """The waiting models a slot goes to now (whom to wake)."""
+    return [k for k, goes in _walk(limit, held, waiting.since(), ns_limit) if goes]
 
 
 class Reservations:

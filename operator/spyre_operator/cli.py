@@ -145,6 +145,8 @@ def _run(args: argparse.Namespace) -> int:
     OperatorConfig.metrics_port = args.metrics_port
     OperatorConfig.max_concurrent_compiles = args.max_concurrent_compiles
     OperatorConfig.max_concurrent_rollouts = args.max_concurrent_rollouts
+    OperatorConfig.compiles_per_namespace = args.max_concurrent_compiles_per_namespace
+    OperatorConfig.rollouts_per_namespace = args.max_concurrent_rollouts_per_namespace
     OperatorConfig.leader_election = args.leader_elect
     # The Lease lives in the operator's own namespace (POD_NAMESPACE, set by the chart); run
     # outside a pod, in the first watched namespace, or in `default` with --all-namespaces.
@@ -359,6 +361,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="serving Deployments rolling at once; a model whose new artifact is ready keeps "
         "serving the previous one until a slot frees (WaitingForRolloutSlot; default 4; 0: no "
         "limit)",
+    )
+    run.add_argument(
+        "--max-concurrent-compiles-per-namespace",
+        type=_budget,
+        default=_budget(os.environ.get("SPYRE_MAX_CONCURRENT_COMPILES_PER_NAMESPACE", "0")),
+        help="the most precompile slots one namespace may hold (default 0: no cap). Either "
+        "way a freed slot goes to the namespace holding the fewest, oldest waiting first",
+    )
+    run.add_argument(
+        "--max-concurrent-rollouts-per-namespace",
+        type=_budget,
+        default=_budget(os.environ.get("SPYRE_MAX_CONCURRENT_ROLLOUTS_PER_NAMESPACE", "0")),
+        help="the most rollout slots one namespace may hold (default 0: no cap)",
     )
     run.add_argument(
         "--liveness", default=None, help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz"

@@ -122,6 +122,8 @@ class Controller:
         policy: Policy = DEFAULT_POLICY,
         max_concurrent_compiles: int = B.DEFAULT_MAX_CONCURRENT_COMPILES,
         max_concurrent_rollouts: int = B.DEFAULT_MAX_CONCURRENT_ROLLOUTS,
+        compiles_per_namespace: int = 0,
+        rollouts_per_namespace: int = 0,
     ) -> None:
         self.client = client
         self.policy = policy
@@ -164,7 +166,8 @@ class Controller:
         # others through this controller.
         self.writer = Writer(self)
         self.status = StatusReporter(self)
-        self.budgets = Budgets(self, max_concurrent_compiles, max_concurrent_rollouts)
+        self.budgets = Budgets(self, max_concurrent_compiles, max_concurrent_rollouts,
+                               compiles_per_namespace, rollouts_per_namespace)
         self.observer = Observer(self)
         self.router = Router(self)
         self.claims = ClaimReleaser(self)

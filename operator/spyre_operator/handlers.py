@@ -98,6 +98,9 @@ class OperatorConfig:
     #: Cluster-wide budgets (budget.py): precompile Jobs and serving rollouts at once (0: any).
     max_concurrent_compiles: int = DEFAULT_MAX_CONCURRENT_COMPILES
     max_concurrent_rollouts: int = DEFAULT_MAX_CONCURRENT_ROLLOUTS
+    #: The most of each one namespace may hold (0: no cap; the fair share applies anyway).
+    compiles_per_namespace: int = 0
+    rollouts_per_namespace: int = 0
 
 
 def slim(body: Any) -> dict[str, Any]:
@@ -254,6 +257,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         policy=dataclasses.replace(policy_from_env(os.environ), site=OperatorConfig.site),
         max_concurrent_compiles=OperatorConfig.max_concurrent_compiles,
         max_concurrent_rollouts=OperatorConfig.max_concurrent_rollouts,
+        compiles_per_namespace=OperatorConfig.compiles_per_namespace,
+        rollouts_per_namespace=OperatorConfig.rollouts_per_namespace,
     )
     controller.requests = requests
     memo["controller"] = controller

@@ -844,3 +844,68 @@ def test_a_waiting_model_whose_namespace_is_going_away_leaves_the_queue() -> Non
         assert cl.created == [plan_for(models[0]).job_name, plan_for(models[2]).job_name]
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------- a fair share per namespace
+
+
+def _waiting(*entries: tuple[str, str, str]) -> B.Waiting:
+    w = B.Waiting()
+    for ns, name, since in entries:
+        w.add((ns, name), since)
+    return w
+
+
+T = [f"2026-12-06T10:0{i}:00Z" for i in range(10)]
+
+
+def test_a_freed_slot_goes_to_the_namespace_holding_the_fewest() -> None:
+    """Issue 45: team-a's many models (3 of the 4 slots, 5 more waiting since earlier) cannot
+    take the slot that frees while team-b waits: it holds none, so its model goes first."""
+    held = {"team-a": 3}
+    waiting = _waiting(*(("team-a", f"a{i}", T[i]) for i in range(5)), ("team-b", "b0", T[7]))
+    assert B.fair_first(4, held, waiting) == [("team-b", "b0")]
+    b = B.fair_slot(4, held, waiting, ("team-b", "b0"), T[7])
+    assert (b.free, b.position) == (True, 1)
+    a = B.fair_slot(4, held, waiting, ("team-a", "a0"), T[0])
+    assert (a.free, a.position) == (False, 2)
+    assert a.message("precompile", "max-concurrent-compiles") == (
+        "3 of 4 precompile slots in use (max-concurrent-compiles); queued 2nd")
+    # one namespace alone: oldest first, every slot usable (as before)
+    alone = _waiting(*(("team-a", f"a{i}", T[i]) for i in range(5)))
+    assert B.fair_first(4, {"team-a": 1}, alone) == [("team-a", f"a{i}") for i in range(3)]
+    # two namespaces holding as much: the oldest waiting model of either
+    both = _waiting(("team-a", "a0", T[2]), ("team-b", "b0", T[1]))
+    assert B.fair_first(3, {"team-a": 1, "team-b": 1}, both) == [("team-b", "b0")]
+
+
+def test_a_namespace_at_its_cap_waits_while_slots_are_free_for_others() -> None:
+    held = {"team-a": 2}
+    waiting = _waiting(("team-a", "a0", T[0]), ("team-a", "a1", T[1]), ("team-b", "b0", T[5]))
+    assert B.fair_first(8, held, waiting, ns_limit=2) == [("team-b", "b0")]
+    a = B.fair_slot(8, held, waiting, ("team-a", "a0"), T[0], ns_limit=2)
+    assert not a.free and a.namespace_full
+    assert a.message("precompile", "max-concurrent-compiles") == (
+        "2 of 2 precompile slots of this namespace in use "
+        "(max-concurrent-compiles-per-namespace); queued 2nd")
+    # no cluster-wide budget, a per-namespace cap only
+    assert B.fair_first(0, held, waiting, ns_limit=3) == [("team-b", "b0"), ("team-a", "a0")]
+    assert B.fair_slot(0, {}, B.Waiting(), ("team-c", "c0"), T[0]) == B.FREE
+
+
+def test_per_namespace_caps_reach_the_operator(monkeypatch: Any) -> None:
+    import spyre_operator.cli as cli
+    from spyre_operator.handlers import OperatorConfig
+
+    for attr in ("max_concurrent_compiles", "max_concurrent_rollouts", "compiles_per_namespace",
+                 "rollouts_per_namespace", "workers", "namespaces", "metrics_port",
+                 "leader_election", "leader_election_namespace", "leader_election_lease",
+                 "identity"):  # fmt: skip
+        monkeypatch.setattr(OperatorConfig, attr, getattr(OperatorConfig, attr))
+    monkeypatch.setattr(cli, "configure_logging", lambda *a: None)
+    monkeypatch.setattr(cli.asyncio, "run", lambda coro: coro.close())
+    cli_main(["run", "-A"])
+    assert (OperatorConfig.compiles_per_namespace, OperatorConfig.rollouts_per_namespace) == (0, 0)
+    cli_main(["run", "-A", "--max-concurrent-compiles-per-namespace=2",
+              "--max-concurrent-rollouts-per-namespace", "1"])  # fmt: skip
+    assert (OperatorConfig.compiles_per_namespace, OperatorConfig.rollouts_per_namespace) == (2, 1)

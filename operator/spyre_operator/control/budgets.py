@@ -4,6 +4,7 @@ frees. Its state is its own; it reads the controller's caches and enqueues throu
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,12 +25,16 @@ class Budgets:
 
     def __init__(
         self, controller: ControllerParts, max_concurrent_compiles: int,
-        max_concurrent_rollouts: int,
+        max_concurrent_rollouts: int, compiles_per_namespace: int = 0,
+        rollouts_per_namespace: int = 0,
     ) -> None:
         self.c = controller
         #: Cluster-wide budgets (budget.py; 0: unlimited), over every watched namespace.
         self.max_concurrent_compiles = max_concurrent_compiles
         self.max_concurrent_rollouts = max_concurrent_rollouts
+        #: The most one namespace may hold of each (0: no cap; the fair share applies anyway).
+        self.compiles_per_namespace = compiles_per_namespace
+        self.rollouts_per_namespace = rollouts_per_namespace
         self.compile_waiting = B.Waiting()
         self.rollout_waiting = B.Waiting()
         #: Precompile Jobs created (key: namespace, Job name) and Deployments switched to a
@@ -95,6 +100,13 @@ class Budgets:
                             names.canary_name(str(m["metadata"]["name"])))]
 
     def compiles_in_use(self) -> int:
+        return len(self._compiles_running())
+
+    def compiles_by_namespace(self) -> Counter[str]:
+        """The precompile slots each namespace holds."""
+        return Counter(ns for ns, _ in self._compiles_running())
+
+    def _compiles_running(self) -> set[tuple[str, str]]:
         """Precompile Jobs of this operator that have not finished, in every watched namespace
         (from the Job cache; a Job shared by several models is one), plus the ones just created
         that the cache does not show yet. A Job counts when a SpyreModel that owns it names it
@@ -124,9 +136,16 @@ class Budgets:
                 self.compile_reserved.drop(*k)  # the cache shows the new Job now
             else:
                 running.add(k)
-        return len(running)
+        return running
 
     def rollouts_in_use(self, exclude: tuple[str, str] | None = None) -> int:
+        return len(self._rollouts_running(exclude))
+
+    def rollouts_by_namespace(self, exclude: tuple[str, str] | None = None) -> Counter[str]:
+        """The rollout slots each namespace holds."""
+        return Counter(ns for ns, _ in self._rollouts_running(exclude))
+
+    def _rollouts_running(self, exclude: tuple[str, str] | None = None) -> set[tuple[str, str]]:
         """Serving Deployments of this operator whose rollout is not complete (pods of an
         older template left, or fewer available than asked) and has not exceeded its progress
         deadline, plus the ones just switched that the cache does not show yet. Only a
@@ -158,7 +177,7 @@ class Budgets:
                 rolling.add(k)
         rolling |= set(reserved)
         rolling.discard(exclude)  # type: ignore[arg-type]
-        return len(rolling)
+        return rolling
 
     def observe(
         self, key: ModelKey, model: Mapping[str, Any], plan: Any, obs: Observed
@@ -171,20 +190,21 @@ class Budgets:
         ns = key[0]
         now = self.c.clock()
         if (
-            self.max_concurrent_compiles > 0
+            (self.max_concurrent_compiles > 0 or self.compiles_per_namespace > 0)
             and obs.job is None
             and self.compile_reserved.get(ns, plan.job_name) is None  # a sharer just made it
         ):
-            obs.compile_slot = B.slot(
+            obs.compile_slot = B.fair_slot(
                 self.max_concurrent_compiles,
-                self.compiles_in_use(),
+                self.compiles_by_namespace(),
                 self.compile_waiting,
                 key,
                 waiting_since(dict(model), plan, now),
+                self.compiles_per_namespace,
             )
         dep = obs.deployment
         if (
-            self.max_concurrent_rollouts > 0
+            (self.max_concurrent_rollouts > 0 or self.rollouts_per_namespace > 0)
             and dep is not None
             and (served_key(dep) != plan.key or plan.claim not in mounted_claims(dep))
         ):
@@ -196,12 +216,13 @@ class Budgets:
             # Order: when the new artifact was compiled (status, else its Job's completion).
             artifact = (model.get("status") or {}).get("artifact") or {}
             done = artifact.get("completedAt") if artifact.get("key") == plan.key else None
-            obs.rollout_slot = B.slot(
+            obs.rollout_slot = B.fair_slot(
                 self.max_concurrent_rollouts,
-                self.rollouts_in_use(exclude=own),
+                self.rollouts_by_namespace(exclude=own),
                 self.rollout_waiting,
                 key,
                 str(done or job_status.finished_at(obs.job) or now),
+                self.rollouts_per_namespace,
             )
 
     def track(
@@ -242,12 +263,12 @@ class Budgets:
         reconcile as many of the longest-waiting models as there are free slots."""
         if not self.compile_waiting:
             return
-        free = self.max_concurrent_compiles - self.compiles_in_use()
-        self.c.enqueue(self.compile_waiting.first(free))
+        self.c.enqueue(B.fair_first(self.max_concurrent_compiles, self.compiles_by_namespace(),
+                                    self.compile_waiting, self.compiles_per_namespace))
 
     def wake_rollout_waiters(self) -> None:
         """Same for the rollout budget (a rollout completed, a Deployment went)."""
         if not self.rollout_waiting:
             return
-        free = self.max_concurrent_rollouts - self.rollouts_in_use()
-        self.c.enqueue(self.rollout_waiting.first(free))
+        self.c.enqueue(B.fair_first(self.max_concurrent_rollouts, self.rollouts_by_namespace(),
+                                    self.rollout_waiting, self.rollouts_per_namespace))

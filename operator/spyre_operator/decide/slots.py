@@ -28,9 +28,21 @@ class Slot:
     limit: int = 0
     #: 1-based place among the models waiting for this budget (0: not asked).
     position: int = 0
+    #: The slots the model's namespace holds, and its cap (0: none); whether that cap is what
+    #: holds the model back.
+    ns_in_use: int = 0
+    ns_limit: int = 0
+    namespace_full: bool = False
 
     def message(self, what: str, flag: str) -> str:
-        """E.g. "3 of 3 precompile slots in use (max-concurrent-compiles); queued 5th"."""
+        """E.g. "3 of 3 precompile slots in use (max-concurrent-compiles); queued 5th", or
+        "2 of 2 precompile slots of this namespace in use
+        (max-concurrent-compiles-per-namespace); queued 3rd"."""
+        if self.namespace_full:
+            return (
+                f"{self.ns_in_use} of {self.ns_limit} {what} slots of this namespace in use "
+                f"({flag}-per-namespace); queued {ordinal(self.position)}"
+            )
         return (
             f"{self.in_use} of {self.limit} {what} slots in use ({flag}); "
             f"queued {ordinal(self.position)}"
