@@ -109,10 +109,26 @@ STARTUP_REPORT_SECONDS = 30.0
 CANARY_UNREADY_SECONDS = 15.0
 
 
-def _json_error(status: int, message: str, kind: str, close: bool = False) -> web.Response:
-    headers = {"Connection": "close"} if close else None
+def _json_error(
+    status: int, message: str, kind: str, close: bool = False, retry_after: int | None = None
+) -> web.Response:
+    headers = {"Connection": "close"} if close else {}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
+    return web.json_response(body, status=status, headers=headers or None)
+
+
+#: A client past the in-flight cap is asked to try again this soon (a request takes seconds).
+BUSY_RETRY_AFTER_SECONDS = 1
+
+
+def max_in_flight(settings: ServeSettings) -> int:
+    """The in-flight cap: --max-in-flight, else 8 batches' worth of --max-num-seqs (vLLM
+    queues what does not fit a batch), at least 64."""
+    if settings.max_in_flight is not None:
+        return settings.max_in_flight
+    return max(64, 8 * settings.max_num_seqs)
 
 
 @dataclass(eq=False)
@@ -179,6 +195,8 @@ class EngineServer:
         #: every client route (guard.auth_refusal), not only where vLLM's middleware does.
         self.api_key = os.environ.get("VLLM_API_KEY") or None
         #: The largest request body read (guard.max_body_bytes of the model's context).
+        #: Requests in flight at once (max_in_flight); past it 429 + Retry-After.
+        self.max_in_flight = max_in_flight(settings)
         self.max_body = guard.max_body_bytes(
             max(w.prompt_len for w in settings.warmup_shapes)
             if settings.is_pooling and settings.warmup_shapes else settings.max_model_len)
@@ -539,6 +557,12 @@ class EngineServer:
                 "RequestEntityTooLarge", close=True)
         if not self.started:
             return _json_error(503, "The model is still loading", "ServiceUnavailableError")
+        if len(self.flights) >= self.max_in_flight:
+            # At once, unread: a flood of clients cannot queue without bound in this pod.
+            return _json_error(
+                429, f"this pod has {len(self.flights)} requests in flight, its limit "
+                f"(serving.maxInFlight); retry in {BUSY_RETRY_AFTER_SECONDS}s",
+                "TooManyRequests", retry_after=BUSY_RETRY_AFTER_SECONDS)
         if not canary.is_inference(request.method, request.path):
             return await self._in_flight(request)
         t0 = time.monotonic()
@@ -586,7 +610,12 @@ class EngineServer:
         self.flights.add(flight)
         self.metrics.inflight.inc()
         try:
-            body = await request.read()
+            try:
+                body = await asyncio.wait_for(request.read(), self.settings.body_timeout)
+            except TimeoutError:
+                return _json_error(
+                    408, f"the request body was not sent within {self.settings.body_timeout:g}s",
+                    "RequestTimeout", close=True)
             # Parsed, not byte-matched (guard.py): the output check's key in any spelling is
             # refused (the injector raises inside vLLM's worker on a malformed expectation, and
             # vLLM treats that as fatal), a prompt that mentions it is served.

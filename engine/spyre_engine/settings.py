@@ -238,6 +238,20 @@ class ServeSettings(EngineSettings):
     canary_max_mean_latency: float | None = Field(
         None, gt=0, description="Canary bound: the largest mean request latency in SECONDS"
     )
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        le=100000,
+        description="Requests in flight at once on this pod; past it the engine answers 429 "
+        "with Retry-After at once (default: 8 x --max-num-seqs, at least 64)",
+    )
+    body_timeout: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="SECONDS a client may take to send its request body; past it 408 and the "
+        "connection is closed (a slow client no longer holds a request slot)",
+    )
     fault_error_ratio: float = Field(
         0.0,
         ge=0,

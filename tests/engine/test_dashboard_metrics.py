@@ -49,6 +49,10 @@ API_KEY = "test-key-1"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
+#: The engine's limits here (issue 45, 5): small, so a test can reach them.
+MAX_IN_FLIGHT, BODY_TIMEOUT = 2, 10
+
+
 @pytest.fixture(scope="module")
 def engine(start_engine, tiny_model: Path,  # type: ignore[no-untyped-def]
            tmp_path_factory: pytest.TempPathFactory) -> EngineProcess:
@@ -58,6 +62,7 @@ def engine(start_engine, tiny_model: Path,  # type: ignore[no-untyped-def]
         "--model", str(tiny_model), "--artifact-dir", str(art), "--artifact-key", "key-dash",
         "--backend", "eager", "--served-name", MODEL,
         "--termination-log", str(art.parent / "serve.termlog"), *SHAPE,
+        "--max-in-flight", str(MAX_IN_FLIGHT), "--body-timeout", str(BODY_TIMEOUT),
         env={"VLLM_API_KEY": API_KEY},
     )
     proc.wait_started(STARTUP_TIMEOUT)
@@ -201,3 +206,37 @@ def test_every_engine_series_the_alerts_read_is_exposed(metrics_text: str) -> No
     assert {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= wanted, wanted
     missing = sorted(wanted - exposed_names(metrics_text))
     assert not missing, f"the alerts read series the engine does not expose: {missing}"
+
+
+def test_slow_clients_fill_the_in_flight_cap_get_408_and_the_next_request_429(
+    engine: EngineProcess,
+) -> None:
+    """Issue 45, 5: clients that send their headers and then nothing hold a request slot
+    each, until the body timeout answers them 408; meanwhile a request past the cap is
+    answered 429 with Retry-After at once, and once they are gone requests are answered."""
+    host, port = engine.url.removeprefix("http://").rsplit(":", 1)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: engine\r\n"
+            + f"Authorization: {AUTH['Authorization']}\r\n".encode()
+            + b"Content-Type: application/json\r\nContent-Length: 64\r\n\r\n")
+    slow = [socket.create_connection((host, int(port)), timeout=60) for _ in range(MAX_IN_FLIGHT)]
+    try:
+        for s in slow:
+            s.sendall(head)
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+        deadline = time.monotonic() + BODY_TIMEOUT - 2
+        while True:  # until the engine holds both slow requests (each a moment to arrive)
+            r = httpx.post(engine.url + "/v1/completions", json=body, headers=AUTH,
+                           timeout=TIMEOUT)
+            if r.status_code == 429 or time.monotonic() > deadline:
+                break
+            assert r.status_code == 200, r.text
+        assert r.status_code == 429, (r.status_code, r.text)
+        assert r.headers["retry-after"] == "1" and "requests in flight" in r.text, r.text
+        for s in slow:
+            answer = s.recv(65536).split(b"\r\n", 1)[0]
+            assert b" 408 " in answer, answer
+    finally:
+        for s in slow:
+            s.close()
+    r = httpx.post(engine.url + "/v1/completions", json=body, headers=AUTH, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text

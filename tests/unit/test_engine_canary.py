@@ -108,3 +108,27 @@ def test_an_idle_window_keeps_judging_until_min_requests_and_reports_its_count()
         "windowLeftSeconds": 0.0, "judging": False}
     assert canary.report(b, canary.Tally(), None)["judging"] is False, "not Ready yet"
     assert canary.report(b, canary.Tally(), -5.0)["judging"] is True
+
+
+def test_the_pods_limits_reach_the_engine_and_default_to_the_models_batch() -> None:
+    """Issue 45, 5: serving.maxInFlight and bodyTimeoutSeconds, parsed by the engine's own
+    parser; unset, no flag is passed (an older engine image knows none) and the engine's
+    defaults follow the model's batch."""
+    from spyre_engine.serve import max_in_flight
+
+    def settings(serving: dict[str, object]) -> ServeSettings:
+        m = model("m", {**GENERATE, "serving": serving})
+        plan = plan_for(m)
+        ours, passthrough = split_passthrough(serve_args(plan, plan.key))
+        flags = {k: v for k, v in vars(build_parser().parse_args(ours)).items()
+                 if k != "command"}  # fmt: skip
+        s = load_settings("serve", flags, passthrough)
+        assert isinstance(s, ServeSettings)
+        return s
+
+    s = settings({"maxInFlight": 5, "bodyTimeoutSeconds": 7})
+    assert (max_in_flight(s), s.body_timeout) == (5, 7.0)
+    s = settings({})
+    assert (s.max_in_flight, s.body_timeout) == (None, 60.0)
+    assert max_in_flight(s) == max(64, 8 * s.max_num_seqs)
+    assert max_in_flight(s.model_copy(update={"max_num_seqs": 32})) == 256

@@ -819,6 +819,24 @@ class ServingSpec(ApiModel):
             "itself."
         ),
     )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        le=100000,
+        description=(
+            "Requests one serving pod takes at once; past it the pod answers 429 with "
+            "Retry-After at once, unread. Unset: 8 x compile.maxNumSeqs, at least 64."
+        ),
+    )
+    body_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description=(
+            "How long a client may take to send its request body; past it the pod answers 408 "
+            "and closes the connection. Unset: 60."
+        ),
+    )
     shutdown_grace_period_seconds: int = Field(
         default=30,
         ge=0,

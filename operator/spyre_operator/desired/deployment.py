@@ -91,6 +91,11 @@ def serve_args(plan: ModelPlan, key: str, canary: CanarySpec | None = None) -> l
     ]  # fmt: skip
     if not plan.is_pooling:
         args.append("--prefix-caching" if spec.serving.prefix_caching else "--no-prefix-caching")
+    # Only when set: an engine image from before these limits knows no such flags.
+    if spec.serving.max_in_flight is not None:
+        args += ["--max-in-flight", str(spec.serving.max_in_flight)]
+    if spec.serving.body_timeout_seconds is not None:
+        args += ["--body-timeout", str(spec.serving.body_timeout_seconds)]
     if spec.serving.output_check != "Enforce":
         # Only when not the default: an engine image from before the check knows no such flag.
         args += ["--output-check", spec.serving.output_check.lower()]
