@@ -47,10 +47,11 @@ def answer(
     conds = ((model or {}).get("status") or {}).get("conditions")
     progressing = C.find(conds, C.PROGRESSING)
     if progressing is not None and progressing.get("reason") == C.INSUFFICIENT_CAPACITY:
+        # Not the scheduler's message: it describes the cluster's nodes, which a client of
+        # the model has no business reading (status has it for the model's owners).
         kind, retry = "insufficient_capacity", RETRY_AFTER_NO_CAPACITY
         message = (
-            f"model {who} is scaled to zero and cannot start: no Spyre card is available "
-            f"({progressing.get('message') or 'a replica cannot be scheduled'})"
+            f"model {who} is scaled to zero and cannot start: no Spyre card is available"
         )
     elif model is None and name:
         kind, retry = "model_not_found", RETRY_AFTER_STARTING
@@ -90,20 +91,33 @@ def starting(model: Mapping[str, Any]) -> bool:
     return not (degraded is not None and degraded.get("status") == C.TRUE)
 
 
+def allows_zero(model: Mapping[str, Any]) -> bool:
+    """A model that may scale to zero (autoscaling.minReplicas 0): the only ones the
+    interceptor forwards here, and so the only ones the responder says anything about."""
+    autoscaling = (model.get("spec") or {}).get("autoscaling") or {}
+    return isinstance(autoscaling, Mapping) and autoscaling.get("minReplicas") == 0
+
+
 def make_app(lookup: ModelLookup) -> web.Application:
-    """Every method and path answers (the held request is forwarded as it came)."""
+    """Every method and path answers (the held request is forwarded as it came). Anyone who
+    reaches the port may send the interceptor's headers: the responder answers only about
+    models that may scale to zero (any other is unknown to it), and nothing of the cluster
+    beyond whether the model is starting or has no card."""
+
+    def find(namespace: str | None, name: str | None) -> Mapping[str, Any] | None:
+        model = lookup(namespace, name) if name and namespace else None  # type: ignore[arg-type]
+        return model if model is not None and allows_zero(model) else None
 
     async def handle(request: web.Request) -> web.Response:
         name = request.headers.get(NAME_HEADER)
         namespace = request.headers.get(NAMESPACE_HEADER)
-        model = lookup(namespace, name) if name and namespace else None
-        return answer(namespace, name, model)
+        return answer(namespace, name, find(namespace, name))
 
     async def is_starting(request: web.Request) -> web.Response:
         if NAME_HEADER in request.headers:  # a held request forwarded here, whatever its path
             return await handle(request)
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        model = lookup(namespace, name)
+        model = find(namespace, name)
         if model is None:  # KEDA's trigger errs: it neither wakes nor idles the model on it
             return web.json_response(
                 {"error": f"model {namespace}/{name} is not known to the operator"}, status=404

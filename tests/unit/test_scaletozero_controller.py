@@ -125,10 +125,12 @@ def _ask(models: dict[tuple[str, str], dict[str, Any]], headers: dict[str, str],
 
 
 HEADERS = {NAME_HEADER: "granite", NAMESPACE_HEADER: "ns"}
+#: A model that may scale to zero (the responder answers only about those).
+ZERO = {"autoscaling": {"minReplicas": 0, "maxReplicas": 1}}
 
 
 def test_responder_says_starting_with_retry_after() -> None:
-    status, headers, payload = _ask({("ns", "granite"): {"status": {}}}, HEADERS)
+    status, headers, payload = _ask({("ns", "granite"): {"spec": ZERO, "status": {}}}, HEADERS)
     assert status == 503 and headers["Retry-After"] == "10"
     assert headers["Content-Type"].startswith("application/json")
     assert payload["error"]["type"] == "model_starting"
@@ -139,11 +141,25 @@ def test_responder_says_no_card_when_the_model_cannot_be_scheduled() -> None:
     conds = [{"type": C.PROGRESSING, "status": "True", "reason": C.INSUFFICIENT_CAPACITY,
               "message": "0/1 replicas available; 1 pod cannot be scheduled (Insufficient "
                          "ibm.com/spyre_vf)"}]
-    status, headers, payload = _ask({("ns", "granite"): {"status": {"conditions": conds}}},
-                                    HEADERS, method="GET")
+    status, headers, payload = _ask({("ns", "granite"): {"spec": ZERO,
+                                                          "status": {"conditions": conds}}},
+                                    HEADERS, method="GET")  # fmt: skip
     assert status == 503 and headers["Retry-After"] == "60"
     assert payload["error"]["type"] == "insufficient_capacity"
     assert "no Spyre card is available" in payload["error"]["message"]
+    # the scheduler's words describe the cluster's nodes: not for a model's clients
+    assert "Insufficient" not in payload["error"]["message"], payload
+
+
+def test_the_responder_says_nothing_about_models_that_do_not_scale_to_zero() -> None:
+    """Issue 45, 4: anyone who reaches its port can send the interceptor's headers, for any
+    namespace; a model that cannot be at zero is unknown to the responder, on both paths."""
+    other = {("team-b", "secret-model"): {"spec": {"replicas": 1}, "status": {}}}
+    headers = {NAME_HEADER: "secret-model", NAMESPACE_HEADER: "team-b"}
+    status, _, payload = _ask(other, headers)
+    assert status == 503 and payload["error"]["type"] == "model_not_found", payload
+    status, _, payload = _ask(other, {}, "GET", names.starting_path("team-b", "secret-model"))
+    assert status == 404, payload
 
 
 def test_responder_without_headers_or_model() -> None:
@@ -154,7 +170,7 @@ def test_responder_without_headers_or_model() -> None:
 
 
 def _starting_model(replicas: int = 1, ready: int = 0, **conds: tuple[str, str]) -> dict[str, Any]:
-    return {"metadata": {"name": "granite"}, "spec": {"replicas": replicas},
+    return {"metadata": {"name": "granite"}, "spec": {"replicas": replicas, **ZERO},
             "status": {"readyReplicas": ready, "conditions": [
                 {"type": t, "status": st, "reason": r} for t, (st, r) in conds.items()]}}
 
