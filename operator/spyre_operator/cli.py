@@ -110,6 +110,12 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
         "allowed_engine_images": tuple(dict.fromkeys(args.allowed_engine_image)),
         "platform_assigns_user": platform_assigns_user(args.pod_user, scc_probe or scc_api_served),
     }
+    # --required-scc auto: restricted-v2 where the platform assigns the user (OpenShift; the
+    # SCC that admits exactly what these pods ask for), none elsewhere.
+    given["required_scc"] = (
+        ("restricted-v2" if given["platform_assigns_user"] else "")
+        if args.required_scc == "auto" else args.required_scc
+    )
     for k in ("serving_tolerations", "precompile_tolerations"):
         if given[k] is not None:
             given[k] = tuple(given[k])
@@ -309,6 +315,16 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
         help="an engine image models may run, a shell pattern such as "
         "registry.example.com/spyre/* (repeatable; none given: any image). A model whose "
         "image matches none is refused (EngineImageNotAllowed) and nothing is compiled",
+    )
+    g.add_argument(
+        "--required-scc",
+        default="auto",
+        metavar="NAME",
+        help="the SCC every precompile, serving and GC pod pins (the annotation "
+        "openshift.io/required-scc, OpenShift 4.14+): without it a pod gets the highest-"
+        "priority SCC its ServiceAccount may use (anyuid on many clusters: no fsGroup, a cache "
+        "it cannot write). 'auto' (default): restricted-v2 where the platform assigns the "
+        "user (--pod-user), none elsewhere; '' pins none",
     )
     g.add_argument(
         "--pod-user",

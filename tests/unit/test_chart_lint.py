@@ -538,3 +538,20 @@ def test_operator_network_policy_allows_dns_on_kubernetes_and_openshift() -> Non
                  {"kubernetes.io/metadata.name": "openshift-dns"}]
     assert openshift and openshift[0]["podSelector"]["matchLabels"] == {
         "dns.operator.openshift.io/daemonset-dns": "default"}
+
+
+@needs_helm
+@pytest.mark.parametrize(("args", "scc"), [
+    ([], None),  # plain Kubernetes: podUser auto -> fixed, nothing pinned
+    (["--api-versions", "security.openshift.io/v1"], "restricted-v2"),
+    (["--set", "podUser=assigned", "--set", "requiredSCC=site-restricted"], "site-restricted"),
+    (["--api-versions", "security.openshift.io/v1", "--set", "requiredSCC="], None),
+])  # fmt: skip
+def test_the_operator_pod_and_the_operator_pin_the_scc(args: list[str], scc: str | None) -> None:
+    """Issue 46, 2: on OpenShift the operator's own pod pins its SCC, and the operator is told
+    which one to pin on every pod it makes."""
+    docs = render(*args, "--set", "podAnnotations.team=ml")
+    (dep,) = by_kind(docs, "Deployment")
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations.get("openshift.io/required-scc") == scc and annotations["team"] == "ml"
+    assert f"--required-scc={scc or ''}" in operator_container(docs)["args"]

@@ -69,3 +69,43 @@ def test_every_pod_builder_follows_the_site(assigned: bool) -> None:
         assert ("runAsUser" in sc) is not assigned, sc
     # A served spec re-planned keeps the mode: the previous artifact's pods are admitted too.
     assert plan.site.for_served_spec().platform_assigns_user is assigned
+
+
+def test_every_pod_the_operator_makes_pins_the_site_scc() -> None:
+    """Issue 46, 2: the precompile, serving, canary and GC pods carry
+    openshift.io/required-scc (over a model's own podAnnotations); none without a site SCC."""
+    from spyre_operator.desired.deployment import build_canary_deployment
+    from spyre_operator.desired.pod import REQUIRED_SCC_ANNOTATION
+
+    spec = SpyreModelSpec.model_validate({
+        **GENERATE,
+        "precompile": {"podAnnotations": {REQUIRED_SCC_ANNOTATION: "anyuid", "team": "ml"}},
+        "serving": {"podAnnotations": {REQUIRED_SCC_ANNOTATION: "anyuid"},
+                    "canary": {"replicas": 1}},
+    })  # fmt: skip
+
+    def templates(site: SiteDefaults) -> list[dict[str, str]]:
+        plan = plan_model("m", "ns", "uid", spec, site)
+        return [t.metadata.annotations or {} for t in (
+            build_precompile_job(plan, [plan.owner]).spec.template,
+            build_deployment(plan, plan.key).spec.template,
+            build_canary_deployment(plan, plan.key).spec.template,
+            build_gc_job(plan, [plan.key], [plan.owner]).spec.template)]
+
+    pinned = templates(SiteDefaults(platform_assigns_user=True, required_scc="restricted-v2"))
+    assert [a[REQUIRED_SCC_ANNOTATION] for a in pinned] == ["restricted-v2"] * 4
+    assert pinned[0]["team"] == "ml"
+    # none pinned by the site: a model's own stays (OpenShift checks its ServiceAccount may)
+    assert [a.get(REQUIRED_SCC_ANNOTATION) for a in templates(SiteDefaults())] == ["anyuid"] * 4
+    # and the pin survives a re-plan of a served spec
+    assert SiteDefaults(required_scc="x").for_served_spec().required_scc == "x"
+
+
+def test_the_required_scc_flag_follows_the_pod_user() -> None:
+    def parse(*args: str) -> SiteDefaults:
+        return site_defaults(build_parser().parse_args(["run", "-A", *args]), lambda: True)  # type: ignore[no-any-return]
+
+    assert parse().required_scc == "restricted-v2"  # auto on OpenShift
+    assert parse("--pod-user", "fixed").required_scc == ""
+    assert parse("--required-scc", "site-restricted").required_scc == "site-restricted"
+    assert parse("--required-scc=").required_scc == ""

@@ -202,3 +202,12 @@ object does not exist yet.
 {{- end -}}
 {{- toYaml $psc -}}
 {{- end }}
+
+{{/* requiredSCC resolved: the SCC name pods pin, or "" for none. */}}
+{{- define "spyre.requiredSCC" -}}
+{{- if eq .Values.requiredSCC "auto" -}}
+{{- if eq (include "spyre.podUser" .) "assigned" -}}restricted-v2{{- end -}}
+{{- else -}}
+{{- .Values.requiredSCC -}}
+{{- end -}}
+{{- end }}

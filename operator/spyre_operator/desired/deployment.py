@@ -33,6 +33,7 @@ from .pod import (
     card_requests,
     container_security_context,
     merge_env,
+    pinned_scc,
     placement,
     plugin_env,
     pod_security_context,
@@ -197,7 +198,8 @@ def build_deployment(
         ],
     )  # fmt: skip
     labels = server_labels(plan, key)
-    pod_annotations = {**(spec.serving.pod_annotations or {}), names.ARTIFACT_KEY_ANNOTATION: key}
+    pod_annotations = pinned_scc(plan.site, {**(spec.serving.pod_annotations or {}),
+                                             names.ARTIFACT_KEY_ANNOTATION: key})
     if spec.serving.metrics_port is not None:
         pod_annotations[names.METRICS_PORT_ANNOTATION] = str(spec.serving.metrics_port)
     container = Container(

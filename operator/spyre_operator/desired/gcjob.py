@@ -27,7 +27,13 @@ from . import names
 from .job import TERMINATION_LOG
 from .owners import shared_refs
 from .plan import CACHE_MOUNT, ModelPlan, OwnerRef
-from .pod import cache_affinity, container_security_context, placement, pod_security_context
+from .pod import (
+    cache_affinity,
+    container_security_context,
+    pinned_scc,
+    placement,
+    pod_security_context,
+)
 
 COMPONENT_GC = "gc"
 #: Annotation on the GC Job with the keys it removes (comma-separated, sorted).
@@ -136,7 +142,8 @@ def build_gc_job(
             ttlSecondsAfterFinished=GC_JOB_TTL_SECONDS,
             template=PodTemplateSpec(
                 metadata=ObjectMeta(
-                    labels=labels, annotations=dict(spec.precompile.pod_annotations or {}) or None
+                    labels=labels,
+                    annotations=pinned_scc(plan.site, spec.precompile.pod_annotations) or None,
                 ),
                 spec=PodSpec(
                     restartPolicy="Never",

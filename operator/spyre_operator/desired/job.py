@@ -24,6 +24,7 @@ from .pod import (
     download_volumes,
     load_processes_env,
     merge_env,
+    pinned_scc,
     placement,
     plugin_env,
     pod_security_context,
@@ -103,7 +104,8 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
     )
     labels = job_labels(plan)
     annotations = {names.ARTIFACT_KEY_ANNOTATION: plan.key}
-    pod_annotations = {**(spec.precompile.pod_annotations or {}), **annotations}
+    pod_annotations = pinned_scc(plan.site, {**(spec.precompile.pod_annotations or {}),
+                                             **annotations})
     placement_fields = placement(spec, on_cards=on_cards, precompile=True)
     template = PodTemplateSpec(
         metadata=ObjectMeta(labels=labels, annotations=pod_annotations),

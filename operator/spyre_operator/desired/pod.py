@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import cast
 
 from lightkube.models.core_v1 import (
@@ -32,7 +33,7 @@ from ..api.v1alpha1 import SpyreModelSpec
 from . import names
 from .key import engine_cpus
 from .plan import CACHE_MOUNT, HF_CACHE_DIR, MODEL_MOUNT, ModelPlan
-from .site import BUILTIN_RESOURCE_NAME
+from .site import BUILTIN_RESOURCE_NAME, SiteDefaults
 
 #: The engine image's non-root user (engine/Containerfile), pinned where the platform assigns
 #: none (plain Kubernetes). Its primary group is 0, as OpenShift gives an assigned uid.
@@ -42,6 +43,23 @@ CACHE_VOLUME = "compile-cache"
 MODEL_VOLUME = "model"
 TMP_VOLUME = "tmp"
 SHM_VOLUME = "dshm"
+
+
+#: OpenShift's pod annotation naming the SCC a pod must be admitted under (4.14+): without it
+#: a pod gets the highest-priority SCC its ServiceAccount may use (``anyuid`` on many AI
+#: clusters: the image's uid, no fsGroup, a cache claim it cannot write).
+REQUIRED_SCC_ANNOTATION = "openshift.io/required-scc"
+
+
+def pinned_scc(site: SiteDefaults, annotations: Mapping[str, str] | None) -> dict[str, str]:
+    """A pod template's annotations with the site's SCC pinned (the site's wins over the
+    model's podAnnotations: which SCC pods run under is the cluster admin's choice; with none
+    pinned a model's own stays, and OpenShift still checks that its ServiceAccount may use
+    it)."""
+    out = dict(annotations or {})
+    if site.required_scc:
+        out[REQUIRED_SCC_ANNOTATION] = site.required_scc
+    return out
 
 
 def pod_security_context(platform_assigns_user: bool) -> PodSecurityContext:

@@ -60,6 +60,9 @@ class SiteDefaults:
     #: The platform assigns each pod's uid, gid and fsGroup (OpenShift's restricted-v2 SCC): the
     #: operator's pods set none (``--pod-user``; pod.pod_security_context).
     platform_assigns_user: bool = False
+    #: The SCC every pod the operator makes pins (the pod annotation
+    #: ``openshift.io/required-scc``; ``--required-scc``); "" pins none.
+    required_scc: str = ""
 
     def for_served_spec(self) -> SiteDefaults:
         """The defaults to re-plan a spec a Deployment was built from (its served-spec
@@ -72,6 +75,7 @@ class SiteDefaults:
             scheduler_name=self.scheduler_name,
             # Not a default of a spec field but how every pod must look to be admitted here.
             platform_assigns_user=self.platform_assigns_user,
+            required_scc=self.required_scc,
         )
 
     def allows(self, image: str) -> bool:
