@@ -144,13 +144,16 @@ demo-kwok: install binaries ## kwok only (no images, no real pods): operator + a
 # Parts of `make bench`: operator (vs the API server's limit, kwok nodes), scaleup (a new replica
 # vs a bare vLLM load), rollout (requests under rollouts) and wakeup (a held request at zero vs a
 # bare vLLM load, with KEDA and its HTTP add-on), the last three on the real node.
-BENCH_PARTS ?= operator,scaleup,rollout,wakeup
+BENCH_PARTS ?= operator,configmaps,scaleup,rollout,wakeup
 
 bench: install binaries ## Benchmarks: operator vs API server, scale-up and wake-up from zero vs bare load, rollouts under traffic
 	$(CLUSTER) up
 	@if [[ ",$(BENCH_PARTS)," == *",operator,"* ]]; then \
 		echo "$(PY) tests/bench/bench_operator.py $(BENCH_ARGS)"; \
 		$(PY) tests/bench/bench_operator.py $(BENCH_ARGS); fi
+	@if [[ ",$(BENCH_PARTS)," == *",configmaps,"* ]]; then \
+		echo "$(PY) tests/bench/bench_configmaps.py"; \
+		$(PY) tests/bench/bench_configmaps.py; fi
 	$(PY) tests/bench/bench_realpods.py --parts $(BENCH_PARTS) $(BENCH_REAL_ARGS)
 
 bench-engine: install ## Engine benchmark: warm vs cold start, wrapper overhead, drain

@@ -1,0 +1,90 @@
+"""The operator's memory against a tenant's ConfigMaps (`make bench BENCH_PARTS=configmaps`,
+issue 45, 2).
+
+Every ConfigMap of the watched namespaces reaches the operator's watch (a same-named one that is
+not its own must be seen before a write); before, the ones carrying the operator's labels were
+kept whole in its index, so a tenant's labelled megabyte ConfigMaps grew the operator toward its
+memory limit for every tenant. Now only a model's own ``<model>-output-check`` is kept whole,
+any other as a stub (name, labels, owners).
+
+A fresh operator watches a fresh namespace; ``--count`` ConfigMaps of ``--kib`` KiB each, with
+the operator's labels, are created there, half of them named like a model's output-check
+ConfigMap (``<name>-output-check``). Printed: the operator's resident memory before, after the
+watch delivered them all, and its peak; the bytes created. No assertion: a printed number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.bench.bench_operator import proc_stats  # noqa: E402
+from tests.cluster.controlplane import ControlPlane, wait_until  # noqa: E402
+from tests.integration.conftest import CRD_FILE, OperatorProcess  # noqa: E402
+
+LABELS = {"app.kubernetes.io/managed-by": "spyre-model-operator"}
+
+
+def configmap(ns: str, i: int, kib: int) -> dict[str, object]:
+    name = f"cm{i:05d}" + ("-output-check" if i % 2 else "")
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns, "labels": LABELS},
+            "data": {"blob": "x" * (kib * 1024 - 64)}}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=2000, help="ConfigMaps (default 2000)")
+    ap.add_argument("--kib", type=int, default=256, help="KiB each (default 256)")
+    args = ap.parse_args(argv)
+    cp = ControlPlane()
+    cp.up()
+    cp.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+    ns = f"bench-cm-{uuid.uuid4().hex[:5]}"
+    cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    op = OperatorProcess(cp.kubeconfig, cp.root / ".cluster" / "logs",
+                         args=["--namespace", ns, "--log-level", "warning"])  # fmt: skip
+    op.start()
+    assert op.proc is not None
+    try:
+        time.sleep(2.0)  # settled after its start (its watches listed an empty namespace)
+        before = proc_stats(op.proc.pid)
+        t0 = time.monotonic()
+        batch = 50
+        for start in range(0, args.count, batch):
+            items = [configmap(ns, i, args.kib)
+                     for i in range(start, min(start + batch, args.count))]  # fmt: skip
+            cp.apply(items)
+        created = time.monotonic() - t0
+
+        # No event of a foreign ConfigMap shows outside the operator: its memory is read until
+        # it stops growing (three reads a second apart within 1 MiB) once all exist.
+        reads: list[float] = []
+
+        def settled() -> bool:
+            reads.append(proc_stats(op.proc.pid)["rss_mib"])  # type: ignore[union-attr]
+            return len(reads) >= 10 and max(reads[-3:]) - min(reads[-3:]) < 1.0
+
+        wait_until(settled, 300, "the operator's memory settled", interval=1.0)
+        after = proc_stats(op.proc.pid)
+        total = args.count * args.kib / 1024
+        print(f"{args.count} labelled ConfigMaps of {args.kib} KiB ({total:.0f} MiB) created in "
+              f"{created:.0f}s in the watched namespace")
+        print(f"operator RSS: {before['rss_mib']:.0f} MiB before, {after['rss_mib']:.0f} MiB "
+              f"after (+{after['rss_mib'] - before['rss_mib']:.0f} MiB, "
+              f"{(after['rss_mib'] - before['rss_mib']) / total:.1%} of the bytes created); "
+              f"peak {after['peak_rss_mib']:.0f} MiB")
+    finally:
+        op.stop()
+        cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
