@@ -661,3 +661,32 @@ def test_a_baseline_pod_restarted_in_the_window_counts_from_its_restart() -> Non
         _served(40, 0.1).ttft[0], 40.0))  # type: ignore[index]
     restarted = _served(7, 0.2)
     assert _since(restarted, start)[:3] == (7, 0, (7 * 0.2, 7.0))
+
+
+def test_the_baseline_pods_are_read_as_the_pod_list_gives_them(monkeypatch: Any) -> None:
+    """The real node's run of the comparison: the previous artifact's pod was listed but never
+    read ("unread: ... not read yet"), because the pod list kept an address for canary pods
+    only. Through compact_pod and the observer's selection, both sides' pods are read."""
+    from spyre_operator.control.common import compact_pod
+
+    def pod(name: str, canary: bool, ip: str) -> dict[str, Any]:
+        labels = {names.ARTIFACT_LABEL: "abc", **({names.CANARY_LABEL: "true"} if canary else {})}
+        return {"metadata": {"name": name, "labels": labels}, "status": {
+            "podIP": ip, "containerStatuses": [{"ready": True,
+                                                "state": {"running": {"startedAt": T1}}}],
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": T2}]}}
+
+    listed = [compact_pod(pod("main", False, "10.0.0.1")), compact_pod(pod("c", True, "10.0.0.2"))]
+    read: list[str] = []
+
+    async def fake_read(_: Any, ip: str, port: int) -> ServedReport:
+        read.append(ip)
+        return ServedReport(0, 0, 0.0)
+
+    import asyncio
+
+    from spyre_operator.control import observe
+
+    monkeypatch.setattr(observe, "read_served", fake_read)
+    got = asyncio.run(observe.Observer.served_reports(None, listed, 8000))  # type: ignore[arg-type]
+    assert sorted(read) == ["10.0.0.1", "10.0.0.2"] and set(got) == {"main", "c"}

@@ -186,9 +186,9 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     canary = labels.get(names.CANARY_LABEL) == "true"
     if canary:
         out["canary"] = True
-        ip = (pod.get("status") or {}).get("podIP")
-        if ip:  # where the operator reads its count (canary_report.py)
-            out["podIP"] = str(ip)
+    ip = (pod.get("status") or {}).get("podIP")
+    if ip:  # where the operator reads a canary's count and any pod's figures (canary_report.py)
+        out["podIP"] = str(ip)
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         state = cs.get("state") or {}
         last = cs.get("lastState") or {}
