@@ -44,6 +44,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -172,14 +173,39 @@ def registry_bin() -> Path:
             / "registry")
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
+#: Where ports that carry UDP are picked: below the kernel's ephemeral range (32768-60999 by
+#: default), so no client's transient socket takes one between the pick and the bind.
+UDP_PORT_RANGE = (20000, 32767)
+
+
+def free_ports(n: int, udp: bool = False) -> list[int]:
+    """``n`` ports free on 127.0.0.1 (TCP; with ``udp``, TCP and UDP alike, picked outside the
+    ephemeral range). CoreDNS once failed to start on a port picked TCP-free from the
+    ephemeral range: "listen udp 127.0.0.1:34703: bind: address already in use"."""
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        if not udp:
+            for _ in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind(("127.0.0.1", 0))
+                socks.append(s)
+            return [s.getsockname()[1] for s in socks]
+        ports: list[int] = []
+        rng = random.Random()
+        while len(ports) < n:
+            port = rng.randint(*UDP_PORT_RANGE)
+            pair = [socket.socket(socket.AF_INET, kind)
+                    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM)]  # fmt: skip
+            try:
+                for s in pair:
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                for s in pair:
+                    s.close()
+                continue
+            socks += pair
+            ports.append(port)
+        return ports
     finally:
         for s in socks:
             s.close()
@@ -1094,7 +1120,8 @@ profiles:
         components."""
         st = self.state
         if "coredns" not in st["ports"]:
-            st["ports"]["coredns"], st["ports"]["coredns_ready"] = free_ports(2)
+            st["ports"]["coredns"] = free_ports(1, udp=True)[0]  # TCP and UDP
+            st["ports"]["coredns_ready"] = free_ports(1)[0]
         if "registry" not in st["ports"]:
             st["ports"]["registry"] = free_ports(1)[0]
         st["commands"] = self._commands(st["ports"])
