@@ -31,10 +31,10 @@ from tests.integration.conftest import CRD_FILE, OperatorProcess  # noqa: E402
 LABELS = {"app.kubernetes.io/managed-by": "spyre-model-operator"}
 
 
-def configmap(ns: str, i: int, kib: int) -> dict[str, object]:
+def configmap(ns: str, i: int, kib: int, labelled: bool = True) -> dict[str, object]:
     name = f"cm{i:05d}" + ("-output-check" if i % 2 else "")
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": ns, "labels": LABELS},
+            "metadata": {"name": name, "namespace": ns, "labels": LABELS if labelled else {}},
             "data": {"blob": "x" * (kib * 1024 - 64)}}  # fmt: skip
 
 
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=2000, help="ConfigMaps (default 2000)")
     ap.add_argument("--kib", type=int, default=256, help="KiB each (default 256)")
+    ap.add_argument("--unlabelled", action="store_true",
+                    help="without the operator's labels (a tenant's ordinary ConfigMaps)")
     args = ap.parse_args(argv)
     cp = ControlPlane()
     cp.up()
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         batch = 50
         for start in range(0, args.count, batch):
-            items = [configmap(ns, i, args.kib)
+            items = [configmap(ns, i, args.kib, not args.unlabelled)
                      for i in range(start, min(start + batch, args.count))]  # fmt: skip
             cp.apply(items)
         created = time.monotonic() - t0
@@ -74,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         wait_until(settled, 300, "the operator's memory settled", interval=1.0)
         after = proc_stats(op.proc.pid)
         total = args.count * args.kib / 1024
-        print(f"{args.count} labelled ConfigMaps of {args.kib} KiB ({total:.0f} MiB) created in "
+        kind = "unlabelled" if args.unlabelled else "labelled"
+        print(f"{args.count} {kind} ConfigMaps of {args.kib} KiB ({total:.0f} MiB) created in "
               f"{created:.0f}s in the watched namespace")
         print(f"operator RSS: {before['rss_mib']:.0f} MiB before, {after['rss_mib']:.0f} MiB "
               f"after (+{after['rss_mib'] - before['rss_mib']:.0f} MiB, "
-              f"{(after['rss_mib'] - before['rss_mib']) / total:.1%} of the bytes created); "
-              f"peak {after['peak_rss_mib']:.0f} MiB")
+              f"{(after['rss_mib'] - before['rss_mib']) / total:.0%} of the bytes created); "
+              f"peak {before['peak_rss_mib']:.0f} MiB before, {after['peak_rss_mib']:.0f} MiB "
+              f"while they arrived ({after['peak_rss_mib'] / total:.1f}x the bytes created)")
     finally:
         op.stop()
         cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
