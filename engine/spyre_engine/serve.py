@@ -479,18 +479,26 @@ class EngineServer:
         latency = None if now is None else now.since(self.latency_at_ready)
         return web.json_response(canary.served_report(self.served, latency))
 
-    async def _vllm_latency(self) -> canary.Latency | None:
-        """vLLM's latency histograms now (its /metrics), or None when unread."""
+    async def _vllm_metrics(self) -> bytes | None:
+        """vLLM's /metrics text now, or None when it does not answer."""
         if self._session is None:
             return None
-        try:
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
             async with self._session.get(
                 self.upstream + "/metrics", timeout=aiohttp.ClientTimeout(total=5)
             ) as resp:
-                if resp.status != 200:
-                    return None
-                return canary.vllm_latency((await resp.read()).decode(errors="replace"))
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                if resp.status == 200:
+                    return await resp.read()
+        return None
+
+    async def _vllm_latency(self) -> canary.Latency | None:
+        """vLLM's latency histograms now (its /metrics), or None when unread."""
+        body = await self._vllm_metrics()
+        if body is None:
+            return None
+        try:
+            return canary.vllm_latency(body.decode(errors="replace"))
+        except ValueError:
             return None
 
     async def liveness_probe(self, request: web.Request) -> web.Response:
@@ -523,14 +531,9 @@ class EngineServer:
         """vLLM's series (when it is up) followed by ``spyre_engine_*``."""
         parts: list[bytes] = []
         if self.started and self.child is not None and self.child.alive():
-            assert self._session is not None
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                async with self._session.get(
-                    self.upstream + "/metrics", timeout=aiohttp.ClientTimeout(total=5)
-                ) as resp:
-                    if resp.status == 200:
-                        body = await resp.read()
-                        parts.append(body if body.endswith(b"\n") else body + b"\n")
+            body = await self._vllm_metrics()
+            if body is not None:
+                parts.append(body if body.endswith(b"\n") else body + b"\n")
         parts.append(self.metrics.render())
         return web.Response(
             body=b"".join(parts),

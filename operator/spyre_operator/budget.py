@@ -9,10 +9,10 @@ the Deployment keeps serving the old artifact, and status says so
 
 ``decide()`` stays pure: the controller (the one active replica, through leader election)
 counts the slots in use from its watch caches, across every namespace it watches, and hands
-each model a :class:`Slot` in ``Observed``. The order among waiting models is kept here:
-oldest waiting first (when it started waiting, as its status records it, then namespace and
-name), so a restarted operator or a new leader rebuilds the same order from the models'
-status.
+each model a :class:`Slot` in ``Observed``. The order among waiting models is kept here: a
+freed slot goes to the namespace holding the fewest, and within it oldest waiting first (when
+it started waiting, as its status records it, then name), so a restarted operator or a new
+leader rebuilds the same order from the models' status and its caches.
 """
 
 from __future__ import annotations
@@ -55,28 +55,9 @@ class Waiting:
     def clear(self) -> None:
         self._since.clear()
 
-    def ahead(self, key: ModelKey, since: str) -> int:
-        """How many other waiting models go before ``key`` if it waits since ``since``."""
-        mine = (since, key)
-        return sum(1 for k, s in self._since.items() if k != key and (s, k) < mine)
-
     def since(self) -> dict[ModelKey, str]:
         """Every waiting model and when it started waiting."""
         return dict(self._since)
-
-    def first(self, n: int) -> list[ModelKey]:
-        """The ``n`` models that waited longest."""
-        ordered = sorted(self._since.items(), key=lambda kv: (kv[1], kv[0]))
-        return [k for k, _ in ordered[: max(0, n)]]
-
-
-def slot(limit: int, in_use: int, waiting: Waiting, key: ModelKey, since: str) -> Slot:
-    """Free when the slots in use plus the models that waited longer leave one for ``key``
-    (one namespace, or no per-namespace share: :func:`fair_slot` in general)."""
-    if limit <= 0:
-        return FREE
-    ahead = waiting.ahead(key, since)
-    return Slot(in_use + ahead < limit, in_use, limit, ahead + 1)
 
 
 def _walk(

@@ -34,25 +34,39 @@ class CanaryReport:
     errors: int
 
 
-def parse_report(body: bytes) -> CanaryReport:
-    """The counts of an engine's answer; ValueError (with why) for anything else."""
+def _load(body: bytes, marker: str, what: str) -> dict[str, Any]:
+    """One JSON object of at most MAX_REPORT_BYTES whose ``marker`` is true; ValueError
+    (with why) for anything else."""
     if len(body) > MAX_REPORT_BYTES:
         raise ValueError(f"answer over {MAX_REPORT_BYTES} bytes")
     try:
         doc: Any = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("canary") is not True:
-        raise ValueError("not a canary's report")
-    counts = []
-    for field in ("judged", "errors"):
-        v = doc.get(field)
-        if type(v) is not int or not 0 <= v <= _MAX_COUNT:
-            raise ValueError(f"{field} is not a count: {str(v)[:40]!r}")
-        counts.append(v)
-    if counts[1] > counts[0]:
+    if not isinstance(doc, dict) or doc.get(marker) is not True:
+        raise ValueError(f"not {what}")
+    return doc
+
+
+def _counts(doc: dict[str, Any]) -> tuple[int, int]:
+    """``judged`` and ``errors``: counts, no more errors than requests."""
+    judged, errors = _count(doc, "judged"), _count(doc, "errors")
+    if errors > judged:
         raise ValueError("more errors than requests judged")
-    return CanaryReport(judged=counts[0], errors=counts[1])
+    return judged, errors
+
+
+def _count(doc: dict[str, Any], field: str) -> int:
+    v = doc.get(field)
+    if type(v) is not int or not 0 <= v <= _MAX_COUNT:
+        raise ValueError(f"{field} is not a count: {str(v)[:40]!r}")
+    return v
+
+
+def parse_report(body: bytes) -> CanaryReport:
+    """The counts of an engine's answer; ValueError (with why) for anything else."""
+    judged, errors = _counts(_load(body, "canary", "a canary's report"))
+    return CanaryReport(judged=judged, errors=errors)
 
 
 #: Seconds summed over requests: bounded like the counts (a pod's lifetime of requests).
@@ -72,13 +86,6 @@ class ServedReport:
     tpot: tuple[float, int] | None = None
 
 
-def _count(doc: dict[str, Any], field: str) -> int:
-    v = doc.get(field)
-    if type(v) is not int or not 0 <= v <= _MAX_COUNT:
-        raise ValueError(f"{field} is not a count: {str(v)[:40]!r}")
-    return v
-
-
 def _seconds(doc: dict[str, Any], field: str) -> float:
     v = doc.get(field)
     if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v <= _MAX_SECONDS:
@@ -88,17 +95,8 @@ def _seconds(doc: dict[str, Any], field: str) -> float:
 
 def parse_served(body: bytes) -> ServedReport:
     """The figures of an engine's ``/health/served`` answer; ValueError (with why) otherwise."""
-    if len(body) > MAX_REPORT_BYTES:
-        raise ValueError(f"answer over {MAX_REPORT_BYTES} bytes")
-    try:
-        doc: Any = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("served") is not True:
-        raise ValueError("not a serving pod's report")
-    judged, errors = _count(doc, "judged"), _count(doc, "errors")
-    if errors > judged:
-        raise ValueError("more errors than requests judged")
+    doc = _load(body, "served", "a serving pod's report")
+    judged, errors = _counts(doc)
     seconds = _seconds(doc, "secondsSum")
     latency = doc.get("latency")
     if latency is None:

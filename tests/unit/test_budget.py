@@ -161,10 +161,12 @@ def test_waiting_order_is_oldest_first_then_by_name() -> None:
     w.add(("ns", "b"), "2026-11-21T10:01:00Z")
     w.add(("ns", "a"), "2026-11-21T10:02:00Z")
     w.add(("ns", "c"), "2026-11-21T10:01:00Z")
-    assert w.first(3) == [("ns", "b"), ("ns", "c"), ("ns", "a")]
-    assert B.slot(3, 1, w, ("ns", "c"), "2026-11-21T10:01:00Z") == B.Slot(True, 1, 3, 2)
-    assert B.slot(3, 2, w, ("ns", "c"), "2026-11-21T10:01:00Z") == B.Slot(False, 2, 3, 2)
-    assert B.slot(0, 99, w, ("ns", "z"), NOW).free  # 0: no limit
+    assert B.fair_first(0, {}, w) == [("ns", "b"), ("ns", "c"), ("ns", "a")]
+    assert B.fair_slot(3, {"ns": 1}, w, ("ns", "c"), "2026-11-21T10:01:00Z") == B.Slot(
+        True, 1, 3, 2, ns_in_use=1)
+    assert B.fair_slot(3, {"ns": 2}, w, ("ns", "c"), "2026-11-21T10:01:00Z") == B.Slot(
+        False, 2, 3, 2, ns_in_use=2)
+    assert B.fair_slot(0, {"ns": 99}, w, ("ns", "z"), NOW).free  # 0: no limit
     assert [B.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -212,29 +212,15 @@ class Observer:
         """What each Ready canary pod of artifact ``short_key`` says it judged (its engine's
         ``/health/canary`` on the serving port), or why it could not be read; read in
         parallel, each within REPORT_TIMEOUT_SECONDS."""
-        mine = [p for p in pods if p.get("canary") and p.get("artifact") == short_key
-                and p.get("ready") and p.get("podIP")]  # fmt: skip
-        if not mine:
-            return {}
-        async with aiohttp.ClientSession() as session:
-            answers = await asyncio.gather(
-                *(read_report(session, str(p["podIP"]), port) for p in mine)
-            )
-        return {str(p["name"]): a for p, a in zip(mine, answers, strict=True)}
+        mine = [p for p in pods if p.get("canary") and p.get("artifact") == short_key]
+        return await _read_ready(mine, port, read_report)
 
     async def served_reports(
         self, pods: list[dict[str, Any]], port: int
     ) -> dict[str, ServedReport | str]:
         """What each Ready serving pod (the canary's and the previous artifact's: the
         baseline) served since Ready, or why it could not be read; in parallel."""
-        ready = [p for p in pods if p.get("ready") and p.get("podIP")]
-        if not ready:
-            return {}
-        async with aiohttp.ClientSession() as session:
-            answers = await asyncio.gather(
-                *(read_served(session, str(p["podIP"]), port) for p in ready)
-            )
-        return {str(p["name"]): a for p, a in zip(ready, answers, strict=True)}
+        return await _read_ready(pods, port, read_served)
 
     async def mirror_slice(self, obs: Observed, plan: ModelPlan) -> None:
         """The mirror EndpointSlice, asked of the API server by name while the cache has none
@@ -358,6 +344,20 @@ class Observer:
         for uid in [u for u in self.job_messages if u not in live]:
             del self.job_messages[uid]
         self._job_messages_limit = max(JOB_MESSAGES_MIN_LIMIT, 2 * len(self.job_messages))
+
+
+async def _read_ready(
+    pods: list[dict[str, Any]],
+    port: int,
+    read: Callable[[aiohttp.ClientSession, str, int], Awaitable[T | str]],
+) -> dict[str, T | str]:
+    """``read`` of each Ready pod with an address, by pod name, in parallel."""
+    ready = [p for p in pods if p.get("ready") and p.get("podIP")]
+    if not ready:
+        return {}
+    async with aiohttp.ClientSession() as session:
+        answers = await asyncio.gather(*(read(session, str(p["podIP"]), port) for p in ready))
+    return {str(p["name"]): a for p, a in zip(ready, answers, strict=True)}
 
 
 async def read_report(session: aiohttp.ClientSession, ip: str, port: int) -> CanaryReport | str:

@@ -57,7 +57,7 @@ class Policy:
     #: The cluster-wide defaults of per-site fields and the engine-image allow-list.
     site: SiteDefaults = field(default_factory=SiteDefaults)
     #: The operator's own namespace (POD_NAMESPACE): a model's NetworkPolicy admits it while
-    #: the model has a canary (the operator reads the canary pods' counts).
+    #: the model has a canary (the operator reads the canary pods' counts and every pod's figures).
     operator_namespace: str | None = None
 
     def retry_delay(self, attempts: int) -> float:

@@ -64,7 +64,8 @@ def build_network_policy(
     metrics port (serving.metricsPort): from serving.metricsFrom, else as allowFrom. No other
     port exists (probes come from the kubelet, which NetworkPolicies do not restrict). A
     model with a canary admits the operator's namespace too: the operator reads each canary
-    pod's count of judged requests from the serving port (canary_report.py).
+    pod's count of judged requests, and every serving pod's figures for the comparison with
+    the baseline, from the serving port (canary_report.py).
     """
     serving = plan.spec.serving
     allowed = None if serving.allow_from is None else [peer(c) for c in serving.allow_from]
