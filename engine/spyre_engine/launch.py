@@ -68,6 +68,14 @@ class ModelAccessDenied(ModelNotFound):
     reason = "ModelAccessDenied"
 
 
+class ModelDownloadFailed(ModelNotFound):
+    """The download failed for a reason other than the repository: the hub's name, a proxy,
+    TLS, a timeout, the hub's own error or a full cache claim. The message names the cause and
+    the setting that fixes it."""
+
+    reason = "ModelDownloadFailed"
+
+
 def model_revision(model_path: str) -> str | None:
     """The commit a hub snapshot resolved to (``.../snapshots/<commit>``), else None."""
     path = Path(model_path)
@@ -130,25 +138,119 @@ def _download_hf(ref: str, cache_dir: Path | None) -> str:
         raise _download_error(ref, exc) from exc
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from (``__cause__``, else ``__context__``), outermost
+    first; bounded, a cycle stops it."""
+    out: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and len(out) < 16 and all(cur is not x for x in out):
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+#: What a failed download's cause says to do: (label, remedy), by the first cause that matches.
+_DOWNLOAD_CAUSES: tuple[tuple[str, str], ...] = (
+    ("the cache claim is full",
+     "free space on the claim (cache.volume.retention, or delete unused models) or grow it "
+     "(cache.volume.size)"),
+    ("a proxy refused the connection",
+     "check HTTPS_PROXY / NO_PROXY in model.downloadEnv"),
+    ("TLS failed",
+     "if the hub's (or the proxy's) certificate is not trusted, name the CA that signed it in "
+     "model.caBundle; else fix HF_ENDPOINT in model.downloadEnv (http:// or https://)"),
+    ("the hub's name does not resolve",
+     "check HF_ENDPOINT in model.downloadEnv and the cluster's DNS (a disconnected site needs a "
+     "mirror, or a pvc:// model)"),
+    ("the hub did not answer in time",
+     "check the network path to the hub (HTTPS_PROXY in model.downloadEnv); the compile is "
+     "retried"),
+    ("the hub cannot be reached",
+     "check HF_ENDPOINT / HTTPS_PROXY in model.downloadEnv and egress NetworkPolicies (a "
+     "disconnected site needs a mirror, or a pvc:// model)"),
+    ("the hub answered with an error",
+     "the hub's own failure: the compile is retried with back-off"),
+)
+
+
+def _download_cause(exc: BaseException) -> int | None:
+    """The index in :data:`_DOWNLOAD_CAUSES` of what made a download fail (None: unknown).
+    Judged by exception types and errno codes along the chain, never by the text."""
+    import errno
+    import ssl
+
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover - huggingface_hub depends on it
+        httpx = None  # type: ignore[assignment]
+    chain = _chain(exc)
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return 0
+    for e in chain:
+        if httpx is not None and isinstance(e, httpx.ProxyError):
+            return 1
+    for e in chain:
+        if isinstance(e, ssl.SSLError):
+            return 2
+    for e in chain:
+        if isinstance(e, socket.gaierror):
+            return 3
+    for e in chain:
+        if isinstance(e, TimeoutError | socket.timeout) or (
+            httpx is not None and isinstance(e, httpx.TimeoutException)
+        ):
+            return 4
+    for e in chain:
+        if isinstance(e, ConnectionError) or (
+            httpx is not None and isinstance(e, httpx.ConnectError | httpx.NetworkError)
+        ):
+            return 5
+    if any((_status(e) or 0) >= 500 for e in chain):
+        return 6
+    return None
+
+
 def _download_error(ref: str, exc: Exception) -> ModelNotFound:
-    """ModelAccessDenied for 401/403 and gated repos, else ModelNotFound; one line each."""
+    """ModelAccessDenied for 401/403 and gated repos; ModelNotFound when the hub has no such
+    repository, revision or file; ModelDownloadFailed, naming the cause and its remedy, for
+    the rest (DNS, proxy, TLS, timeouts, the hub's 5xx, a full claim). One line each."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     first = lines[0] if lines else type(exc).__name__
     detail = next((ln for ln in lines[1:] if "url" in ln.lower() or "access" in ln.lower()), "")
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    gated = type(exc).__name__ == "GatedRepoError"
+    chain = _chain(exc)
+    status = next((s for e in chain if (s := _status(e)) is not None), None)
+    names = {type(e).__name__ for e in chain}
+    gated = "GatedRepoError" in names
     if gated or status in (401, 403):
         why = (
-            "the repo is gated: accept its terms on the hub with the token's account"
+            "the repo is gated: accept its terms on the hub with the account of "
+            "model.tokenSecret's token"
             if gated
-            else "the repo is private or does not exist: check the name, or set a token "
-            "(HF_TOKEN) that may read it"
+            else "the repo is private or does not exist: check model.uri, or set "
+            "model.tokenSecret to a Secret whose token may read it"
         )
         return ModelAccessDenied(
             f"hf://{ref}: access denied ({status or 'gated'}): {why}; {first} {detail}".strip()
         )
-    return ModelNotFound(f"hf://{ref}: download failed: {first} {detail}".strip())
+    missing = names & {"RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError"}
+    if missing or status == 404:
+        return ModelNotFound(
+            f"hf://{ref}: no such repository, revision or file on the hub: check model.uri "
+            f"(and its @revision); {first} {detail}".strip()
+        )
+    cause = _download_cause(exc)
+    label, remedy = (
+        _DOWNLOAD_CAUSES[cause]
+        if cause is not None
+        else ("download failed", "see the message; the compile is retried with back-off")
+    )
+    return ModelDownloadFailed(f"hf://{ref}: {label}: {remedy}; {first} {detail}".strip())
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -284,8 +284,9 @@ def check_known(settings: PrecompileSettings, model_path: str, env: dict[str, st
     if not check.known:
         raise PrecompileError(
             REASON_UNSUPPORTED_CONFIGURATION,
-            f"{check.message} (SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG=1; "
-            "--no-require-known-config lets the plugin cap the shape instead)",
+            f"{check.message}: use a listed shape, set compile.supportedModel for a fine-tune "
+            "or a mirror of a listed model, or compile.requireKnownConfiguration: false to let "
+            "the plugin cap the shape (spyre-engine's --no-require-known-config)",
         )
 
 

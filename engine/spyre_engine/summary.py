@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 REASON_INVALID_SETTINGS = "InvalidSettings"
 REASON_MODEL_NOT_FOUND = "ModelNotFound"
 REASON_MODEL_ACCESS_DENIED = "ModelAccessDenied"
+#: The download failed for another reason than the repository (DNS, proxy, TLS, timeout, the
+#: hub's 5xx, a full claim): the message names the cause and the setting that fixes it.
+REASON_MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
 REASON_ARTIFACT_MISMATCH = "ArtifactMismatch"
 #: The artifact dir does not match its manifest (missing, truncated, changed) or has none.
 REASON_ARTIFACT_CORRUPT = "ArtifactCorrupt"

@@ -72,6 +72,9 @@ WAITING_FOR_COMPILE_SLOT = "WaitingForCompileSlot"
 # ... or the engine's own reason when it says what users must fix (engine/spyre_engine/summary.py)
 MODEL_NOT_FOUND = "ModelNotFound"
 MODEL_ACCESS_DENIED = "ModelAccessDenied"
+#: The hub could not be reached or answered with an error, or the claim filled up while
+#: downloading: the message names the cause (DNS, proxy, TLS, timeout, 5xx, no space) and its fix.
+MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
 UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
 #: The engine image's vLLM or sendnn-inference is not a version its spyre-engine supports
 #: (engine/spyre_engine/compat.py; e.g. spyre-engine layered onto a site's own vLLM image).
@@ -80,7 +83,13 @@ UNSUPPORTED_BASE = "UnsupportedBase"
 ENGINE_IMAGE_NOT_ALLOWED = "EngineImageNotAllowed"
 #: Engine failure reasons that replace the generic PrecompileFailed in conditions.
 ENGINE_COMPILE_REASONS = frozenset(
-    {MODEL_NOT_FOUND, MODEL_ACCESS_DENIED, UNSUPPORTED_CONFIGURATION, UNSUPPORTED_BASE}
+    {
+        MODEL_NOT_FOUND,
+        MODEL_ACCESS_DENIED,
+        MODEL_DOWNLOAD_FAILED,
+        UNSUPPORTED_CONFIGURATION,
+        UNSUPPORTED_BASE,
+    }
 )
 # Ready / Progressing / Degraded
 SERVING = "Serving"
@@ -205,6 +214,7 @@ WARNING_REASONS = frozenset(
         PRECOMPILE_POD_REJECTED,
         MODEL_NOT_FOUND,
         MODEL_ACCESS_DENIED,
+        MODEL_DOWNLOAD_FAILED,
         UNSUPPORTED_CONFIGURATION,
         UNSUPPORTED_BASE,
         ENGINE_IMAGE_NOT_ALLOWED,

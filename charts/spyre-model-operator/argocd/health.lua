@@ -34,6 +34,7 @@ local failure_reasons = {
   ClaimImmutable = true,
   ModelNotFound = true,
   ModelAccessDenied = true,
+  ModelDownloadFailed = true,
   UnsupportedConfiguration = true,
   UnsupportedBase = true,
   EngineImageNotAllowed = true,

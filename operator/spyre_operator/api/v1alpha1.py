@@ -529,8 +529,9 @@ class AllowedClients(ApiModel):
             "x-kubernetes-validations": [
                 cel(
                     "has(self.cidr) != (has(self.namespaceSelector) || has(self.podSelector))",
-                    "serving.allowFrom: each entry is either a cidr, or namespaceSelector "
-                    "and/or podSelector",
+                    # the same type serves allowFrom and metricsFrom: the API server's error
+                    # names which (spec.serving.metricsFrom[0]: ...)
+                    "each entry is either a cidr, or namespaceSelector and/or podSelector",
                 )
             ]
         }
@@ -543,13 +544,13 @@ class AllowedClients(ApiModel):
             "namespace), e.g. kubernetes.io/metadata.name: gateway."
         ),
         max_length=16,
-        json_schema_extra=_keys_are_qualified_names("serving.allowFrom.namespaceSelector"),
+        json_schema_extra=_keys_are_qualified_names("namespaceSelector"),
     )
     pod_selector: dict[str, str] | None = Field(
         default=None,
         description="Labels of the client pods ({} or unset: every pod of those namespaces).",
         max_length=16,
-        json_schema_extra=_keys_are_qualified_names("serving.allowFrom.podSelector"),
+        json_schema_extra=_keys_are_qualified_names("podSelector"),
     )
     cidr: str | None = Field(
         default=None,
@@ -559,7 +560,7 @@ class AllowedClients(ApiModel):
             "x-kubernetes-validations": [
                 # not isCIDR(): CEL's network library needs Kubernetes 1.31, the chart 1.30
                 cel("self.matches('^[0-9a-fA-F:.]+/[0-9]{1,3}$')",
-                    "serving.allowFrom.cidr must be a CIDR, e.g. 10.0.0.0/8")
+                    "cidr must be a CIDR, e.g. 10.0.0.0/8")
             ]
         },
     )

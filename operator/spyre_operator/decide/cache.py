@@ -51,13 +51,26 @@ def _claim_condition(plan: ModelPlan, pvc: dict[str, Any] | None) -> C.Cond:
         vol = (pvc.get("spec") or {}).get("volumeName", "")
         return C.Cond(t, C.TRUE, C.CLAIM_BOUND, f"PVC {plan.claim} is bound to {vol}")
     if phase == "Lost":
-        return C.Cond(t, C.FALSE, C.CLAIM_LOST, f"PVC {plan.claim} lost its volume")
+        recreate = (
+            "delete the PVC: the operator creates an empty one and compiles again"
+            if plan.claim_managed
+            else "restore its PersistentVolume, or name another claim in cache.claimName"
+        )
+        return C.Cond(
+            t,
+            C.FALSE,
+            C.CLAIM_LOST,
+            f"PVC {plan.claim} lost its volume (its PersistentVolume is gone): {recreate}",
+        )
     return C.Cond(
         t,
         C.FALSE,
         C.CLAIM_PENDING,
         f"PVC {plan.claim} is Pending: no matching PersistentVolume yet, or its StorageClass "
-        "binds on first use",
+        "binds on first use (the precompile pod binds it); if it stays Pending, `kubectl "
+        f"describe pvc {plan.claim}` names the provisioner's problem: set "
+        "cache.volume.storageClassName to a class that provisions here, or create a "
+        "PersistentVolume it can bind",
     )
 
 
