@@ -178,42 +178,32 @@ _DOWNLOAD_CAUSES: tuple[tuple[str, str], ...] = (
 )
 
 
+def _is_httpx(exc: BaseException, *names: str) -> bool:
+    """``exc`` is an instance of one of httpx's exception classes ``names`` (by its class
+    hierarchy: httpx comes with huggingface_hub, not as a dependency of the engine's own)."""
+    return any(
+        c.__module__.split(".")[0] == "httpx" and c.__name__ in names for c in type(exc).__mro__
+    )
+
+
 def _download_cause(exc: BaseException) -> int | None:
     """The index in :data:`_DOWNLOAD_CAUSES` of what made a download fail (None: unknown).
     Judged by exception types and errno codes along the chain, never by the text."""
     import errno
     import ssl
 
-    try:
-        import httpx
-    except ImportError:  # pragma: no cover - huggingface_hub depends on it
-        httpx = None  # type: ignore[assignment]
     chain = _chain(exc)
-    for e in chain:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return 0
-    for e in chain:
-        if httpx is not None and isinstance(e, httpx.ProxyError):
-            return 1
-    for e in chain:
-        if isinstance(e, ssl.SSLError):
-            return 2
-    for e in chain:
-        if isinstance(e, socket.gaierror):
-            return 3
-    for e in chain:
-        if isinstance(e, TimeoutError | socket.timeout) or (
-            httpx is not None and isinstance(e, httpx.TimeoutException)
-        ):
-            return 4
-    for e in chain:
-        if isinstance(e, ConnectionError) or (
-            httpx is not None and isinstance(e, httpx.ConnectError | httpx.NetworkError)
-        ):
-            return 5
-    if any((_status(e) or 0) >= 500 for e in chain):
-        return 6
-    return None
+    tests = (
+        lambda e: isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT),
+        lambda e: _is_httpx(e, "ProxyError"),
+        lambda e: isinstance(e, ssl.SSLError),
+        lambda e: isinstance(e, socket.gaierror),
+        lambda e: isinstance(e, TimeoutError) or _is_httpx(e, "TimeoutException"),
+        lambda e: isinstance(e, ConnectionError) or _is_httpx(e, "ConnectError", "NetworkError"),
+        lambda e: (_status(e) or 0) >= 500,
+    )
+    # the first test, in order, that any exception of the chain passes
+    return next((i for i, test in enumerate(tests) if any(test(e) for e in chain)), None)
 
 
 def _download_error(ref: str, exc: Exception) -> ModelNotFound:

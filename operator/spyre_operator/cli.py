@@ -116,6 +116,7 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
         ("restricted-v2" if given["platform_assigns_user"] else "")
         if args.required_scc == "auto" else args.required_scc
     )
+    given["selinux_change_policy"] = args.selinux_change_policy
     for k in ("serving_tolerations", "precompile_tolerations"):
         if given[k] is not None:
             given[k] = tuple(given[k])
@@ -231,6 +232,7 @@ def scale_to_zero_config(args: argparse.Namespace) -> Any:
 def _add_site_flags(run: argparse.ArgumentParser) -> None:
     """Cluster-wide defaults of the per-site SpyreModel fields (a model that leaves one unset
     follows it at every reconcile) and the engine-image allow-list."""
+    from .desired.pod import SELINUX_CHANGE_POLICIES
     from .podsecurity import POD_USER_CHOICES
 
     g = run.add_argument_group(
@@ -325,6 +327,17 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
         "priority SCC its ServiceAccount may use (anyuid on many clusters: no fsGroup, a cache "
         "it cannot write). 'auto' (default): restricted-v2 where the platform assigns the "
         "user (--pod-user), none elsewhere; '' pins none",
+    )
+    g.add_argument(
+        "--selinux-change-policy",
+        choices=SELINUX_CHANGE_POLICIES,
+        default="",
+        help="seLinuxChangePolicy of every precompile, serving and GC pod (Kubernetes 1.32+; "
+        "they share the cache claim, so one value for all): 'MountOption' mounts an eligible "
+        "volume (a CSI driver with seLinuxMount) with the pod's label instead of relabelling "
+        "every file of the cache at each start; 'Recursive' relabels every file (needed where "
+        "privileged and unprivileged pods share the volume); '' (default) sets none: the "
+        "cluster's default (MountOption where the SELinuxMount features are on)",
     )
     g.add_argument(
         "--pod-user",

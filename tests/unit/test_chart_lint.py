@@ -555,3 +555,15 @@ def test_the_operator_pod_and_the_operator_pin_the_scc(args: list[str], scc: str
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
     assert annotations.get("openshift.io/required-scc") == scc and annotations["team"] == "ml"
     assert f"--required-scc={scc or ''}" in operator_container(docs)["args"]
+
+
+@needs_helm
+def test_the_selinux_change_policy_reaches_the_operator() -> None:
+    """Issue 46, 3: the chart's selinuxChangePolicy is the operator's flag; the schema refuses
+    what Kubernetes would."""
+    assert "--selinux-change-policy=" in operator_container(render())["args"]
+    args = operator_container(render("--set", "selinuxChangePolicy=MountOption"))["args"]
+    assert "--selinux-change-policy=MountOption" in args
+    res = helm("template", "x", str(CHART), "--set", "selinuxChangePolicy=mountoption",
+               check=False)
+    assert res.returncode != 0 and "selinuxChangePolicy" in res.stderr, res.stderr

@@ -109,3 +109,34 @@ def test_the_required_scc_flag_follows_the_pod_user() -> None:
     assert parse("--pod-user", "fixed").required_scc == ""
     assert parse("--required-scc", "site-restricted").required_scc == "site-restricted"
     assert parse("--required-scc=").required_scc == ""
+
+
+def test_every_pod_the_operator_makes_has_the_site_selinux_change_policy() -> None:
+    """Issue 46, 3: one seLinuxChangePolicy for the precompile, serving, canary and GC pods
+    (they share the cache claim: pods that disagree on a volume stay in ContainerCreating);
+    none set unless the site sets one; kept on a re-plan of a served spec; the flag refuses
+    what Kubernetes would."""
+    from spyre_operator.desired.deployment import build_canary_deployment
+
+    spec = SpyreModelSpec.model_validate({**GENERATE, "serving": {"canary": {"replicas": 1}}})
+
+    def policies(site: SiteDefaults) -> list[str | None]:
+        plan = plan_model("m", "ns", "uid", spec, site)
+        return [t.spec.securityContext.seLinuxChangePolicy for t in (
+            build_precompile_job(plan, [plan.owner]).spec.template,
+            build_deployment(plan, plan.key).spec.template,
+            build_canary_deployment(plan, plan.key).spec.template,
+            build_gc_job(plan, [plan.key], [plan.owner]).spec.template)]  # fmt: skip
+
+    assert policies(SiteDefaults()) == [None] * 4
+    assert policies(SiteDefaults(selinux_change_policy="MountOption")) == ["MountOption"] * 4
+    assert SiteDefaults(selinux_change_policy="Recursive").for_served_spec(
+    ).selinux_change_policy == "Recursive"
+
+    def parse(*args: str) -> SiteDefaults:
+        return site_defaults(build_parser().parse_args(["run", "-A", *args]), lambda: True)  # type: ignore[no-any-return]
+
+    assert parse().selinux_change_policy == ""
+    assert parse("--selinux-change-policy", "Recursive").selinux_change_policy == "Recursive"
+    with pytest.raises(SystemExit):
+        parse("--selinux-change-policy", "recursive")

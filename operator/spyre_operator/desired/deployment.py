@@ -251,7 +251,9 @@ def build_deployment(
             template=PodTemplateSpec(
                 metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
                 spec=PodSpec(
-                    securityContext=pod_security_context(plan.site.platform_assigns_user),
+                    securityContext=pod_security_context(
+                        plan.site.platform_assigns_user, plan.site.selinux_change_policy
+                    ),
                     terminationGracePeriodSeconds=plan.termination_grace_seconds,
                     containers=[container],
                     volumes=vols,

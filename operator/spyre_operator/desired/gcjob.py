@@ -147,7 +147,9 @@ def build_gc_job(
                 ),
                 spec=PodSpec(
                     restartPolicy="Never",
-                    securityContext=pod_security_context(plan.site.platform_assigns_user),
+                    securityContext=pod_security_context(
+                        plan.site.platform_assigns_user, plan.site.selinux_change_policy
+                    ),
                     containers=[container],
                     volumes=[
                         Volume(

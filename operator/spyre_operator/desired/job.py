@@ -111,7 +111,9 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
         metadata=ObjectMeta(labels=labels, annotations=pod_annotations),
         spec=PodSpec(
             restartPolicy="Never",
-            securityContext=pod_security_context(plan.site.platform_assigns_user),
+            securityContext=pod_security_context(
+                plan.site.platform_assigns_user, plan.site.selinux_change_policy
+            ),
             containers=[container],
             volumes=vols,
             enableServiceLinks=False,

@@ -62,7 +62,13 @@ def pinned_scc(site: SiteDefaults, annotations: Mapping[str, str] | None) -> dic
     return out
 
 
-def pod_security_context(platform_assigns_user: bool) -> PodSecurityContext:
+#: seLinuxChangePolicy values (Kubernetes 1.32+; "" sets none).
+SELINUX_CHANGE_POLICIES = ("", "MountOption", "Recursive")
+
+
+def pod_security_context(
+    platform_assigns_user: bool, selinux_change_policy: str = ""
+) -> PodSecurityContext:
     """Passes PodSecurity `restricted` and OpenShift's `restricted-v2` SCC.
 
     Where the platform assigns the user (``platform_assigns_user``: OpenShift gives each
@@ -70,6 +76,11 @@ def pod_security_context(platform_assigns_user: bool) -> PodSecurityContext:
     or fsGroup is set: the pod runs as the assigned uid in group 0 with the assigned fsGroup,
     and the images keep what they write group-writable. Elsewhere the engine's uid is pinned
     and fsGroup makes the cache claim writable.
+
+    ``selinux_change_policy`` (the site's, one for every pod: pods sharing the cache claim must
+    agree, or some stay in ContainerCreating): "MountOption" mounts an eligible volume with the
+    pod's label instead of relabelling every file of a cache of tens of GB at each start;
+    "Recursive" relabels (the runtime's walk); "" leaves the field to the cluster's default.
     """
     uid = None if platform_assigns_user else ENGINE_UID
     return PodSecurityContext(
@@ -79,6 +90,7 @@ def pod_security_context(platform_assigns_user: bool) -> PodSecurityContext:
         fsGroup=uid,
         # A cache of tens of GB would otherwise be re-chowned at every pod start.
         fsGroupChangePolicy="OnRootMismatch",
+        seLinuxChangePolicy=selinux_change_policy or None,
         seccompProfile=SeccompProfile(type="RuntimeDefault"),
     )
 

@@ -63,6 +63,11 @@ class SiteDefaults:
     #: The SCC every pod the operator makes pins (the pod annotation
     #: ``openshift.io/required-scc``; ``--required-scc``); "" pins none.
     required_scc: str = ""
+    #: How the pods' SELinux label reaches their volumes (``seLinuxChangePolicy`` of every pod
+    #: the operator makes, ``--selinux-change-policy``): "MountOption" (a mount option, no
+    #: walk of the cache), "Recursive" (the runtime relabels every file), "" sets none (the
+    #: cluster's default). One value for all pods: pods sharing a volume must agree.
+    selinux_change_policy: str = ""
 
     def for_served_spec(self) -> SiteDefaults:
         """The defaults to re-plan a spec a Deployment was built from (its served-spec
@@ -76,6 +81,7 @@ class SiteDefaults:
             # Not a default of a spec field but how every pod must look to be admitted here.
             platform_assigns_user=self.platform_assigns_user,
             required_scc=self.required_scc,
+            selinux_change_policy=self.selinux_change_policy,
         )
 
     def allows(self, image: str) -> bool:
