@@ -233,6 +233,7 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
     """Cluster-wide defaults of the per-site SpyreModel fields (a model that leaves one unset
     follows it at every reconcile) and the engine-image allow-list."""
     from .desired.pod import SELINUX_CHANGE_POLICIES
+    from .desired.site import BUILTIN_ENGINE_IMAGE
     from .podsecurity import POD_USER_CHOICES
 
     g = run.add_argument_group(
@@ -244,7 +245,7 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
         "--default-engine-image",
         default=None,
         metavar="IMAGE",
-        help="engine.image (built in: ghcr.io/spyre-model-operator/spyre-engine:0.1.0); "
+        help=f"engine.image (built in: {BUILTIN_ENGINE_IMAGE}); "
         "part of the artifact key: a new default compiles every following model anew",
     )
     g.add_argument(

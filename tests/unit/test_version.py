@@ -35,3 +35,17 @@ def test_the_changelog_has_the_version() -> None:
     headings = re.findall(r"^## \[([^\]]+)\]", text, flags=re.M)
     assert headings[0] == "Unreleased", headings
     assert _version() in headings, f"CHANGELOG.md has no '## [{_version()}]' heading"
+
+
+def test_no_template_or_flag_spells_the_version() -> None:
+    """Issue 47, 6: what a user reads about the built-in engine image follows the version (a
+    bump must not leave a stale one behind): the chart's NOTES take the chart's appVersion and
+    the operator's --help the package's."""
+    from spyre_operator.cli import build_parser
+
+    literal = re.compile(rf"spyre-engine:{re.escape(_version())}\b")
+    for rel in ("charts/spyre-model-operator/templates/NOTES.txt",
+                "operator/spyre_operator/cli.py"):  # fmt: skip
+        assert not literal.search((ROOT / rel).read_text()), f"{rel} spells the version"
+    run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    assert site.BUILTIN_ENGINE_IMAGE in "".join(run.format_help().split())  # unwrapped
