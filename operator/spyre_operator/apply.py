@@ -291,6 +291,17 @@ class Applier:
                 return True
         return False
 
+    async def named(self, resource: type, name: str, namespace: str) -> dict[str, Any] | None:
+        """The object ``name`` of ``resource`` in ``namespace`` as the API server has it, or
+        None: for a kind the operator watches only with its own labels (ConfigMaps), a
+        same-named object of someone else's is found here before the first write, never
+        taken over. A list by name: the verbs the operator already has (its watches)."""
+        found: Any
+        async for found in self.client.list(resource, namespace=namespace,
+                                            fields={"metadata.name": name}):
+            return found.to_dict()  # type: ignore[no-any-return]
+        return None
+
     async def delete(self, resource: type, name: str, namespace: str) -> bool:
         """Delete a child (dependents are garbage-collected in the background)."""
         try:

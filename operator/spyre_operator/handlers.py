@@ -223,6 +223,25 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 
+#: The initial list of each watched resource comes in pages of this many objects (kopf's
+#: chunk_size; the whole list at once by default): what the operator holds while it lists is
+#: one page, not every ConfigMap or Pod of the cluster at once.
+WATCH_PAGE_SIZE = 100
+
+
+def watch_selectors(settings: kopf.OperatorSettings) -> None:
+    """What the API server sends the operator's watches (server-side, before any byte
+    reaches it): ConfigMaps only with the operator's label (it writes one kind, a model's
+    ``<model>-output-check``; a same-named one of someone else's is looked up by name before
+    the first write, control/execute.py), and every initial list in pages. Without them
+    every ConfigMap in the cluster, a tenant's megabyte ones included, was sent and parsed,
+    and the initial list was held whole (issue 45, 2)."""
+    settings.watching.chunk_size = WATCH_PAGE_SIZE
+    settings.watching.label_selectors["", "v1", "configmaps"] = (
+        f"{names.MANAGED_BY}={names.MANAGED_BY_VALUE}"
+    )
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """Configure kopf, create the API client and start the reconcile workers."""
@@ -240,6 +259,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
     settings.watching.reconnect_backoff = 1.0
+    watch_selectors(settings)
     settings.networking.request_timeout = 30
     settings.batching.worker_limit = 1000
     # kopf waits this long after an event for more events on the same object; the handlers
@@ -465,6 +485,9 @@ def index_named_children(
     A same-named object that is not the operator's must be seen before the first write, so it
     is reported and never taken over. Indexing all of them (kopf receives their events anyway:
     it filters labels on its side) costs memory for stubs instead of a GET per child and model.
+    ConfigMaps are the exception: the API server sends only the operator-labelled ones
+    (watch_selectors), and a same-named one of someone else's is looked up by name before the
+    first write (control/execute.py).
     """
     labels = (body.get("metadata") or {}).get("labels") or {}
     if labels.get(names.MANAGED_BY) == names.MANAGED_BY_VALUE and (
@@ -477,9 +500,9 @@ def index_named_children(
 
 def _own_configmap(body: Any) -> bool:
     """A model's ``<model>-output-check``, owned by that model: the only ConfigMap the
-    operator writes. Any other, labelled or not, is kept as a stub: every ConfigMap of the
-    watched namespaces reaches the index, and a tenant's megabyte ConfigMaps with the
-    operator's labels were kept whole (issue 45, 2)."""
+    operator writes. Any other that carries the operator's label (the only ones the API
+    server sends it) is kept as a stub: a tenant's megabyte ConfigMaps with the operator's
+    labels were kept whole (issue 45, 2)."""
     meta = body.get("metadata") or {}
     return any(
         r.get("kind") == KIND and meta.get("name") == names.verified_name(str(r.get("name")))
@@ -552,7 +575,6 @@ def register_mirror_slice_handlers() -> None:
     "autoscaling", "v2", "horizontalpodautoscalers", labels={names.MANAGED_BY: kopf.ABSENT}
 )
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={names.MANAGED_BY: kopf.ABSENT})
-@kopf.on.event("", "v1", "configmaps", labels={names.MANAGED_BY: kopf.ABSENT})
 async def on_foreign_child(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A same-named object that is not ours appeared, changed or went: re-check the model."""
     c = _controller(memo)

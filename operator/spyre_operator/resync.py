@@ -65,8 +65,12 @@ SOURCES: tuple[Source, ...] = (
     Source(PodDisruptionBudget, ("pdbs",)),
     Source(HorizontalPodAutoscaler, ("hpas",)),
     Source(NetworkPolicy, ("networkpolicies",)),
-    Source(ConfigMap, ("configmaps",)),
+    # the watch's own scope (handlers.watch_selectors): every ConfigMap of the cluster, a
+    # tenant's megabyte ones included, was listed whole every period (issue 45, 2)
+    Source(ConfigMap, ("configmaps",), MANAGED),
 )
+#: Each re-list comes in pages of this many objects: what one round holds at a time.
+PAGE_SIZE = 100
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class Resync:
         out: set[str] = set()
         for ns in self.namespaces or ["*"]:
             async for obj in self.client.list(source.resource, namespace=ns,
+                                              chunk_size=PAGE_SIZE,
                                               labels=dict(source.labels or {}) or None):
                 uid = getattr(obj.metadata, "uid", None) if obj.metadata else None
                 if uid:

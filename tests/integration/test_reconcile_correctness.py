@@ -184,6 +184,33 @@ def test_same_named_service_that_is_not_ours_is_not_taken_over(
     kube.wait_condition("taken", "Ready", timeout=90)
 
 
+def test_a_same_named_configmap_that_is_not_ours_is_not_taken_over(
+    kube: Kube, operator: OperatorProcess
+) -> None:
+    """Issue 45, 2: the operator is sent only the ConfigMaps with its label, so a model's
+    ``<model>-output-check`` that someone else made (unlabelled) is looked up by name before
+    the first write: reported (NameConflict), never written over; once it is gone (no event
+    reaches the operator: it looks again every minute meanwhile; here a reconcile is forced),
+    the operator writes its own."""
+    taken = "cmx-output-check"
+    kube.kubectl("create", "configmap", taken, "--from-literal=mine=yes")
+    before = kube.get("configmap", taken)
+    kube.apply_model("cmx", spec())
+    c = kube.wait_condition("cmx", "Degraded", "True", reason="NameConflict", timeout=90)
+    assert f"ConfigMap {taken}" in c["message"], c
+    reconcile_now(kube, operator, "cmx")  # a wrong implementation would take it over here
+    after = kube.get("configmap", taken)
+    assert after["data"] == {"mine": "yes"}, after
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert kube.condition("cmx", "Ready")["status"] == "True"  # it serves meanwhile
+    kube.kubectl("delete", "configmap", taken)
+    reconcile_now(kube, operator, "cmx")
+    kube.wait(lambda: ((kube.get("configmap", taken) or {}).get("metadata", {}).get("labels")
+                       or {}).get("app.kubernetes.io/managed-by") == "spyre-model-operator",
+              90, "the operator's ConfigMap written")  # fmt: skip
+    kube.wait_condition("cmx", "Degraded", "False", timeout=90)
+
+
 def test_model_claim_appearing_later_is_noticed(kube: Kube, operator: OperatorProcess) -> None:
     """pvc:// claims were not watched: ClaimNotFound stayed until an unrelated event."""
     kube.apply_model("w", spec(model={"uri": "pvc://weights/granite"}))

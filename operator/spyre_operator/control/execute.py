@@ -10,6 +10,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from lightkube import ApiError
+from lightkube.resources.core_v1 import ConfigMap
 
 from .. import peers
 from ..apply import STATUS_FIELDS_KEY, comparable_status
@@ -23,10 +24,14 @@ from .common import (
     RejectedWrites,
     _rejected,
     _terminating,
+    foreign_owner,
 )
 
 #: A Job this writer deleted is remembered this long (the watch catches up well before).
 DELETED_JOB_MEMORY_SECONDS = 600.0
+#: A same-named object of a kind watched with the operator's label only (ConfigMaps) sends no
+#: event when it goes: the model is looked at again this often while one is in the way.
+UNWATCHED_RECHECK_SECONDS = 60.0
 
 
 class Writer:
@@ -103,6 +108,7 @@ class Writer:
                 return other_services[obj.metadata.name]
             return live_by_kind.get(obj.kind)
 
+        await self._find_unwatched_foreign(ns, name, obs, d)
         creates = (d.job is not None and obs.job is None) or any(
             live_of(obj) is None for obj in d.apply
         )
@@ -166,6 +172,32 @@ class Writer:
         self._expire_deleted_jobs()
         if obs.write_errors:
             raise RejectedWrites(write_error_message(obs.write_errors) or "")
+
+    async def _find_unwatched_foreign(
+        self, ns: str, name: str, obs: Observed, d: Decision
+    ) -> None:
+        """ConfigMaps are watched with the operator's labels only (a server-side selector:
+        every other ConfigMap of the cluster, however large, never reaches the operator, issue
+        45, 2), so the model's ``<model>-output-check`` is looked up by name before it is
+        first written: a same-named ConfigMap of someone else's is reported (NameConflict) and
+        left alone, as a watched kind's is; its deletion sends no event, so the model is looked
+        at again every UNWATCHED_RECHECK_SECONDS meanwhile."""
+        if obs.verified_configmap is not None or "ConfigMap" in obs.foreign:
+            return
+        wanted = [o for o in d.apply if o.kind == "ConfigMap"]
+        if not wanted:
+            return
+        cm = wanted[0].metadata.name
+        live = await self.c.applier.named(ConfigMap, cm, ns)
+        if live is None:
+            return
+        why = foreign_owner("ConfigMap", live, name)
+        if why:
+            obs.foreign["ConfigMap"] = why
+            d.apply = [o for o in d.apply if o.kind != "ConfigMap"]
+            self.c.queue.add_after((ns, name), UNWATCHED_RECHECK_SECONDS)
+        else:  # ours, not in the cache yet (just written): an update, not a create
+            obs.verified_configmap = live
 
     async def _ensure_job(
         self, ns: str, name: str, job: Any | None, live: dict[str, Any] | None
