@@ -31,6 +31,11 @@ compressed layers as they are), and re-publishes the chart with the mirror's rep
 The version lives in one place, pyproject.toml; ``--version`` defaults to it and must equal it
 (the chart and both packages read it from there: tests/unit/test_version.py).
 
+``release`` refuses, before building anything, a version without its ``## [<version>]``
+section in CHANGELOG.md, and a working tree with changes or untracked files (what was released
+would not be the commit its images name); ``--allow-dirty`` (the tests' releases) releases it
+anyway, and the images' revision label then says ``<commit>-dirty``.
+
 ``--plain-http`` talks HTTP to the registry (a loopback registry, as in the tests); otherwise
 HTTPS with the system's trust store. Log in beforehand when the registry needs it
 (``buildah login`` or ``skopeo login``, and ``helm registry login``). Only the standard
@@ -134,14 +139,35 @@ def _digest_of_push(args: Sequence[str]) -> str:
 # --- images --------------------------------------------------------------------------------
 
 
-def source_revision() -> tuple[str, int]:
-    """(commit, commit time) of the repository's HEAD, or ("unknown", 0) outside git."""
-    r = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%H %ct"],
+def tree_changes(root: Path = ROOT) -> list[str] | None:
+    """The paths git reports changed, staged or untracked (not ignored) in ``root``'s working
+    tree ([]: clean), or None outside a git checkout."""
+    r = subprocess.run(["git", "-C", str(root), "status", "--porcelain=v1", "-z",
+                        "--untracked-files=normal"], capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0:
+        return None
+    # -z: "XY path\0", a rename's source as one more NUL-terminated field
+    entries = r.stdout.split("\0")
+    out, skip = [], False
+    for entry in entries:
+        if skip or not entry:
+            skip = False
+            continue
+        status, path = entry[:2], entry[3:]
+        out.append(path)
+        skip = "R" in status or "C" in status
+    return out
+
+
+def source_revision(root: Path = ROOT) -> tuple[str, int]:
+    """(commit, commit time) of ``root``'s HEAD, the commit with ``-dirty`` when the working
+    tree differs from it; ("unknown", 0) outside git."""
+    r = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%H %ct"],
                        capture_output=True, text=True)  # fmt: skip
     if r.returncode != 0 or not r.stdout.strip():
         return "unknown", 0
     commit, when = r.stdout.split()
-    return commit, int(when)
+    return commit + ("-dirty" if tree_changes(root) else ""), int(when)
 
 
 def labelled(local: str, name: str, version: str) -> str:
@@ -283,10 +309,38 @@ def check_version(version: str | None) -> str:
     return have
 
 
+def changelog_versions(text: str) -> list[str]:
+    """The versions CHANGELOG.md has a section for (``## [x.y.z]`` headings, in order)."""
+    return re.findall(r"^## \[([^\]\s]+)\]", text, flags=re.M)
+
+
+def check_release_inputs(version: str, allow_dirty: bool, root: Path = ROOT) -> None:
+    """What a release must have before anything is built: its CHANGELOG.md section, and (unless
+    ``allow_dirty``) a working tree that is its commit. SystemExit with what to do."""
+    changelog = root / "CHANGELOG.md"
+    text = changelog.read_text() if changelog.is_file() else ""
+    if version not in changelog_versions(text):
+        raise SystemExit(f"CHANGELOG.md has no '## [{version}]' section: move the Unreleased "
+                         "entries under it before releasing")
+    if allow_dirty:
+        return
+    changes = tree_changes(root)
+    if changes is None:
+        raise SystemExit(f"{root} is not a git checkout: a release names the commit it was "
+                         "built from (--allow-dirty releases it anyway)")
+    if changes:
+        listed = ", ".join(changes[:10]) + (f" and {len(changes) - 10} more"
+                                            if len(changes) > 10 else "")  # fmt: skip
+        raise SystemExit(f"the working tree has changes or untracked files ({listed}): commit "
+                         "or remove them, so that the images are the commit they name "
+                         "(--allow-dirty releases it anyway, labelled <commit>-dirty)")
+
+
 def release(registry: str, version: str | None, engine_base: str | None, plain_http: bool,
             out: Path, engine_image: str | None = None,
-            archs: Sequence[str] = build.OPERATOR_PLATFORMS) -> Release:
+            archs: Sequence[str] = build.OPERATOR_PLATFORMS, allow_dirty: bool = False) -> Release:
     version = check_version(version)
+    check_release_inputs(version, allow_dirty)
     registry = registry.rstrip("/")
     out.mkdir(parents=True, exist_ok=True)
     build.require_tools()
@@ -352,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     eng.add_argument("--cpu-engine", action="store_true",
                      help="release the CPU engine image of tests/images (no cards: tests, demo)")
 
+    r.add_argument("--allow-dirty", action="store_true",
+                   help="release a working tree with changes or untracked files (tests); "
+                        "the images' revision label says <commit>-dirty")
     r.add_argument("--platforms", default=",".join(build.OPERATOR_PLATFORMS),
                    help="the operator image's architectures (default: %(default)s)")
     eng.add_argument("--engine-image", default=None,
@@ -370,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         archs = [a.strip().removeprefix("linux/") for a in args.platforms.split(",") if a.strip()]
         base = None if args.cpu_engine else args.engine_base
         rel = release(args.registry, args.version, base, args.plain_http, args.out,
-                      args.engine_image, archs)
+                      args.engine_image, archs, args.allow_dirty)
     else:
         rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
     print(json.dumps(asdict(rel), indent=2))

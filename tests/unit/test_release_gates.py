@@ -1,0 +1,99 @@
+"""What ``make release`` refuses before it builds anything (issues 47, 6 and 48): a version
+without its CHANGELOG.md section, and a working tree that is not its commit (changes, staged or
+not, or untracked files); ``--allow-dirty`` releases it anyway and the images' revision label
+then says ``<commit>-dirty``. Run on a throwaway git repository, with git itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _release_script() -> ModuleType:
+    # operator/ is no package (it would shadow the stdlib's operator): loaded by path
+    spec = importlib.util.spec_from_file_location(
+        "release_gates_script", ROOT / "operator" / "scripts" / "release.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+R = _release_script()
+CHANGELOG = "# Changelog\n\n## [Unreleased]\n\n## [1.2.0]\n\n- first\n"
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t",
+                    *args], check=True, capture_output=True)  # fmt: skip
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "CHANGELOG.md").write_text(CHANGELOG)
+    (tmp_path / ".gitignore").write_text("dist/\n")
+    (tmp_path / "a.txt").write_text("a\n")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    return tmp_path
+
+
+def test_a_clean_checkout_with_the_versions_section_is_released(repo: Path) -> None:
+    (repo / "dist").mkdir()
+    (repo / "dist" / "chart.tgz").write_text("ignored output")
+    R.check_release_inputs("1.2.0", allow_dirty=False, root=repo)
+    commit, when = R.source_revision(repo)
+    assert len(commit) == 40 and when > 0
+
+
+def test_a_version_without_its_changelog_section_is_refused(repo: Path) -> None:
+    with pytest.raises(SystemExit, match=r"no '## \[1\.3\.0\]' section"):
+        R.check_release_inputs("1.3.0", allow_dirty=True, root=repo)
+    assert R.changelog_versions(CHANGELOG) == ["Unreleased", "1.2.0"]
+
+
+@pytest.mark.parametrize("change", ["edited", "staged", "untracked", "deleted", "renamed"])
+def test_a_tree_that_is_not_its_commit_is_refused_unless_allowed(repo: Path,
+                                                                 change: str) -> None:
+    if change == "edited":
+        (repo / "a.txt").write_text("b\n")
+    elif change == "staged":
+        (repo / "a.txt").write_text("b\n")
+        _git(repo, "add", "a.txt")
+    elif change == "untracked":
+        (repo / "new file.txt").write_text("x")
+    elif change == "deleted":
+        (repo / "a.txt").unlink()
+    else:
+        _git(repo, "mv", "a.txt", "b.txt")
+    with pytest.raises(SystemExit, match="changes or untracked files"):
+        R.check_release_inputs("1.2.0", allow_dirty=False, root=repo)
+    R.check_release_inputs("1.2.0", allow_dirty=True, root=repo)
+    assert R.source_revision(repo)[0].endswith("-dirty")
+    # each change once, by its path (a rename by its new one: its source is no entry)
+    assert R.tree_changes(repo) == [{"edited": "a.txt", "staged": "a.txt",
+                                     "untracked": "new file.txt", "deleted": "a.txt",
+                                     "renamed": "b.txt"}[change]]  # fmt: skip
+
+
+def test_outside_git_it_cannot_tell_the_commit(tmp_path: Path) -> None:
+    (tmp_path / "CHANGELOG.md").write_text(CHANGELOG)
+    with pytest.raises(SystemExit, match="not a git checkout"):
+        R.check_release_inputs("1.2.0", allow_dirty=False, root=tmp_path)
+    assert R.source_revision(tmp_path) == ("unknown", 0)
+
+
+def test_this_checkouts_version_has_its_section() -> None:
+    """The version make release would publish now has a CHANGELOG section (a bump without one
+    fails here, before anyone runs the release)."""
+    version = R.project_version()
+    assert version in R.changelog_versions((ROOT / "CHANGELOG.md").read_text()), version
