@@ -38,6 +38,10 @@ class RecordingApplier:
     async def owner_exists(self, model: dict[str, Any]) -> bool:
         return model["metadata"].get("uid") not in self.gone
 
+    async def named(self, resource: type, name: str, namespace: str) -> dict[str, Any] | None:
+        """A lookup by name of a kind the watches filter (ConfigMaps): none of someone else's."""
+        return None
+
     async def delete(self, resource: type, name: str, namespace: str) -> bool:
         self.writes.append(("delete", resource.__name__))
         return True
