@@ -235,7 +235,13 @@ def watch_selectors(settings: kopf.OperatorSettings) -> None:
     ``<model>-output-check``; a same-named one of someone else's is looked up by name before
     the first write, control/execute.py), and every initial list in pages. Without them
     every ConfigMap in the cluster, a tenant's megabyte ones included, was sent and parsed,
-    and the initial list was held whole (issue 45, 2)."""
+    and the initial list was held whole (issue 45, 2). kopf 1.45 brought both settings
+    (requirements.lock pins it): an older kopf stops the operator here, saying so."""
+    if not all(hasattr(settings.watching, a) for a in ("label_selectors", "chunk_size")):
+        raise RuntimeError(
+            "this kopf has no server-side watch selectors (settings.watching.label_selectors, "
+            "chunk_size): install kopf 1.45 or later, the version requirements.lock pins"
+        )
     settings.watching.chunk_size = WATCH_PAGE_SIZE
     settings.watching.label_selectors["", "v1", "configmaps"] = (
         f"{names.MANAGED_BY}={names.MANAGED_BY_VALUE}"

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import kopf
+import pytest
 from kopf._cogs.structs.references import Resource
 from spyre_operator import handlers
 from spyre_operator.control.execute import UNWATCHED_RECHECK_SECONDS, Writer
@@ -43,6 +44,13 @@ def test_the_watches_ask_for_labelled_configmaps_only_and_list_in_pages() -> Non
                                 ("", "services", "Service"), ("", "pods", "Pod")):  # fmt: skip
         assert selectors.collect(_resource(group, plural, kind)) == [], kind
     assert settings.watching.chunk_size == handlers.WATCH_PAGE_SIZE > 0
+
+
+def test_a_kopf_without_the_selectors_stops_the_operator_saying_so() -> None:
+    """An older kopf would watch every ConfigMap again, silently: it is refused at startup."""
+    old = SimpleNamespace(watching=SimpleNamespace(server_timeout=None))
+    with pytest.raises(RuntimeError, match="kopf 1.45 or later"):
+        handlers.watch_selectors(old)  # type: ignore[arg-type]
 
 
 def test_the_relist_asks_for_what_the_watch_asks_for() -> None:

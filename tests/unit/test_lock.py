@@ -141,7 +141,7 @@ def test_checks_catch_a_stale_lock() -> None:
     the pin of a dropped one."""
     pins, via = parse_lock(LOCK.read_text())
     reqs = declared()
-    assert unsatisfied({**pins, "kopf": "1.36.0"}, reqs) == ["kopf>=1.45: the lock pins 1.36.0"]
+    assert unsatisfied({**pins, "kopf": "1.36.0"}, reqs) == ["kopf>=1.37: the lock pins 1.36.0"]
     assert unsatisfied(pins, [*reqs, Requirement("left-pad>=1")]) == [
         "left-pad>=1: not in the lock"]  # fmt: skip
     without_lupa = [r for r in reqs if r.name != "lupa"]
