@@ -236,12 +236,15 @@ def watch_selectors(settings: kopf.OperatorSettings) -> None:
     the first write, control/execute.py), and every initial list in pages. Without them
     every ConfigMap in the cluster, a tenant's megabyte ones included, was sent and parsed,
     and the initial list was held whole (issue 45, 2). kopf 1.45 brought both settings
-    (requirements.lock pins it): an older kopf stops the operator here, saying so."""
+    (requirements.lock pins it); an older kopf is sent every ConfigMap again, said in a
+    warning (the index keeps only labelled ones either way: index_named_children)."""
     if not all(hasattr(settings.watching, a) for a in ("label_selectors", "chunk_size")):
-        raise RuntimeError(
+        log.warning(
             "this kopf has no server-side watch selectors (settings.watching.label_selectors, "
-            "chunk_size): install kopf 1.45 or later, the version requirements.lock pins"
+            "chunk_size): every ConfigMap of the watched namespaces reaches the operator; "
+            "install kopf 1.45 or later, the version requirements.lock pins"
         )
+        return
     settings.watching.chunk_size = WATCH_PAGE_SIZE
     settings.watching.label_selectors["", "v1", "configmaps"] = (
         f"{names.MANAGED_BY}={names.MANAGED_BY_VALUE}"
@@ -496,6 +499,8 @@ def index_named_children(
     first write (control/execute.py).
     """
     labels = (body.get("metadata") or {}).get("labels") or {}
+    if body.get("kind") == "ConfigMap" and labels.get(names.MANAGED_BY) != names.MANAGED_BY_VALUE:
+        return {}  # what the re-list asks for too (an older kopf still sends them)
     if labels.get(names.MANAGED_BY) == names.MANAGED_BY_VALUE and (
             body.get("kind") != "ConfigMap" or _own_configmap(body)):
         return {(namespace, name): slim(body)}
