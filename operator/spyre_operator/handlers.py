@@ -40,7 +40,7 @@ from .desired.site import SiteDefaults
 from .metrics import counting_client, start_metrics_server
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
-from .resync import DEFAULT_PERIOD_SECONDS, Resync
+from .resync import DEFAULT_PERIOD_SECONDS, PAGE_SIZE, Resync
 from .rollout import deployment_rolling
 
 log = logging.getLogger(__name__)
@@ -224,9 +224,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 #: The initial list of each watched resource comes in pages of this many objects (kopf's
-#: chunk_size; the whole list at once by default): what the operator holds while it lists is
-#: one page, not every ConfigMap or Pod of the cluster at once.
-WATCH_PAGE_SIZE = 100
+#: chunk_size; the whole list at once by default), as the periodic re-list's do: what the
+#: operator holds while it lists is one page, not every ConfigMap or Pod of the cluster.
+WATCH_PAGE_SIZE = PAGE_SIZE
 
 
 def watch_selectors(settings: kopf.OperatorSettings) -> None:

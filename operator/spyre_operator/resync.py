@@ -69,7 +69,8 @@ SOURCES: tuple[Source, ...] = (
     # tenant's megabyte ones included, was listed whole every period (issue 45, 2)
     Source(ConfigMap, ("configmaps",), MANAGED),
 )
-#: Each re-list comes in pages of this many objects: what one round holds at a time.
+#: Each re-list, and each watch's initial list (handlers.watch_selectors), comes in pages of
+#: this many objects: what one round holds at a time.
 PAGE_SIZE = 100
 
 
