@@ -298,6 +298,7 @@ def test_install_serve_upgrade_uninstall(
         pool_crd.__exit__(None, None, None)
 
 
+@pytest.mark.usefixtures("crd")  # can-i answers "no" on a resource the server does not have
 def test_cluster_scope_rbac(control_plane: ControlPlane, helm: Helm, namespace: str) -> None:
     """The ClusterRole grants the same rights in any namespace, and nothing on Secrets."""
     cp = control_plane
@@ -326,6 +327,121 @@ def test_cluster_scope_rbac(control_plane: ControlPlane, helm: Helm, namespace: 
         helm("uninstall", name, "--namespace", namespace, check=False)
     wait_until(lambda: cp.kubectl("get", "clusterrole", f"{namespace}-{name}-{RELEASE}",
                                   check=False).returncode != 0, 30, "ClusterRole removed")
+
+
+def _operator_objects(namespace: str) -> dict[str, dict[str, Any]]:
+    """What the operator's builders write that RBAC alone cannot confine: a serving and a
+    canary Deployment, a precompile and a GC Job, the GC pod's ServiceAccount, Role and
+    RoleBinding (of the "generate" sample, with the settings a site sets most)."""
+    from spyre_operator.api import SpyreModelSpec
+    from spyre_operator.desired.deployment import build_canary_deployment, build_deployment
+    from spyre_operator.desired.gcjob import build_gc_access, build_gc_job
+    from spyre_operator.desired.job import build_precompile_job
+    from spyre_operator.desired.plan import plan_model
+
+    from tests.golden.test_builders import CANARY
+    from tests.unit.samples import ALL
+
+    doc = {**ALL["generate"], "serving": {**(ALL["generate"].get("serving") or {}),
+                                          "canary": CANARY}}  # fmt: skip
+    plan = plan_model("confined", namespace, "uid-confined", SpyreModelSpec.model_validate(doc))
+    account, role, binding = build_gc_access(namespace, [plan.owner])
+    objs = {"deployment": build_deployment(plan, plan.key),
+            "canary": build_canary_deployment(plan, plan.key),
+            "job": build_precompile_job(plan, [plan.owner]),
+            "gc-job": build_gc_job(plan, [plan.key], [plan.owner]),
+            "serviceaccount": account, "role": role, "rolebinding": binding}  # fmt: skip
+    out = {k: v.to_dict() for k, v in objs.items()}
+    for d in out.values():  # no SpyreModel of that uid: nothing for the garbage collector
+        d["metadata"].pop("ownerReferences", None)
+    return out
+
+
+def _refused_variants(objs: dict[str, dict[str, Any]], clusterrole: str
+                      ) -> dict[str, dict[str, Any]]:
+    """Each of the operator's objects bent once into what a leaked token would write."""
+    import copy
+
+    def bent(kind: str, change: Any) -> dict[str, Any]:
+        d = copy.deepcopy(objs[kind])
+        change(d)
+        return d
+
+    def pod(d: dict[str, Any]) -> dict[str, Any]:
+        return d["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+    def container(d: dict[str, Any]) -> dict[str, Any]:
+        return pod(d)["containers"][0]  # type: ignore[no-any-return]
+
+    return {
+        "a token in a serving pod": bent("deployment", lambda d: pod(d).update(
+            automountServiceAccountToken=True, serviceAccountName="builder")),
+        "a token in a precompile pod": bent("job", lambda d: pod(d).pop(
+            "automountServiceAccountToken")),
+        "the GC account on another Job": bent("job", lambda d: pod(d).update(
+            serviceAccountName="spyre-gc", automountServiceAccountToken=True)),
+        "a projected token": bent("canary", lambda d: pod(d).setdefault("volumes", []).append(
+            {"name": "t", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token"}}]}})),
+        "a hostPath": bent("deployment", lambda d: pod(d).setdefault("volumes", []).append(
+            {"name": "root", "hostPath": {"path": "/"}})),
+        "the host's network": bent("gc-job", lambda d: pod(d).update(hostNetwork=True)),
+        "a privileged container": bent("deployment", lambda d: container(d)[
+            "securityContext"].update(privileged=True, allowPrivilegeEscalation=True)),
+        "an added capability": bent("job", lambda d: container(d)["securityContext"][
+            "capabilities"].update(add=["SYS_ADMIN"])),
+        "another ServiceAccount": bent("serviceaccount", lambda d: d["metadata"].update(
+            name="builder")),
+        "a Role that creates Deployments": bent("role", lambda d: d["rules"].append(
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]})),
+        "a binding of the operator's own rights": bent("rolebinding", lambda d: d.update(
+            roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": clusterrole})),
+        "a binding to another subject": bent("rolebinding", lambda d: d["subjects"].append(
+            {"kind": "ServiceAccount", "name": "default", "namespace": d["metadata"][
+                "namespace"]})),
+    }
+
+
+def test_a_leaked_operator_token_writes_only_what_the_operator_makes(
+    control_plane: ControlPlane, helm: Helm, namespace: str
+) -> None:
+    """Issue 45, 3: RBAC lets the operator create Deployments, Jobs, ServiceAccounts, Roles and
+    RoleBindings; rbac.confineWrites' admission policies hold its ServiceAccount to what its
+    builders make. Each builder's object passes as that account (a server-side dry run, so
+    the policies and the chart's RBAC both decide); each bent variant is refused, naming the
+    rule, and the same variant from another user (the admin) is not the policies' business."""
+    cp = control_plane
+    name = f"confine-{uuid.uuid4().hex[:6]}"
+    helm("install", name, str(CHART), "--namespace", namespace, "--set", "crds.install=false")
+    sa = f"system:serviceaccount:{namespace}:{name}-{RELEASE}"
+    clusterrole = f"{namespace}-{name}-{RELEASE}"
+
+    def dry_run(doc: dict[str, Any], *who: str, real: bool = False
+                ) -> subprocess.CompletedProcess[str]:
+        return cp.kubectl("apply", *([] if real else ["--dry-run=server"]), "--server-side",
+                          "--field-manager=spyre-model-operator", "-f", "-", *who,
+                          input=json.dumps(doc), check=False)  # fmt: skip
+
+    try:
+        ours = _operator_objects(namespace)
+        bad = _refused_variants(ours, clusterrole)
+        # the policies take effect once the API server has loaded them
+        first = next(iter(bad.values()))
+        wait_until(lambda: dry_run(first, f"--as={sa}").returncode != 0, 60,
+                   "the chart's admission policies in effect")  # fmt: skip
+        for kind, doc in ours.items():
+            # the RoleBinding's escalation check reads its Role: that one is created (as the
+            # operator does, in this order), as is its ServiceAccount
+            res = dry_run(doc, f"--as={sa}", real=kind in ("serviceaccount", "role"))
+            assert res.returncode == 0, (kind, res.stderr)
+        for what, doc in bad.items():
+            res = dry_run(doc, f"--as={sa}")
+            assert res.returncode != 0 and "ValidatingAdmissionPolicy" in res.stderr \
+                and f"{clusterrole}-" in res.stderr, (what, res.stdout, res.stderr)
+            assert dry_run(doc).returncode == 0, (what, "refused to the admin too")
+    finally:
+        helm("uninstall", name, "--namespace", namespace, check=False)
 
 
 def test_models_pod_monitor_only_where_the_prometheus_operator_is(
