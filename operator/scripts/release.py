@@ -34,12 +34,14 @@ The version lives in one place, pyproject.toml; ``--version`` defaults to it and
 ``release`` refuses, before building anything, a version without its ``## [<version>]``
 section in CHANGELOG.md, and a working tree with changes or untracked files (what was released
 would not be the commit its images name); ``--allow-dirty`` (the tests' releases) releases it
-anyway, and the images' revision label then says ``<commit>-dirty``.
+anyway, and the images' revision label then says ``<commit>-dirty``. It refuses a version
+the registry has already (either image or the chart, asked with ``skopeo inspect``): a
+published release is never overwritten (``--replace``: the tests' own registry).
 
 ``--plain-http`` talks HTTP to the registry (a loopback registry, as in the tests); otherwise
 HTTPS with the system's trust store. Log in beforehand when the registry needs it
 (``buildah login`` or ``skopeo login``, and ``helm registry login``). Only the standard
-library, buildah, skopeo (mirror) and helm.
+library, buildah, skopeo and helm.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -336,12 +338,60 @@ def check_release_inputs(version: str, allow_dirty: bool, root: Path = ROOT) -> 
                          "(--allow-dirty releases it anyway, labelled <commit>-dirty)")
 
 
+#: skopeo's words for a tag the registry does not have (the distribution spec's
+#: MANIFEST_UNKNOWN and NAME_UNKNOWN; some registries answer a bare 404)
+_ABSENT = re.compile(r"manifest unknown|name unknown|not found|\b404\b", re.I)
+
+#: ``skopeo inspect --raw docker://<ref>``: (exit status, stderr)
+Inspect = Callable[[str], tuple[int, str]]
+
+
+def release_refs(registry: str, version: str) -> list[str]:
+    """Where a release of ``version`` lives in ``registry``: both images and the chart."""
+    return [f"{registry}/{OPERATOR_NAME}:{version}", f"{registry}/{ENGINE_NAME}:{version}",
+            f"{registry}/charts/{CHART_NAME}:{version}"]
+
+
+def _skopeo_inspect(plain_http: bool) -> Inspect:
+    skopeo = skopeo_bin()
+
+    def inspect(ref: str) -> tuple[int, str]:
+        r = subprocess.run([skopeo, "inspect", "--raw",
+                            *(["--tls-verify=false"] if plain_http else []), f"docker://{ref}"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        return r.returncode, r.stderr
+
+    return inspect
+
+
+def check_unpublished(registry: str, version: str, inspect: Inspect) -> None:
+    """A published version is never overwritten: sites pinned its digests, and a mirror of it
+    would no longer be what was verified. SystemExit naming what is there already, or why the
+    registry could not tell."""
+    found = []
+    for ref in release_refs(registry, version):
+        code, err = inspect(ref)
+        if code == 0:
+            found.append(ref)
+        elif not _ABSENT.search(err):
+            raise SystemExit(f"cannot tell whether {ref} is published already: "
+                             f"{err.strip()[-500:] or f'skopeo exited {code}'}")
+    if found:
+        raise SystemExit(f"version {version} is published already ({', '.join(found)}): a "
+                         "release is never overwritten. Bump the version in pyproject.toml and "
+                         "Chart.yaml, with its CHANGELOG.md section (--replace overwrites it: "
+                         "tests only)")
+
+
 def release(registry: str, version: str | None, engine_base: str | None, plain_http: bool,
             out: Path, engine_image: str | None = None,
-            archs: Sequence[str] = build.OPERATOR_PLATFORMS, allow_dirty: bool = False) -> Release:
+            archs: Sequence[str] = build.OPERATOR_PLATFORMS, allow_dirty: bool = False,
+            replace: bool = False) -> Release:
     version = check_version(version)
     check_release_inputs(version, allow_dirty)
     registry = registry.rstrip("/")
+    if not replace:
+        check_unpublished(registry, version, _skopeo_inspect(plain_http))
     out.mkdir(parents=True, exist_ok=True)
     build.require_tools()
     operator, platforms = push_operator(registry, version, plain_http, archs)
@@ -409,6 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--allow-dirty", action="store_true",
                    help="release a working tree with changes or untracked files (tests); "
                         "the images' revision label says <commit>-dirty")
+    r.add_argument("--replace", action="store_true",
+                   help="overwrite a version the registry has already (tests): a published "
+                        "release is otherwise refused before anything is built")
     r.add_argument("--platforms", default=",".join(build.OPERATOR_PLATFORMS),
                    help="the operator image's architectures (default: %(default)s)")
     eng.add_argument("--engine-image", default=None,
@@ -427,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         archs = [a.strip().removeprefix("linux/") for a in args.platforms.split(",") if a.strip()]
         base = None if args.cpu_engine else args.engine_base
         rel = release(args.registry, args.version, base, args.plain_http, args.out,
-                      args.engine_image, archs, args.allow_dirty)
+                      args.engine_image, archs, args.allow_dirty, args.replace)
     else:
         rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
     print(json.dumps(asdict(rel), indent=2))

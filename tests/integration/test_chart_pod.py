@@ -237,3 +237,21 @@ def test_chart_operator_pod_on_plain_kubernetes_pins_its_uid(
     pod_now = s.operator_pods(cp, op_ns)[0]
     assert s.pod_ready(pod_now), s.operator_diagnostics(cp, op_ns)
     assert pod_now["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+def test_a_published_version_is_not_released_again(control_plane: ControlPlane,
+                                                  released: dict[str, Any],
+                                                  tmp_path: Any) -> None:
+    """Issues 47 and 48: ``make release`` of a version the registry has already (the session's
+    release) is refused before anything is built, naming what is there; the tests' own
+    releases pass ``--replace``."""
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as refused:
+        s._release_script(control_plane, ["release", "--registry", released["registry"],
+                                          "--plain-http", "--cpu-engine", "--allow-dirty",
+                                          "--out", str(tmp_path)], timeout=300)  # fmt: skip
+    msg = str(refused.value)
+    assert f"version {released['version']} is published already" in msg, msg
+    assert f"{released['registry']}/spyre-model-operator:{released['version']}" in msg, msg
+    assert "building" not in msg and "pushing" not in msg, msg
+    print(f"refused in {time.monotonic() - t0:.1f}s")

@@ -149,9 +149,11 @@ def publish_release(cp: ControlPlane, out: Path, log: Log = _stderr,
     cold): tests/integration/test_release_platforms.py, ``make test-platforms``, not
     ``make test`` (issue 43)."""
     t0 = time.monotonic()
-    # --allow-dirty: a test's release is of the checkout as it is, not a publication
+    # --allow-dirty: a test's release is of the checkout as it is, not a publication;
+    # --replace: the registry outlives a run when the cluster does (make cluster-up)
     rel = _release_script(cp, ["release", "--registry", f"{cp.registry}/spyre",
-                               "--plain-http", "--cpu-engine", "--allow-dirty", "--out", str(out),
+                               "--plain-http", "--cpu-engine", "--allow-dirty", "--replace",
+                               "--out", str(out),
                                "--platforms", ",".join(platforms)],
                           timeout=3600)
     log(f"released {rel['version']} to {rel['registry']} in {time.monotonic() - t0:.1f}s")

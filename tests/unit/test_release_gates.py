@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,39 @@ def test_this_checkouts_version_has_its_section() -> None:
     fails here, before anyone runs the release)."""
     version = R.project_version()
     assert version in R.changelog_versions((ROOT / "CHANGELOG.md").read_text()), version
+
+
+def _registry(tags: dict[str, tuple[int, str]]) -> tuple[list[str], Any]:
+    asked: list[str] = []
+
+    def inspect(ref: str) -> tuple[int, str]:
+        asked.append(ref)
+        return tags.get(ref, (1, f"reading manifest in {ref}: manifest unknown"))
+
+    return asked, inspect
+
+
+def test_a_version_the_registry_has_is_refused_naming_what_is_there() -> None:
+    asked, inspect = _registry({"r.example/spyre/charts/spyre-model-operator:1.2.0": (0, "")})
+    with pytest.raises(SystemExit, match=r"1\.2\.0 is published already "
+                       r"\(r\.example/spyre/charts/spyre-model-operator:1\.2\.0\)"):
+        R.check_unpublished("r.example/spyre", "1.2.0", inspect)
+    assert asked == R.release_refs("r.example/spyre", "1.2.0")
+    assert [r.rsplit("/", 1)[-1] for r in asked] == [
+        "spyre-model-operator:1.2.0", "spyre-engine:1.2.0", "spyre-model-operator:1.2.0"]
+
+
+def test_a_version_the_registry_lacks_is_released() -> None:
+    # distribution answers NAME_UNKNOWN for a repository it never saw, MANIFEST_UNKNOWN for a tag
+    _, inspect = _registry({
+        "r.example/spyre/spyre-engine:1.2.0":
+            (1, "name unknown: repository name not known to registry")})
+    R.check_unpublished("r.example/spyre", "1.2.0", inspect)
+
+
+def test_a_registry_that_cannot_answer_stops_the_release() -> None:
+    _, inspect = _registry({"r.example/spyre/spyre-model-operator:1.2.0": (
+        1, "pinging container registry r.example: connection refused")})
+    with pytest.raises(SystemExit, match="cannot tell whether .* is published already: "
+                       "pinging container registry r.example: connection refused"):
+        R.check_unpublished("r.example/spyre", "1.2.0", inspect)
