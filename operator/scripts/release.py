@@ -36,7 +36,9 @@ section in CHANGELOG.md, and a working tree with changes or untracked files (wha
 would not be the commit its images name); ``--allow-dirty`` (the tests' releases) releases it
 anyway, and the images' revision label then says ``<commit>-dirty``. It refuses a version
 the registry has already (either image or the chart, asked with ``skopeo inspect``): a
-published release is never overwritten (``--replace``: the tests' own registry).
+published release is never overwritten (``--replace``: the tests' own registry). A clean
+release tags its commit ``v<version>`` (annotated, local: push it yourself) and refuses to
+start when that tag names another commit.
 
 ``--plain-http`` talks HTTP to the registry (a loopback registry, as in the tests); otherwise
 HTTPS with the system's trust store. Log in beforehand when the registry needs it
@@ -170,6 +172,46 @@ def source_revision(root: Path = ROOT) -> tuple[str, int]:
         return "unknown", 0
     commit, when = r.stdout.split()
     return commit + ("-dirty" if tree_changes(root) else ""), int(when)
+
+
+def tag_name(version: str) -> str:
+    return f"v{version}"
+
+
+def _tagged_commit(version: str, root: Path) -> str | None:
+    """The commit the release's tag names, or None when there is no such tag."""
+    r = subprocess.run(["git", "-C", str(root), "rev-parse", "-q", "--verify",
+                        f"refs/tags/{tag_name(version)}^{{commit}}"],
+                       capture_output=True, text=True)  # fmt: skip
+    return r.stdout.strip() or None if r.returncode == 0 else None
+
+
+def _head(root: Path) -> str:
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def check_tag(version: str, root: Path = ROOT) -> None:
+    """A tag ``v<version>`` on another commit means that version was made from other sources:
+    SystemExit, before anything is built."""
+    tagged = _tagged_commit(version, root)
+    if tagged is not None and tagged != _head(root):
+        raise SystemExit(f"the tag {tag_name(version)} names commit {tagged[:12]}, not HEAD "
+                         f"({_head(root)[:12]}): version {version} was made from other "
+                         "sources; bump the version")
+
+
+def tag_release(version: str, root: Path = ROOT) -> str:
+    """Tag HEAD ``v<version>`` (annotated) once its release is published; an existing tag on
+    HEAD is kept. Returns the tag's name; push it with ``git push origin <tag>``."""
+    tag = tag_name(version)
+    if _tagged_commit(version, root) is None:
+        subprocess.run(["git", "-C", str(root), "-c", "user.name=spyre release",
+                        "-c", "user.email=release@spyre-model-operator.invalid", "tag", "-a",
+                        tag, "-m", f"spyre-model-operator {version}"],
+                       check=True, capture_output=True)  # fmt: skip
+    check_tag(version, root)
+    return tag
 
 
 def labelled(local: str, name: str, version: str) -> str:
@@ -336,6 +378,7 @@ def check_release_inputs(version: str, allow_dirty: bool, root: Path = ROOT) -> 
         raise SystemExit(f"the working tree has changes or untracked files ({listed}): commit "
                          "or remove them, so that the images are the commit they name "
                          "(--allow-dirty releases it anyway, labelled <commit>-dirty)")
+    check_tag(version, root)
 
 
 #: skopeo's words for a tag the registry does not have (the distribution spec's
@@ -398,6 +441,9 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
     engine = push_engine(build_engine(engine_base, engine_image), registry, version, plain_http)
     chart, chart_digest = package_and_push_chart(version, operator, engine, registry,
                                                  plain_http, out)
+    if not allow_dirty:  # a dirty tree's release names no commit to tag
+        log(f"tagged {tag_release(version)}: push it with `git push origin "
+            f"{tag_name(version)}`")
     return Release(version, registry, operator, platforms, engine, chart,
                    chart_digest).write(out)
 

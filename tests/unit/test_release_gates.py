@@ -134,3 +134,22 @@ def test_a_registry_that_cannot_answer_stops_the_release() -> None:
     with pytest.raises(SystemExit, match="cannot tell whether .* is published already: "
                        "pinging container registry r.example: connection refused"):
         R.check_unpublished("r.example/spyre", "1.2.0", inspect)
+
+
+def test_a_clean_release_tags_its_commit_and_a_tag_elsewhere_refuses_the_version(
+    repo: Path,
+) -> None:
+    assert R.tag_release("1.2.0", repo) == "v1.2.0"
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    tagged = subprocess.run(["git", "-C", str(repo), "rev-parse", "v1.2.0^{commit}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    kind = subprocess.run(["git", "-C", str(repo), "cat-file", "-t", "v1.2.0"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert (tagged, kind) == (head, "tag")  # annotated, on HEAD
+    R.tag_release("1.2.0", repo)  # again on the same commit: kept
+    R.check_release_inputs("1.2.0", allow_dirty=False, root=repo)
+    (repo / "a.txt").write_text("later\n")
+    _git(repo, "commit", "-q", "-am", "two")
+    with pytest.raises(SystemExit, match=r"tag v1\.2\.0 names commit .* not HEAD"):
+        R.check_release_inputs("1.2.0", allow_dirty=False, root=repo)
