@@ -567,3 +567,25 @@ def test_the_selinux_change_policy_reaches_the_operator() -> None:
     res = helm("template", "x", str(CHART), "--set", "selinuxChangePolicy=mountoption",
                check=False)
     assert res.returncode != 0 and "selinuxChangePolicy" in res.stderr, res.stderr
+
+
+@needs_helm
+def test_the_admission_policies_name_the_operators_account() -> None:
+    """rbac.confineWrites (tests/integration/test_chart.py sends the builders' objects through
+    them): both policies bound with Deny, matched on this release's ServiceAccount; none when
+    turned off. (The chart needs Kubernetes 1.30, ValidatingAdmissionPolicy's v1: Chart.yaml.)"""
+    docs = render("--set", "serviceAccount.name=op-sa")
+    policies = by_kind(docs, "ValidatingAdmissionPolicy")
+    assert sorted(p["metadata"]["name"] for p in policies) == [
+        "spyre-system-spyre-spyre-model-operator-gc-access",
+        "spyre-system-spyre-spyre-model-operator-workloads"]
+    for p in policies:
+        (match,) = p["spec"]["matchConditions"]
+        assert match["expression"] == (
+            'request.userInfo.username == "system:serviceaccount:spyre-system:op-sa"'), match
+        assert p["spec"]["failurePolicy"] == "Fail"
+    bindings = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert sorted((b["spec"]["policyName"], tuple(b["spec"]["validationActions"]))
+                  for b in bindings) == sorted(
+        (p["metadata"]["name"], ("Deny",)) for p in policies)  # fmt: skip
+    assert not by_kind(render("--set", "rbac.confineWrites=false"), "ValidatingAdmissionPolicy")
