@@ -142,9 +142,10 @@ demo-kwok: install binaries ## kwok only (no images, no real pods): operator + a
 	operator/scripts/demo-kwok.sh
 
 # Parts of `make bench`: operator (vs the API server's limit, kwok nodes), scaleup (a new replica
-# vs a bare vLLM load), rollout (requests under rollouts) and wakeup (a held request at zero vs a
-# bare vLLM load, with KEDA and its HTTP add-on), the last three on the real node.
-BENCH_PARTS ?= operator,configmaps,scaleup,rollout,wakeup
+# vs a bare vLLM load), rollout (requests under rollouts), wakeup (a held request at zero vs a
+# bare vLLM load, with KEDA and its HTTP add-on) and canary (a promotion with and without
+# spec.serving.canary), the last four on the real node.
+BENCH_PARTS ?= operator,configmaps,scaleup,rollout,wakeup,canary
 
 bench: install binaries ## Benchmarks: operator vs API server, scale-up and wake-up from zero vs bare load, rollouts under traffic
 	$(CLUSTER) up

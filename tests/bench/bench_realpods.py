@@ -27,6 +27,12 @@ runs as a local process watching a fresh namespace, as in the real-pod tests
     (b) a serving pod is deleted. Requests sent, failed, p50/p99 latency before / during / after;
     failed requests with their error and what the Service's endpoints held at that moment.
 
+``canary`` (issue 44)
+    What ``spec.serving.canary`` adds to a promotion: rounds of a compile-affecting edit with
+    and without a canary (1 replica, maxSurge 1, a client at ``--rate``), ABBA; the artifact
+    Ready, the canary pod available and passed, the switch, the canary pod's seconds
+    (:func:`part_canary`).
+
 Results: printed, ``bench-results/realpods-<stamp>.json``, and with ``--markdown`` the
 sections of ``tests/bench/RESULTS.md``.
 """
@@ -674,6 +680,119 @@ def wakeup_table(res: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- main
 
 
+# --------------------------------------------------------------------------- part 5: canary
+
+
+def _canary_spec(env: RealEnv, args: argparse.Namespace, seqs: int,
+                 canary: bool) -> dict[str, Any]:
+    serving: dict[str, Any] = {"rollout": {"maxSurge": 1, "maxUnavailable": 0}}
+    if canary:
+        serving["canary"] = {"replicas": 1, "durationSeconds": args.canary_window,
+                             "minRequests": 3}
+    return model_spec(env.image, replicas=1, compile={"maxNumSeqs": seqs}, serving=serving)
+
+
+def _canary_edit(env: RealEnv, args: argparse.Namespace, seqs: int,
+                 canary: bool) -> dict[str, Any]:
+    """One compile-affecting edit under traffic; the first time (s after the edit) each step
+    was seen, polled every 0.5 s."""
+    old_key = env.kube.model(MODEL)["status"]["servingArtifactKey"]
+    url = support.service_url(env.cp, env.ns, MODEL)
+    client = PodClient(env).rate(url + "/v1/completions", args.rate)
+    seen: dict[str, float] = {}
+    t0 = time.time()
+    env.kube.apply_model(MODEL, _canary_spec(env, args, seqs, canary))
+    canary_name = names.canary_name(MODEL)
+    try:
+        while "switched" not in seen:
+            assert time.time() - t0 < 1800, f"no switch after 1800 s: {seen}"
+            now = time.time() - t0
+            st = env.kube.model(MODEL).get("status") or {}
+            art = st.get("artifact") or {}
+            if art.get("key") not in (None, old_key) and art.get("phase") == "Ready":
+                seen.setdefault("artifact", now)
+            dep = env.kube.get("deployment", canary_name)
+            if dep is not None:
+                seen.setdefault("canary created", now)
+                if (dep.get("status") or {}).get("availableReplicas"):
+                    seen.setdefault("canary available", now)
+            elif "canary created" in seen:
+                seen.setdefault("canary gone", now)
+            if (st.get("canary") or {}).get("phase") == "Passed":
+                seen.setdefault("canary passed", now)
+            if (seen.get("artifact") is not None and st.get("servingArtifactKey") == art.get("key")
+                    and rolled_out(env, 1)):  # fmt: skip
+                seen["switched"] = now
+            time.sleep(0.5)
+    finally:
+        results = client.stop()
+    out = {k: round(v, 1) for k, v in seen.items()}
+    out["requests"] = len(results)
+    out["failed"] = sum(r["status"] != 200 for r in results)
+    if canary and "canary created" in seen:
+        out["canary pod seconds"] = round(seen.get("canary gone", seen["switched"])
+                                          - seen["canary created"], 1)  # fmt: skip
+    return out
+
+
+def part_canary(env: RealEnv, args: argparse.Namespace) -> dict[str, Any]:
+    """Issue 44's benchmark: what a canary adds to a promotion. 1 replica, maxSurge 1 (the old
+    pod serves throughout either way), a client at ``--rate`` through the Service. Rounds of a
+    compile-affecting edit (``compile.maxNumSeqs``) without and with ``spec.serving.canary``
+    (1 pod, ``--canary-window`` s, minRequests 3), ABBA; from the edit: the artifact Ready
+    (its precompile, the output check's references included), the canary pod available, its
+    pass, the switch rolled out (the canary gone)."""
+    runs = []
+    seqs = 2
+    env.kube.apply_model(MODEL, _canary_spec(env, args, seqs, canary=False))
+    support.wait_model_ready(env.cp, env.ns, MODEL, timeout=1800)
+    env.kube.wait(lambda: rolled_out(env, 1), 900, "1 serving pod")
+    order = [False, True, True, False] * math.ceil(args.rounds / 2)
+    for canary in order[:2 * args.rounds]:
+        wait_node_healthy(env)
+        # the mode first, on the same artifact (no rollout), then the edit under it
+        env.kube.apply_model(MODEL, _canary_spec(env, args, seqs, canary))
+        env.kube.wait(lambda: rolled_out(env, 1), 900, "1 serving pod")
+        seqs = 3 if seqs == 2 else 2
+        run = {"canary": canary, "load": round(os.getloadavg()[0], 2),
+               **_canary_edit(env, args, seqs, canary)}
+        log(f"canary {canary}: {run}")
+        runs.append(run)
+    return {"window": args.canary_window, "rate": args.rate, "runs": runs}
+
+
+def canary_table(res: dict[str, Any]) -> str:
+    def med(canary: bool, key: str) -> float | None:
+        vals = [r[key] for r in res["runs"] if r["canary"] is canary and key in r]
+        return statistics.median(vals) if vals else None
+
+    def f(v: float | None) -> str:
+        return "–" if v is None else f"{v:.1f}"
+
+    lines = ["| promotion | artifact Ready s | canary available s | canary passed s | "
+             "switched s | switch after the artifact s | canary pod s | requests (failed) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for canary in (False, True):
+        rs = [r for r in res["runs"] if r["canary"] is canary]
+        after = [r["switched"] - r["artifact"] for r in rs if "artifact" in r]
+        lines.append(
+            f"| {'with a canary' if canary else 'plain (maxSurge 1)'} | "
+            f"{f(med(canary, 'artifact'))} | {f(med(canary, 'canary available'))} | "
+            f"{f(med(canary, 'canary passed'))} | {f(med(canary, 'switched'))} | "
+            f"{f(statistics.median(after) if after else None)} | "
+            f"{f(med(canary, 'canary pod seconds'))} | "
+            f"{sum(r['requests'] for r in rs)} ({sum(r['failed'] for r in rs)}) |")
+    plain = [r["switched"] - r["artifact"] for r in res["runs"] if not r["canary"]]
+    with_c = [r["switched"] - r["artifact"] for r in res["runs"] if r["canary"]]
+    if plain and with_c:
+        a, b = statistics.median(plain), statistics.median(with_c)
+        lines += ["", f"Medians of {len(plain)} edits each (ABBA), window {res['window']} s, "
+                      f"{res['rate']:g} requests/s. From the artifact to the switch, a canary "
+                      f"takes {b / a:.1f}x the plain rollout's time (+{b - a:.0f} s: its pod's "
+                      "start, its window, then the main Deployment's own rollout)."]  # fmt: skip
+    return "\n".join(lines)
+
+
 def write_section(title: str, text: str, stamp: str) -> None:
     section = f"## {title}\n\nRun {stamp} on {machine()}.\n\n{text}\n"
     old = MARKDOWN.read_text()
@@ -688,16 +807,19 @@ def write_section(title: str, text: str, stamp: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--parts", default="scaleup,rollout",
-                   help="comma-separated: scaleup, rollout, wakeup (others, e.g. operator, are "
-                        "ignored)")
+                   help="comma-separated: scaleup, rollout, wakeup, canary (others, e.g. "
+                        "operator, are ignored)")
     p.add_argument("--backend", default="eager", help="scaleup: the model's compile backend")
-    p.add_argument("--rounds", type=int, default=2, help="scaleup: operator+bare pairs (ABBA)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="scaleup: operator+bare pairs; canary: plain+canary pairs (ABBA)")
     p.add_argument("--pause", type=float, default=5, help="scaleup: seconds between starts")
     p.add_argument("--rate", type=float, default=3.0, help="rollout: requests per second")
     p.add_argument("--steady", type=float, default=20, help="rollout: seconds before and after")
     p.add_argument("--surges", default="0,1", help="rollout: maxSurge values")
     p.add_argument("--drain", type=int, default=30,
                    help="rollout: serving.shutdownGracePeriodSeconds (the API's default: 30)")
+    p.add_argument("--canary-window", type=int, default=30,
+                   help="canary: spec.serving.canary.durationSeconds")
     p.add_argument("--held", type=int, default=4,
                    help="wakeup: requests sent at once to the model at zero")
     p.add_argument("--out", default=str(ROOT / "bench-results"))
@@ -706,7 +828,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally: stop the operator
     args.surges = [int(x) for x in args.surges.split(",") if x.strip()]
-    parts = {x.strip() for x in args.parts.split(",")} & {"scaleup", "rollout", "wakeup"}
+    parts = {x.strip() for x in args.parts.split(",")} & {"scaleup", "rollout", "wakeup",
+                                                           "canary"}
     if not parts:
         return 0
     cp = support.ensure_cluster()
@@ -715,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine()}
     texts: dict[str, str] = {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    for part in ("scaleup", "rollout", "wakeup"):
+    for part in ("scaleup", "rollout", "wakeup", "canary"):
         if part not in parts:
             continue
         keda = None
@@ -733,6 +856,9 @@ def main(argv: list[str] | None = None) -> int:
                 res = part_wakeup(env, args)
                 texts[f"Wake-up from zero against a bare start ({args.backend}): latest run"] = (
                     wakeup_table(res))
+            elif part == "canary":
+                res = part_canary(env, args)
+                texts["A canary's whole cost: latest run"] = canary_table(res)
             elif part == "scaleup":
                 res = part_scaleup(env, args)
                 texts["Scale-up against a bare model load: latest run"] = scaleup_table(res)
