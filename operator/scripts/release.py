@@ -191,26 +191,30 @@ def _head(root: Path) -> str:
                           text=True, check=True).stdout.strip()
 
 
-def check_tag(version: str, root: Path = ROOT) -> None:
-    """A tag ``v<version>`` on another commit means that version was made from other sources:
-    SystemExit, before anything is built."""
+def check_tag(version: str, root: Path = ROOT) -> bool:
+    """Whether HEAD has the tag ``v<version>`` already (False: no such tag). A tag on another
+    commit means that version was made from other sources: SystemExit, before anything is
+    built."""
     tagged = _tagged_commit(version, root)
-    if tagged is not None and tagged != _head(root):
+    if tagged is None:
+        return False
+    head = _head(root)
+    if tagged != head:
         raise SystemExit(f"the tag {tag_name(version)} names commit {tagged[:12]}, not HEAD "
-                         f"({_head(root)[:12]}): version {version} was made from other "
-                         "sources; bump the version")
+                         f"({head[:12]}): version {version} was made from other sources; "
+                         "bump the version")
+    return True
 
 
 def tag_release(version: str, root: Path = ROOT) -> str:
     """Tag HEAD ``v<version>`` (annotated) once its release is published; an existing tag on
     HEAD is kept. Returns the tag's name; push it with ``git push origin <tag>``."""
     tag = tag_name(version)
-    if _tagged_commit(version, root) is None:
+    if not check_tag(version, root):
         subprocess.run(["git", "-C", str(root), "-c", "user.name=spyre release",
                         "-c", "user.email=release@spyre-model-operator.invalid", "tag", "-a",
                         tag, "-m", f"spyre-model-operator {version}"],
                        check=True, capture_output=True)  # fmt: skip
-    check_tag(version, root)
     return tag
 
 

@@ -769,21 +769,24 @@ def canary_table(res: dict[str, Any]) -> str:
     def f(v: float | None) -> str:
         return "–" if v is None else f"{v:.1f}"
 
+    #: per mode, the seconds from the artifact Ready to the switch
+    after: dict[bool, list[float]] = {
+        canary: [r["switched"] - r["artifact"] for r in res["runs"]
+                 if r["canary"] is canary and "artifact" in r]
+        for canary in (False, True)}  # fmt: skip
     lines = ["| promotion | artifact Ready s | canary available s | canary passed s | "
              "switched s | switch after the artifact s | canary pod s | requests (failed) |",
              "|---|---|---|---|---|---|---|---|"]
     for canary in (False, True):
         rs = [r for r in res["runs"] if r["canary"] is canary]
-        after = [r["switched"] - r["artifact"] for r in rs if "artifact" in r]
         lines.append(
             f"| {'with a canary' if canary else 'plain (maxSurge 1)'} | "
             f"{f(med(canary, 'artifact'))} | {f(med(canary, 'canary available'))} | "
             f"{f(med(canary, 'canary passed'))} | {f(med(canary, 'switched'))} | "
-            f"{f(statistics.median(after) if after else None)} | "
+            f"{f(statistics.median(after[canary]) if after[canary] else None)} | "
             f"{f(med(canary, 'canary pod seconds'))} | "
             f"{sum(r['requests'] for r in rs)} ({sum(r['failed'] for r in rs)}) |")
-    plain = [r["switched"] - r["artifact"] for r in res["runs"] if not r["canary"]]
-    with_c = [r["switched"] - r["artifact"] for r in res["runs"] if r["canary"]]
+    plain, with_c = after[False], after[True]
     if plain and with_c:
         a, b = statistics.median(plain), statistics.median(with_c)
         lines += ["", f"Medians of {len(plain)} edits each (ABBA), window {res['window']} s, "

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,7 +242,7 @@ def test_chart_operator_pod_on_plain_kubernetes_pins_its_uid(
 
 def test_a_published_version_is_not_released_again(control_plane: ControlPlane,
                                                   released: dict[str, Any],
-                                                  tmp_path: Any) -> None:
+                                                  tmp_path: Path) -> None:
     """Issues 47 and 48: ``make release`` of a version the registry has already (the session's
     release) is refused before anything is built, naming what is there; the tests' own
     releases pass ``--replace``."""
