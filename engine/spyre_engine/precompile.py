@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from spyre_engine import answers, catalog, known_configs, manifest
+from spyre_engine import answers, catalog, known_configs, manifest, space
 from spyre_engine.gc import writing
 from spyre_engine.known_configs import read_config_json
 from spyre_engine.launch import (
@@ -38,6 +38,7 @@ from spyre_engine.settings import COMPILE_ONLY_BACKEND, PrecompileSettings
 from spyre_engine.summary import (
     REASON_CATALOG_ERROR,
     REASON_COMPILE_FAILED,
+    REASON_INSUFFICIENT_CACHE_SPACE,
     REASON_UNSUPPORTED_CONFIGURATION,
     FailureSummary,
     PrecompileSummary,
@@ -317,6 +318,34 @@ def check_compile_only(settings: PrecompileSettings, config_json: dict[str, obje
         )
 
 
+def check_space(
+    settings: PrecompileSettings,
+    artifact: Path,
+    model_path: str,
+    config_json: dict[str, object],
+    env: dict[str, str],
+) -> None:
+    """Refuse with InsufficientCacheSpace, before compiling, an artifact that would not fit on
+    the claim by the size of the last one of its shape there (space.py)."""
+    data = catalog.entry_data(settings, model_path, config_json, env)
+    est = space.estimate(artifact, settings.backend, data)
+    if est is None:
+        log.info("No earlier artifact of this shape on the cache claim: its size is not "
+                 "estimated, free space not checked")
+        return
+    needed = int(est.size_bytes * space.MARGIN)
+    free = space.free_bytes(artifact)
+    missing = space.shortfall(needed, directory_size(artifact), free)
+    if free is None or missing is None:
+        log.info("The last artifact of this shape (%s) took %s; %s free on the cache claim",
+                 est.key, space.human(est.size_bytes),
+                 "unknown" if free is None else space.human(free))
+        return
+    raise PrecompileError(
+        REASON_INSUFFICIENT_CACHE_SPACE,
+        space.insufficient_space_message(est, needed, free, artifact.parent))
+
+
 def invalidate_manifest(artifact: Path) -> None:
     """Before compiling into ``artifact``: files the manifest says are damaged are removed (so
     they are compiled anew, not reused), then the manifest itself, so a compile that dies half
@@ -364,6 +393,7 @@ def _precompile_locked(
     check_compile_only(settings, config_json)
     if env.get("SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG") == "1":
         check_known(settings, model_path, env)
+    check_space(settings, artifact, model_path, config_json, env)
     started = time.monotonic()
     logged = None
     recorded_on = reference_backend(settings)

@@ -22,6 +22,9 @@ REASON_MODEL_ACCESS_DENIED = "ModelAccessDenied"
 #: hub's 5xx, a full claim): the message names the cause and the setting that fixes it.
 REASON_MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
 REASON_ARTIFACT_MISMATCH = "ArtifactMismatch"
+#: ``precompile``: the artifact would not fit on the cache claim, by the size of the last one of
+#: its shape there (space.py); nothing was compiled.
+REASON_INSUFFICIENT_CACHE_SPACE = "InsufficientCacheSpace"
 #: The artifact dir does not match its manifest (missing, truncated, changed) or has none.
 REASON_ARTIFACT_CORRUPT = "ArtifactCorrupt"
 REASON_COMPILE_FAILED = "CompileFailed"

@@ -79,6 +79,9 @@ UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
 #: The engine image's vLLM or sendnn-inference is not a version its spyre-engine supports
 #: (engine/spyre_engine/compat.py; e.g. spyre-engine layered onto a site's own vLLM image).
 UNSUPPORTED_BASE = "UnsupportedBase"
+#: The artifact would not fit on the cache claim, by the size of the last artifact of its shape
+#: there (engine/spyre_engine/space.py): refused before compiling, the numbers in the message.
+INSUFFICIENT_CACHE_SPACE = "InsufficientCacheSpace"
 #: The effective engine image is not on the operator's allow-list: nothing is compiled.
 ENGINE_IMAGE_NOT_ALLOWED = "EngineImageNotAllowed"
 #: Engine failure reasons that replace the generic PrecompileFailed in conditions.
@@ -89,6 +92,7 @@ ENGINE_COMPILE_REASONS = frozenset(
         MODEL_DOWNLOAD_FAILED,
         UNSUPPORTED_CONFIGURATION,
         UNSUPPORTED_BASE,
+        INSUFFICIENT_CACHE_SPACE,
     }
 )
 # Ready / Progressing / Degraded
@@ -217,6 +221,7 @@ WARNING_REASONS = frozenset(
         MODEL_DOWNLOAD_FAILED,
         UNSUPPORTED_CONFIGURATION,
         UNSUPPORTED_BASE,
+        INSUFFICIENT_CACHE_SPACE,
         ENGINE_IMAGE_NOT_ALLOWED,
         INVALID_SPEC,
         ENGINE_FAILED,

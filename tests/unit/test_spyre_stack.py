@@ -114,7 +114,8 @@ def test_download_env_cannot_smuggle_the_token() -> None:
 
 
 @pytest.mark.parametrize("reason", ["ModelAccessDenied", "ModelNotFound",
-                                    "UnsupportedConfiguration", "UnsupportedBase"])
+                                    "UnsupportedConfiguration", "UnsupportedBase",
+                                    "InsufficientCacheSpace"])
 def test_engine_reasons_users_must_act_on_reach_the_conditions(reason: str) -> None:
     m = model("m", GENERATE)
     failure = {"reason": reason, "message": "401 Client Error for ibm-granite/granite (gated)"}

@@ -37,6 +37,7 @@ local failure_reasons = {
   ModelDownloadFailed = true,
   UnsupportedConfiguration = true,
   UnsupportedBase = true,
+  InsufficientCacheSpace = true,
   EngineImageNotAllowed = true,
   SchedulerNotRunning = true,
 }
