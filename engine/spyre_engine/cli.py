@@ -267,7 +267,12 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
                 message = f"{result.in_use_unknown}; {NOTHING_REMOVED}"
                 return _fail(settings.termination_log, REASON_IN_USE_UNKNOWN, message)
             doc = result.to_dict()
-            doc["remainingBytes"] = gc.usage(settings.cache_root)["totalBytes"]
+            left = gc.usage(settings.cache_root)
+            doc["remainingBytes"] = left["totalBytes"]
+            # the volume as the operator cannot see it (it mounts no claim): status.cache
+            for field in ("volumeBytes", "freeBytes"):
+                if field in left:
+                    doc[field] = left[field]
     except OSError as exc:
         return _fail(settings.termination_log, REASON_CATALOG_ERROR, f"{command}: {exc}")
     line = json.dumps(doc, separators=(",", ":"))

@@ -147,6 +147,16 @@ class GcResult:
     orphan_bytes: int = 0
     #: Every artifact dir on the volume after the removal, measured (None: not reported).
     remaining_bytes: int | None = None
+    #: The volume's size and its free space after the removal (statvfs; None: not reported).
+    volume_bytes: int | None = None
+    free_bytes: int | None = None
+
+
+def _count(doc: dict[str, Any], field: str) -> int | None:
+    """A non-negative integer field of a GC summary (the pod's own output: never trusted as
+    anything else), or None."""
+    v = doc.get(field)
+    return v if type(v) is int and v >= 0 else None
 
 
 def parse_gc_result(message: str | None) -> GcResult | None:
@@ -190,6 +200,8 @@ def parse_gc_result(message: str | None) -> GcResult | None:
             remaining_bytes=(
                 int(doc["remainingBytes"]) if doc.get("remainingBytes") is not None else None
             ),
+            volume_bytes=_count(doc, "volumeBytes"),
+            free_bytes=_count(doc, "freeBytes"),
         )
     return None
 
@@ -293,6 +305,8 @@ class GarbageCollector:
         #: (namespace, claim) -> (when, bytes of every artifact dir, claim UID) measured by its
         #: latest GC Job: counts towards ClaimNearlyFull with what the statuses list.
         self._claim_measured: dict[tuple[str, str], tuple[str, int, str | None]] = {}
+        #: The newest GC Job's statvfs of each claim: (completion, free bytes, claim UID).
+        self._claim_free: dict[tuple[str, str], tuple[str, int, str | None]] = {}
 
 
     def jobs(self, ns: str, claim: str) -> list[dict[str, Any]]:
@@ -422,6 +436,7 @@ class GarbageCollector:
         for k in known:
             if self.c.caches.one("pvcs", k) is None and not self.c.caches.all("claim_users", k):
                 for m in (self._checked, self._swept, self._orphans, self._claim_measured,
+                          self._claim_free,
                           self._lingering):
                     m.pop(k, None)
                 self.sweep_requested.discard(k)
@@ -645,16 +660,28 @@ class GarbageCollector:
     def _record_measured(self, ns: str, claim: str, job: dict[str, Any], result: GcResult) -> None:
         """Keep the newest GC Job's measurement of the claim (a restart reads them in any
         order)."""
-        if result.remaining_bytes is None:
-            return
         when = str((job.get("status") or {}).get("completionTime") or "")
-        last = self._claim_measured.get((ns, claim))
-        if last is None or when >= last[0]:
-            pvc = self.c.caches.one("pvcs", (ns, claim))
-            uid = ((pvc or {}).get("metadata") or {}).get("uid")
-            self._claim_measured[(ns, claim)] = (when, result.remaining_bytes, uid)
+        pvc = self.c.caches.one("pvcs", (ns, claim))
+        uid = ((pvc or {}).get("metadata") or {}).get("uid")
+        changed = False
+        for record, value in ((self._claim_measured, result.remaining_bytes),
+                              (self._claim_free, result.free_bytes)):  # fmt: skip
+            last = record.get((ns, claim))
+            if value is not None and (last is None or when >= last[0]):
+                record[(ns, claim)] = (when, value, uid)
+                changed = True
+        if changed:
             users = self.c.caches.all("claim_users", (ns, claim))
             self.c.enqueue([(ns, u.owner.name) for u in users])
+
+    def claim_free(self, ns: str, claim: str) -> tuple[int, str] | None:
+        """The claim's free bytes as the newest GC Job measured them, and when (its
+        completion); None when none did on this incarnation of the claim."""
+        measured = self._claim_free.get((ns, claim))
+        pvc = self.c.caches.one("pvcs", (ns, claim))
+        if measured is None or measured[2] != ((pvc or {}).get("metadata") or {}).get("uid"):
+            return None
+        return measured[1], measured[0]
 
     def _finished_before_start(self, job: dict[str, Any]) -> bool:
         """The Job finished before this operator process started: the previous one acted on

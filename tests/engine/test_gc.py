@@ -68,6 +68,10 @@ def test_gc_removes_the_given_keys_and_nothing_else(tmp_path: Path) -> None:
         "nope": "absent", "../etc": "not an artifact key: '../etc'"}
     assert not a.exists() and manifest.verify(b)
     assert doc["remainingBytes"] == gc.directory_size(b)
+    # the volume, for status.cache (the operator mounts no claim): this filesystem's figures
+    st = os.statvfs(tmp_path)
+    assert doc["volumeBytes"] == st.f_blocks * st.f_frsize
+    assert 0 < doc["freeBytes"] <= doc["volumeBytes"]
     assert os.listdir(tmp_path / "artifacts") == ["bbb"]  # no trash left behind
 
 

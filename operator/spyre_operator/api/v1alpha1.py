@@ -1581,6 +1581,24 @@ class CacheStatus(ApiModel):
         default=None,
         description="used_bytes in human units and how many artifacts, e.g. '2.1 GiB in 3'.",
     )
+    capacity_bytes: int | None = Field(
+        default=None, description="The current cache claim's capacity (its PVC's status)."
+    )
+    claim_uid: str | None = Field(
+        default=None,
+        alias="claimUID",
+        description="UID of the cache claim capacityBytes and freeBytes describe.",
+    )
+    free_bytes: int | None = Field(
+        default=None,
+        description=(
+            "Free space on the current cache claim as last measured on the volume (by the "
+            "newest garbage-collection Job on it; absent until one ran)."
+        ),
+    )
+    free_measured_at: str | None = Field(
+        default=None, description="When freeBytes was measured (the GC Job's completion)."
+    )
 
 
 class CompileStatus(ApiModel):

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..api.v1alpha1 import SpyreModelSpec
 from ..desired.plan import ModelPlan, plan_model
+from ..quantity import parse_quantity
 from .artifact import ArtifactOutcome, _clean, _remembered, collected_since
 from .observed import READY, Observed, _human_size, _parse_time, _served_spec, served_key
 from .serving import ServingOutcome
@@ -107,7 +108,30 @@ def decide_cache_status(
         "artifacts": kept,
         "usedBytes": used,
         "usage": f"{_human_size(used)} in {len(here)}",
+        **claim_space(model, obs, pvc_uid),
     }
+
+
+def claim_space(model: dict[str, Any], obs: Observed, pvc_uid: str | None) -> dict[str, Any]:
+    """The current claim's capacity (its PVC's status) and free space as last measured: the
+    newest GC Job's, else what status recorded for this incarnation of the claim (a restart,
+    or the Job gone by its TTL, loses no figure; another claim's is never shown)."""
+    out: dict[str, Any] = {}
+    capacity = parse_quantity(
+        (((obs.cache_pvc or {}).get("status") or {}).get("capacity") or {}).get("storage"))
+    if capacity is not None and capacity > 0:
+        out["capacityBytes"] = int(capacity)
+    if pvc_uid is None:
+        return out
+    prev = ((model.get("status") or {}).get("cache") or {})
+    at: str | None
+    if obs.claim_free is not None:
+        free, at = obs.claim_free
+    elif prev.get("claimUID") == pvc_uid and isinstance(prev.get("freeBytes"), int):
+        free, at = prev["freeBytes"], prev.get("freeMeasuredAt")
+    else:
+        return {**out, "claimUID": pvc_uid}
+    return _clean({**out, "claimUID": pvc_uid, "freeBytes": free, "freeMeasuredAt": at})
 
 
 def _neg_time(t: str | None) -> float:

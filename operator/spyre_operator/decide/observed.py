@@ -160,6 +160,9 @@ class Observed:
     #: Bytes of the artifacts on the cache claim, as the SpyreModels using it list them
     #: (status.cache.artifacts of every user, each key once); None when unknown.
     claim_artifact_bytes: int | None = None
+    #: The cache claim's free bytes and when, as the newest GC Job on it measured them (its
+    #: statvfs; the operator mounts no claim); None when none did.
+    claim_free: tuple[int, str] | None = None
     #: Scale to zero: the operator's settings, whether KEDA's two APIs are served (API_*,
     #: with the API server's message) and the operator's objects (None: absent or foreign).
     keda: ScaleToZeroConfig = field(default_factory=ScaleToZeroConfig)
