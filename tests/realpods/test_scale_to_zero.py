@@ -17,7 +17,7 @@ kube-proxy), the address a client keeps at every replica count:
 2. At zero, 8 concurrent completions and a streamed chat completion are held through a start
    slower than KEDA's cooldown alone would wait for, and all answered by the one wake-up.
 3. Past the hold bound (maxWaitSeconds 1) the client gets 503 with Retry-After and a body
-   that says the model is starting.
+   that says the model is starting (on the twin, which went to zero during 2).
 4. A replica that cannot get its resources says so (InsufficientCapacity) in status and in
    the held request's 503.
 
@@ -101,19 +101,19 @@ def _cond(m: dict[str, Any], type_: str) -> dict[str, Any]:
                  if c["type"] == type_), {})  # fmt: skip
 
 
-def _serving_pods(env: RealEnv) -> list[dict[str, Any]]:
-    return env.kube.items("pods", f"{names.MODEL_LABEL}={names.model_label_value(MODEL)},"
+def _serving_pods(env: RealEnv, name: str = MODEL) -> list[dict[str, Any]]:
+    return env.kube.items("pods", f"{names.MODEL_LABEL}={names.model_label_value(name)},"
                                   f"{names.COMPONENT}={names.COMPONENT_SERVER}")  # fmt: skip
 
 
-def _at_zero(env: RealEnv, timeout: float = IDLE + 240) -> dict[str, Any]:
+def _at_zero(env: RealEnv, name: str = MODEL, timeout: float = IDLE + 240) -> dict[str, Any]:
     """Wait for KEDA to take the idle model to zero and its pods to go; the model."""
     t0 = time.monotonic()
-    wait_until(lambda: _replicas(env) == 0, timeout, "KEDA scaled the model to 0")
-    wait_until(lambda: not _serving_pods(env), 180, "the serving pods are gone")
-    m = env.kube.wait(lambda: (m := _model(env)) and _cond(m, "Ready").get("reason")
-                      == "ScaledToZero" and m, 60, "Ready ScaledToZero")  # fmt: skip
-    print(f"idle -> zero (pods gone, ScaledToZero) in {time.monotonic() - t0:.0f}s")
+    wait_until(lambda: _replicas(env, name) == 0, timeout, f"KEDA scaled {name} to 0")
+    wait_until(lambda: not _serving_pods(env, name), 180, f"{name}'s serving pods are gone")
+    m = env.kube.wait(lambda: (m := _model(env, name)) and _cond(m, "Ready").get("reason")
+                      == "ScaledToZero" and m, 60, f"{name} Ready ScaledToZero")  # fmt: skip
+    print(f"{name}: idle -> zero (pods gone, ScaledToZero) in {time.monotonic() - t0:.0f}s")
     return m  # type: ignore[no-any-return]
 
 
@@ -205,8 +205,8 @@ def test_an_idle_model_goes_to_zero_and_keeps_its_address_a_trickled_one_stays_u
     idle_gaps = [round(b["t0"] - a["t1"], 1) for a, b in zip(results, results[1:], strict=False)]
     assert max(idle_gaps, default=0) < 5 + 5, (idle_gaps, [_phases(x) for x in results])
     assert results[-1]["t1"] - results[0]["t0"] >= watched - 30, (watched, results)
-
-    env.kube.kubectl("delete", "spyremodel", STEADY, "--wait=false")
+    # the twin, idle from here, goes to zero while the next test runs: the hold bound's test
+    # uses it there (no second wait for a model to idle to zero)
 
 
 def _phases(x: dict[str, Any]) -> str:
@@ -321,10 +321,18 @@ def test_requests_at_zero_are_held_through_a_slow_start_and_all_answered_by_one_
 
 
 def test_past_the_hold_bound_the_client_gets_503_with_retry_after(env: RealEnv) -> None:
-    env.kube.apply_model(MODEL, _spec(env, max_wait=1))
-    _at_zero(env)
-    _set_limits(env, None)  # at zero: the wake-up below at full speed, no pod to roll
-    r = env.client.run("once", f"{_url(env)}/v1/completions", completion_body(8),
+    """On the twin, idle since the first test's trickle and at zero by now (the slow start
+    above outlasts its ~70 s to zero); its hold bound cut to 1 s by a merge patch, which
+    leaves ``spec.replicas`` KEDA's (an apply of the whole spec would wake it)."""
+    if env.kube.get("spyremodel", STEADY) is None:  # run alone
+        env.kube.apply_model(STEADY, _spec(env))
+    patch = {"spec": {"autoscaling": {"scaleToZero": {"maxWaitSeconds": 1}}}}
+    env.kube.kubectl("patch", "spyremodel", STEADY, "--type=merge", "-p", json.dumps(patch))
+    env.kube.wait(lambda: (h := env.kube.get("httpscaledobject", STEADY)) and h["spec"][
+        "coldStartTimeoutFailoverRef"]["timeoutSeconds"] == 1, 60,
+        "the route's wait cut to 1 s")  # fmt: skip
+    _at_zero(env, STEADY)
+    r = env.client.run("once", f"{_url(env, STEADY)}/v1/completions", completion_body(8),
                        "--timeout", "120", timeout=180)  # fmt: skip
     print(f"past the hold bound: HTTP {r['status']} after {r['t1'] - r['t0']:.1f}s")
     assert r["status"] == 503, r
@@ -332,7 +340,8 @@ def test_past_the_hold_bound_the_client_gets_503_with_retry_after(env: RealEnv) 
     body = json.loads(r["body"])
     assert "starting" in json.dumps(body), body
     # the held request asked for a replica all the same: the model wakes
-    wait_until(lambda: _replicas(env) == 1, 120, "the model wakes after the 503")
+    wait_until(lambda: _replicas(env, STEADY) == 1, 120, "the model wakes after the 503")
+    env.kube.kubectl("delete", "spyremodel", STEADY, "--wait=false")
 
 
 def test_a_model_at_zero_that_cannot_get_its_resources_says_so(env: RealEnv) -> None:
