@@ -275,7 +275,7 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
                     doc[field] = left[field]
     except OSError as exc:
         return _fail(settings.termination_log, REASON_CATALOG_ERROR, f"{command}: {exc}")
-    line = json.dumps(doc, separators=(",", ":"))
+    line = gc.fit_summary(doc) if command == "gc" else json.dumps(doc, separators=(",", ":"))
     log.info("%s: %s", command, line)
     print(line, flush=True)
     if settings.termination_log is not None:

@@ -27,6 +27,12 @@ the first gc that finds a dir unknown records when, in ``artifacts/.gc-orphans.j
 volume itself (so an operator restart loses nothing), and a later one removes it once it has
 been unknown that long. A dir known again (a SpyreModel of that shape came back) leaves the
 record; a dir a precompile is writing is never an orphan.
+
+What gc removed is recorded on the volume too, in ``artifacts/.gc-removed.json`` (``{key: removed
+at}``, the newest :data:`MAX_REMOVED_RECORDED`), and every summary reports the newest
+:data:`MAX_REMOVED_REPORTED` of it (``removedRecord``): the operator learns of a removal from any
+later gc even when the Job that removed it went before it was read (its TTL while the operator
+was down, a cleanup of finished Jobs), and stops trusting its memory of that artifact.
 """
 
 from __future__ import annotations
@@ -54,6 +60,34 @@ TRASH_PREFIX = ".trash-"
 ORPHANS_FILENAME = ".gc-orphans.json"
 #: Pending orphans listed in the summary (the termination message holds 4 KiB).
 MAX_LISTED_ORPHANS = 10
+#: What gc removed, with when: {key: "YYYY-MM-DDTHH:MM:SSZ"} (UTC).
+REMOVED_FILENAME = ".gc-removed.json"
+#: Removals kept on the volume, and reported in each summary (newest first).
+MAX_REMOVED_RECORDED = 64
+MAX_REMOVED_REPORTED = 16
+#: The operator's keys are 32 hex digits; a longer name in the record is not one of them.
+MAX_KEY_LENGTH = 64
+#: What the kubelet keeps of a termination message.
+TERMINATION_MESSAGE_BYTES = 4096
+
+
+def fit_summary(doc: dict[str, Any], limit: int = TERMINATION_MESSAGE_BYTES) -> str:
+    """``doc`` as one JSON line of at most ``limit`` bytes: the oldest entries of the removal
+    record, then of the pending orphans, are left out until it fits (the kubelet cuts a longer
+    message, and a cut line parses as nothing)."""
+    doc = dict(doc)
+    while True:
+        line = json.dumps(doc, separators=(",", ":"))
+        if len(line.encode()) < limit:
+            return line
+        for name in ("removedRecord", "orphans"):
+            items = doc.get(name)
+            if items:
+                left = list(items.items() if isinstance(items, dict) else items)[:-1]
+                doc[name] = dict(left) if isinstance(items, dict) else left
+                break
+        else:
+            return line
 #: Why a key was kept when what is in use could not be told.
 UNKNOWN_REASON = "could not tell whether it is in use: nothing removed"
 #: ``in_use(key)``: why the key is in use right now (None: unused); see inuse.py.
@@ -181,6 +215,8 @@ class GcResult:
     orphans: list[dict[str, Any]] = field(default_factory=list)
     #: Why what is in use could not be told (then nothing more was removed).
     in_use_unknown: str | None = None
+    #: The volume's record of removals, this run's included: {key: when}, newest first.
+    removed_record: dict[str, str] = field(default_factory=dict)
 
     @property
     def freed_bytes(self) -> int:
@@ -196,6 +232,8 @@ class GcResult:
         }
         if self.in_use_unknown:
             doc["inUseUnknown"] = self.in_use_unknown
+        if self.removed_record:
+            doc["removedRecord"] = dict(list(self.removed_record.items())[:MAX_REMOVED_REPORTED])
         if self.orphans:
             doc["orphans"] = self.orphans[:MAX_LISTED_ORPHANS]
             doc["orphanCount"] = len(self.orphans)
@@ -302,6 +340,48 @@ def sweep_orphans(
         write_json_atomically(root / ORPHANS_FILENAME, record, 0, ".gc-orphans-")
 
 
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def read_removed(root: Path) -> dict[str, str]:
+    """The volume's record of removals, newest first; unreadable or malformed: what parses
+    (anything on a claim is anyone's: keys must be keys, times must be times)."""
+    try:
+        doc = json.loads((root / REMOVED_FILENAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    out = {}
+    for k, v in doc.items():
+        try:
+            check_key(str(k))
+            time.strptime(str(v), "%Y-%m-%dT%H:%M:%SZ")
+        except (InvalidKey, ValueError):
+            continue
+        if len(str(k)) > MAX_KEY_LENGTH or len(str(v)) != len("YYYY-MM-DDTHH:MM:SSZ"):
+            continue
+        out[str(k)] = str(v)
+    return dict(sorted(out.items(), key=lambda kv: (kv[1], kv[0]), reverse=True))
+
+
+def record_removed(cache_root: Path, keys: list[str], now: float) -> dict[str, str]:
+    """Add ``keys`` removed at ``now`` to the volume's record (newest
+    :data:`MAX_REMOVED_RECORDED` kept); the record, newest first. Unwritable: the record
+    as it would be (the summary still reports this run's removals)."""
+    root = artifacts_root(cache_root)
+    record = read_removed(root)
+    if keys:
+        when = _utc(now)
+        record = {**{k: when for k in keys}, **{k: v for k, v in record.items() if k not in keys}}
+        record = dict(sorted(record.items(), key=lambda kv: (kv[1], kv[0]),
+                             reverse=True)[:MAX_REMOVED_RECORDED])  # fmt: skip
+        with contextlib.suppress(OSError):
+            write_json_atomically(root / REMOVED_FILENAME, record, 0, ".gc-removed-")
+    return record
+
+
 def gc(
     cache_root: Path,
     keys: list[str],
@@ -335,6 +415,8 @@ def gc(
             sweep_orphans(cache_root, known, orphans_unused_for, when, result, in_use)
     except InUseUnknown as exc:
         result.in_use_unknown = str(exc)
+    result.removed_record = record_removed(
+        cache_root, [r["key"] for r in result.removed], time.time() if now is None else now)
     return result
 
 

@@ -150,6 +150,24 @@ class GcResult:
     #: The volume's size and its free space after the removal (statvfs; None: not reported).
     volume_bytes: int | None = None
     free_bytes: int | None = None
+    #: The volume's own record of removals (engine gc.py's ``.gc-removed.json``), this run's
+    #: and earlier runs' whose Jobs may have gone unread: {key: when}.
+    removed_record: dict[str, str] = field(default_factory=dict)
+
+
+#: The longest key the engine's record may name (the operator's are 32 hex digits).
+_MAX_RECORDED_KEY = 64
+
+
+def _record_entries(doc: dict[str, Any]) -> dict[str, str]:
+    """``removedRecord`` of a GC summary: the pod's output, so only plain keys with times the
+    operator's clock format parses."""
+    raw = doc.get("removedRecord")
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items()
+            if isinstance(k, str) and 0 < len(k) <= _MAX_RECORDED_KEY and "/" not in k
+            and not k.startswith(".") and isinstance(v, str) and _time(v) is not None}
 
 
 def _count(doc: dict[str, Any], field: str) -> int | None:
@@ -202,6 +220,7 @@ def parse_gc_result(message: str | None) -> GcResult | None:
             ),
             volume_bytes=_count(doc, "volumeBytes"),
             free_bytes=_count(doc, "freeBytes"),
+            removed_record=_record_entries(doc),
         )
     return None
 
@@ -236,8 +255,15 @@ def with_removed(record: dict[str, str], keys: Iterable[str], when: str,
                  limit: int = names.REMOVED_ARTIFACTS_KEPT) -> dict[str, str]:
     """``record`` with ``keys`` removed at ``when`` (the later time wins), the newest
     ``limit`` kept (by time, then key)."""
+    return merge_removed(record, dict.fromkeys(keys, when), limit)
+
+
+def merge_removed(record: dict[str, str], entries: dict[str, str],
+                  limit: int = names.REMOVED_ARTIFACTS_KEPT) -> dict[str, str]:
+    """``record`` with each of ``entries`` (key: removed at; the later time wins), the
+    newest ``limit`` kept (by time, then key)."""
     out = dict(record)
-    for k in keys:
+    for k, when in entries.items():
         out[k] = max(out.get(k, ""), when)
     newest = sorted(out.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:limit]
     return dict(sorted(newest))
@@ -336,20 +362,22 @@ class GarbageCollector:
             if result is None:
                 continue
             when = jobs.finished_at(job) or ""
-            for key in gone_keys(result):
-                out[key] = max(out.get(key, ""), when)
+            entries = {**result.removed_record, **dict.fromkeys(gone_keys(result), when)}
+            out = merge_removed(out, entries, limit=len(out) + len(entries))
         return out
 
     async def _record_removed(self, ns: str, claim: str, job: dict[str, Any],
                               result: GcResult) -> None:
-        """Write what the GC Job left absent onto the PVC (it outlives the Job)."""
+        """Write what the GC Job left absent onto the PVC (it outlives the Job), and what the
+        volume's own record says earlier GC Jobs removed (a Job that went before it was read:
+        its TTL while the operator was down, a cleanup of finished Jobs)."""
         gone = gone_keys(result)
         pvc = self.c.caches.one("pvcs", (ns, claim))
-        if not gone or pvc is None:
+        if not (gone or result.removed_record) or pvc is None:
             return
         record = removed_record(pvc)
         when = jobs.finished_at(job) or self.c.clock()
-        new = with_removed(record, gone, when)
+        new = merge_removed(record, {**result.removed_record, **dict.fromkeys(gone, when)})
         if new != record:
             await self.c.applier.annotate(
                 PersistentVolumeClaim, claim, ns,
@@ -588,7 +616,12 @@ class GarbageCollector:
     def _sweep_due(self, ns: str, claim: str, retention: Any, now: str, clock: float) -> bool:
         """Sweep the claim for orphans: a SpyreModel left it, an orphan the last sweep found
         is due, or none ran for ``unusedForSeconds`` (at least SWEEP_MIN_PERIOD_SECONDS)."""
-        if (ns, claim) in self.sweep_requested:
+        if (ns, claim) in self.sweep_requested and not (
+            (ns, claim) in self._lingering and self._deleted_models_deployment_lingers(ns)
+        ):
+            # A sweep that found a deleted model's Deployment still there (a finalizer) kept its
+            # key: another would keep it again. It waits for the Deployment to go (issue 47, 2;
+            # one GC Job a GC interval, each kept an hour, before).
             return True
         orphans = self._orphans.get((ns, claim))
         t = epoch(now)
@@ -613,23 +646,31 @@ class GarbageCollector:
             for k in list(models.keys())
             if k[0] == ns
         ]
-        deployments = self.c.caches.indices.get("deployments") or {}
         served, lingering = set(), False
-        for dk in list(deployments.keys()):
-            d = self.c.caches.one("deployments", dk) if dk[0] == ns else None
-            k = served_key_of(d)
-            if d is None or not k:
-                continue
-            served.add(k)
-            owners = [
-                r.get("name")
-                for r in d["metadata"].get("ownerReferences") or []
-                if r.get("kind") == "SpyreModel"
-            ]
-            if owners and not any(self.c.caches.one("models", (ns, o)) for o in owners):
-                lingering = True
+        for d in self._served_deployments(ns):
+            served.add(str(served_key_of(d)))
+            lingering = lingering or self._of_a_deleted_model(ns, d)
         keys = known_keys(claim, statuses, [u.spec_key for u in uses], protected | served)
         return keys, lingering
+
+    def _served_deployments(self, ns: str) -> list[dict[str, Any]]:
+        """The namespace's Deployments that serve an artifact key (the watch cache)."""
+        deployments = self.c.caches.indices.get("deployments") or {}
+        out = []
+        for dk in list(deployments.keys()):
+            d = self.c.caches.one("deployments", dk) if dk[0] == ns else None
+            if d is not None and served_key_of(d):
+                out.append(d)
+        return out
+
+    def _of_a_deleted_model(self, ns: str, d: dict[str, Any]) -> bool:
+        owners = [r.get("name") for r in d["metadata"].get("ownerReferences") or []
+                  if r.get("kind") == "SpyreModel"]  # fmt: skip
+        return bool(owners) and not any(self.c.caches.one("models", (ns, o)) for o in owners)
+
+    def _deleted_models_deployment_lingers(self, ns: str) -> bool:
+        """A deleted SpyreModel's Deployment is still in the namespace (a finalizer)."""
+        return any(self._of_a_deleted_model(ns, d) for d in self._served_deployments(ns))
 
     async def _failed_job(
         self, ns: str, claim: str, job: dict[str, Any], models: list[dict[str, Any]]

@@ -72,7 +72,8 @@ def test_gc_removes_the_given_keys_and_nothing_else(tmp_path: Path) -> None:
     st = os.statvfs(tmp_path)
     assert doc["volumeBytes"] == st.f_blocks * st.f_frsize
     assert 0 < doc["freeBytes"] <= doc["volumeBytes"]
-    assert os.listdir(tmp_path / "artifacts") == ["bbb"]  # no trash left behind
+    # no trash left behind; the record of the removal beside the artifacts
+    assert sorted(os.listdir(tmp_path / "artifacts")) == [gc.REMOVED_FILENAME, "bbb"]
 
 
 def test_gc_skips_a_dir_a_precompile_is_writing(tmp_path: Path) -> None:
@@ -321,3 +322,47 @@ def test_gc_cli_with_a_claim_outside_a_cluster_fails_safe(tmp_path: Path) -> Non
     assert doc["reason"] == "InUseUnknown"
     assert "nothing was removed" in doc["message"]
     assert (tmp_path / "artifacts" / "aaa" / manifest.MANIFEST_FILENAME).is_file()
+
+
+def test_what_gc_removed_is_recorded_on_the_volume_and_reported_by_every_later_gc(
+    tmp_path: Path,
+) -> None:
+    """Issue 47, 2: the record outlives the Job that removed the key. A later gc (which
+    removes something else, or nothing) reports it in ``removedRecord``, newest first; the
+    record on the claim is anyone's file: what is not a key with a time is left out."""
+    _artifact(tmp_path, "aaa", size=1000, files=1)
+    _artifact(tmp_path, "bbb", size=1000, files=1)
+    first = gc.gc(tmp_path, ["aaa"], now=1_000_000_000)
+    assert first.removed_record == {"aaa": "2001-09-09T01:46:40Z"}
+    # the Job that removed it is gone; the next gc removes another key and reports both
+    term = tmp_path / "term"
+    proc = _cli("gc", "--cache-root", str(tmp_path), "--remove", "bbb",
+                "--termination-log", str(term))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(term.read_text())
+    assert list(doc["removedRecord"]) == ["bbb", "aaa"], doc
+    assert doc["removedRecord"]["aaa"] == "2001-09-09T01:46:40Z"
+    # one that removes nothing still reports it
+    assert list(gc.gc(tmp_path, []).removed_record) == ["bbb", "aaa"]
+
+    record = tmp_path / "artifacts" / gc.REMOVED_FILENAME
+    doc = json.loads(record.read_text())
+    record.write_text(json.dumps({**doc, "../etc": "2001-09-09T01:46:40Z", "x" * 65:
+                                  "2001-09-09T01:46:40Z", "ccc": "yesterday", "ddd": 5}))
+    assert set(gc.read_removed(tmp_path / "artifacts")) == {"aaa", "bbb"}
+    record.write_text("[")
+    assert gc.read_removed(tmp_path / "artifacts") == {}
+
+
+def test_a_gc_summary_fits_the_termination_message() -> None:
+    """The kubelet keeps 4 KiB of a termination message, and a cut line parses as nothing:
+    the oldest record entries, then pending orphans, are left out until the line fits."""
+    doc = {"removed": [{"key": "k" * 32, "sizeBytes": 1}], "skipped": [], "freedBytes": 1,
+           "removedRecord": {f"{i:032x}": "2026-12-06T10:00:00Z" for i in range(200)},
+           "orphans": [{"key": f"{i:032x}", "since": 1, "sizeBytes": 1} for i in range(10)]}
+    line = gc.fit_summary(doc)
+    assert len(line.encode()) < gc.TERMINATION_MESSAGE_BYTES
+    out = json.loads(line)
+    assert out["removed"] == doc["removed"] and len(out["orphans"]) == 10
+    assert list(out["removedRecord"]) == list(doc["removedRecord"])[: len(out["removedRecord"])]
+    assert 0 < len(out["removedRecord"]) < 200

@@ -8,6 +8,7 @@ model needs or serves is never among them.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -244,6 +245,100 @@ def test_a_key_needed_again_before_the_gc_pod_runs_is_not_removed_and_if_it_was_
         kube.wait(lambda: key_jobs() - before, 60, "the key's precompile Job created again")
         kube.wait_condition("a", "ArtifactReady", "True")
         assert artifact_of(deployment(kube, "a")) == key[:12]
+    finally:
+        fast.stop()
+        operator.start()
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_removal_whose_gc_job_went_while_the_operator_was_down_is_learned_again(
+    kube: Kube, operator: OperatorProcess, control_plane: ControlPlane, kubeconfig: Any,
+) -> None:
+    """Issue 47, 2, the reported sequence: a GC Job removes a's old key while the operator is
+    down, and goes (its TTL, a cleanup of finished Jobs) before anyone read it; meanwhile a is
+    reverted to that key. A fresh operator trusted status's memory of the artifact for good
+    (ArtifactReady on a dir no longer there: the key in use is never collected again). Now the
+    engine records removals on the volume and every later GC Job reports them: the next one
+    (for the key the revert left unused) tells the operator, which puts the removal on the
+    claim and compiles the key again. kwok plays the pods: the GC pods' summaries are the
+    engine's (tests/engine/test_gc.py checks the engine writes them)."""
+    logs = control_plane.root / ".cluster" / "logs"
+    operator.stop()
+    fast = OperatorProcess(kubeconfig, logs, env={"SPYRE_GC_INTERVAL_SECONDS": "2"})
+    fast.start()
+    claim = "spyre-compile-cache"
+
+    def key_jobs(key: str) -> set[str]:
+        return {j["metadata"]["uid"]
+                for j in kube.items("jobs", "app.kubernetes.io/component=precompile")
+                if j["metadata"]["annotations"].get(f"{GROUP}/artifact-key") == key}
+
+    def gc_job_removing(key: str) -> Any:
+        return next((j for j in kube.items("jobs", GC_SELECTOR) if key in _removed(j)), None)
+
+    def finish(job: dict[str, Any], summary: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        pod = kube.wait(lambda: next(iter(kube.items("pods", f"job-name={name}")), None), 30,
+                        f"{name}'s pod")  # fmt: skip
+        kube.kubectl("annotate", "pod", pod["metadata"]["name"],
+                     f"kwok.spyre.dev/termination-message={json.dumps(summary)}",
+                     "kwok.spyre.dev/hold-")  # fmt: skip
+        kube.wait(lambda: any(c.get("type") == "Complete" for c in
+                              ((kube.get("job", name) or {}).get("status") or {})
+                              .get("conditions") or []), 60, f"{name} done")  # fmt: skip
+
+    try:
+        # b is the claim's oldest user: its precompile.podAnnotations (kwok's hold) go to the
+        # GC Jobs' pods, which run only when the test has written what they removed.
+        kube.apply_model("b", spec(compile={"maxModelLen": 8192}, cache=NO_RETENTION,
+                                   precompile={"backoffLimit": 0, "podAnnotations": HOLD}))
+        b_job = kube.wait(lambda: (kube.model("b").get("status") or {}).get("artifact", {})
+                          .get("jobName"), 30, "b's precompile Job")  # fmt: skip
+        kube.wait(lambda: kube.items("pods", f"job-name={b_job}"), 30, "b's precompile pod")
+        release(kube, b_job)
+        kube.wait_condition("b", "Ready", "True", reason="Serving")
+        kube.apply_model("a", _spec(2048))
+        kube.wait_condition("a", "Ready", "True", reason="Serving")
+        old = kube.model("a")["status"]["artifact"]["key"]
+        kube.apply_model("a", _spec(4096))
+        kube.wait(lambda: artifact_of(deployment(kube, "a")) != old[:12], 90, "roll to 4096")
+        new = kube.model("a")["status"]["artifact"]["key"]
+        job = kube.wait(lambda: gc_job_removing(old), 90, "a GC Job for a's old key")
+
+        fast.stop()  # the operator is down from here
+        removed_at = _utc_now()  # (the GC pod's clock: after the key's compile)
+        finish(job, {"removed": [{"key": old, "sizeBytes": 1000}], "skipped": [],
+                     "freedBytes": 1000, "removedRecord": {old: removed_at}})
+        kube.kubectl("delete", "job", job["metadata"]["name"], "--wait=true")
+        kube.apply_model("a", _spec(2048))  # the revert, with nobody to read the GC Job
+        compiled_before = key_jobs(old)
+
+        again = OperatorProcess(kubeconfig, logs, env={"SPYRE_GC_INTERVAL_SECONDS": "2"})
+        again.start()
+        try:
+            # the revert left the 4096 key unused: the next GC Job, whose pod reports the
+            # volume's record (the lost removal included)
+            nxt = kube.wait(lambda: gc_job_removing(new), 90, "a GC Job for the 4096 key")
+            finish(nxt, {"removed": [{"key": new, "sizeBytes": 1000}], "skipped": [],
+                         "freedBytes": 1000,
+                         "removedRecord": {new: _utc_now(), old: removed_at}})
+
+            def recorded() -> bool:
+                pvc = kube.get("pvc", claim) or {}
+                raw = pvc["metadata"].get("annotations", {}).get(
+                    f"{GROUP}/removed-artifacts") or "{}"
+                return old in json.loads(raw)
+
+            kube.wait(recorded, 60, "the lost removal recorded on the claim")
+            kube.wait(lambda: key_jobs(old) - compiled_before, 60,
+                      "the reverted key compiled again")  # fmt: skip
+            kube.wait_condition("a", "ArtifactReady", "True", timeout=60)
+            assert kube.model("a")["status"]["artifact"]["key"] == old
+        finally:
+            again.stop()
     finally:
         fast.stop()
         operator.start()

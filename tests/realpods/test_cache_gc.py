@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import pytest
-from spyre_engine import manifest
+from spyre_engine import gc, manifest
 from spyre_operator.desired import names
 from spyre_operator.desired.gcjob import COMPONENT_GC
 
@@ -77,7 +77,8 @@ def test_an_artifact_an_edit_left_unused_is_removed_from_the_claim_by_a_gc_job(
     # complete and still verifies against its manifest.
     assert not old_dir.exists()
     leftovers = sorted(p.name for p in (root / "artifacts").iterdir() if p.name != new_key)
-    assert leftovers == [], leftovers
+    assert leftovers == [gc.REMOVED_FILENAME], leftovers  # the volume's record of the removal
+    assert old_key in gc.read_removed(root / "artifacts")
     # (raises ArtifactCorrupt otherwise; an eager artifact lists no compiled files)
     assert "files" in manifest.verify(root / "artifacts" / new_key)
     status = env.kube.model(MODEL)["status"]
@@ -129,9 +130,9 @@ def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) 
     [event] = _wait("the deleted peer's artifact collected", swept, 300, env)
     assert "listed by no SpyreModel" in event["message"], event["message"]
     assert not peer_dir.exists()
-    # The survivor's artifact and the volume's orphan record are all that is left.
-    left = sorted(p.name for p in (root / "artifacts").iterdir())
-    assert left == sorted([serving, ".gc-orphans.json"]) or left == [serving], left
+    # The survivor's artifact and the volume's records (orphans, removals) are all that is left.
+    left = sorted(p.name for p in (root / "artifacts").iterdir() if p.name != gc.ORPHANS_FILENAME)
+    assert left == sorted([serving, gc.REMOVED_FILENAME]), left
     assert "files" in manifest.verify(root / "artifacts" / serving)
     assert support.condition(env.kube.model(MODEL), "Ready")["status"] == "True"
 

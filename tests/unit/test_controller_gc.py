@@ -492,6 +492,35 @@ def test_what_gc_removed_is_recorded_on_the_claim_and_outlives_the_job() -> None
     asyncio.run(run())
 
 
+def test_a_removal_whose_job_went_unread_is_learned_from_the_next_gc_job() -> None:
+    """Issue 47, 2: a GC Job that removed a key went before the operator read it (its TTL
+    while the operator was down, a cleanup of finished Jobs). The engine keeps its own record
+    on the volume and every later GC Job reports it (``removedRecord``): the next one's
+    summary puts the lost removal on the PVC with its own time, and a model listing the key no
+    longer trusts it. Only keys with times are read from what the pod wrote."""
+    async def run() -> None:
+        lost, now_removed = _key("a", 2048), _key("a", 1024)
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-y", gc_labels, {GC_KEYS_ANNOTATION: now_removed}, True)
+        gc["status"]["completionTime"] = "2026-11-22T10:00:00Z"
+        c, fake, plan_a, _ = _setup([gc])
+        summary = {"removed": [{"key": now_removed, "sizeBytes": 7}], "skipped": [],
+                   "freedBytes": 7,
+                   "removedRecord": {now_removed: "2026-11-22T09:59:58Z",
+                                     lost: "2026-11-21T23:00:00Z",
+                                     "../x": "2026-11-21T23:00:00Z", "bad": "yesterday"}}
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+        expected = {now_removed: "2026-11-22T10:00:00Z", lost: "2026-11-21T23:00:00Z"}
+        assert await c.gc.collected(NS, CLAIM) == expected
+        await c.gc.collect((NS, "a"), plan_a)
+        await asyncio.gather(*c.writer.pending)
+        [(_, _, _, annotations)] = fake.annotated
+        assert json.loads(annotations[names.REMOVED_ARTIFACTS_ANNOTATION]) == expected
+        await c.stop()
+    asyncio.run(run())
+
+
 def test_the_claims_record_of_removed_keys_is_bounded_and_keeps_the_newest() -> None:
     from spyre_operator.gc import removed_record, with_removed
 
@@ -568,6 +597,43 @@ def test_a_lingering_deployment_of_a_deleted_model_does_not_make_gc_jobs_back_to
         c.clock = lambda: "2026-11-22T00:05:10Z"
         await c.gc.collect((NS, "a"), plan_a)
         assert len(fake.jobs) == 2  # ... once per interval
+        await c.stop()
+    asyncio.run(run())
+
+
+def test_a_sweep_blocked_by_a_lingering_deployment_waits_for_it_to_go() -> None:
+    """Issue 47, 2: a sweep that found a deleted model's Deployment still there (a finalizer)
+    kept its key; another sweep every GC interval would keep it again (10 Jobs in 182 s at a
+    20 s interval, each kept an hour). No GC Job while it lingers, however many intervals
+    pass; the one after it is gone sweeps."""
+    async def run() -> None:
+        c, fake, plan_a, _ = _setup([])
+        new_key = _key("a", 4096)  # a's old key gone from its status: nothing else is due
+        c.caches.indices["models"][(NS, "a")] = [_model("a", 4096, [
+            {"key": new_key, "claim": CLAIM, "inUse": True, "lastUsed": OLD}])]
+        c.router._claim_sigs[(NS, "gone")] = (CLAIM, _key("gone", 1024), "v")
+        served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
+            names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
+                {"kind": "SpyreModel", "name": "gone"}]}}
+        c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
+        c.router.claim_peers_if_changed((NS, "gone"), None)
+        await c.gc.collect((NS, "a"), plan_a)
+        [first] = fake.jobs
+        keep = first.spec.template.spec.containers[0].args
+        assert "draining-key" in keep[keep.index("--keep") + 1]
+        for minute in range(1, 6):  # five GC intervals on, the Deployment still there
+            c.gc._checked.clear()
+            c.gc._lingering = {k: v - 3600 for k, v in c.gc._lingering.items()}
+            c.clock = lambda m=minute: f"2026-11-22T00:{m:02d}:00Z"
+            await c.gc.collect((NS, "a"), plan_a)
+        assert len(fake.jobs) == 1, [j.metadata.name for j in fake.jobs]
+        assert (NS, CLAIM) in c.gc.sweep_requested
+        c.caches.indices["deployments"] = {}  # the finalizer done: it goes
+        c.gc._checked.clear()
+        c.clock = lambda: "2026-11-22T00:07:00Z"
+        await c.gc.collect((NS, "a"), plan_a)
+        assert len(fake.jobs) == 2
+        assert (NS, CLAIM) not in c.gc.sweep_requested
         await c.stop()
     asyncio.run(run())
 
