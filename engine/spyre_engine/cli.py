@@ -270,7 +270,7 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
             left = gc.usage(settings.cache_root)
             doc["remainingBytes"] = left["totalBytes"]
             # the volume as the operator cannot see it (it mounts no claim): status.cache
-            for field in ("volumeBytes", "freeBytes"):
+            for field in ("volumeBytes", "freeBytes", "weightsBytes"):
                 if field in left:
                     doc[field] = left[field]
     except OSError as exc:

@@ -54,6 +54,9 @@ from spyre_engine.inuse import InUseUnknown
 from spyre_engine.manifest import MANIFEST_FILENAME, WRITER_LOCK_FILENAME
 
 ARTIFACTS_DIR = "artifacts"
+#: Where ``hf://`` models download on the cache claim (the operator's plan.HF_CACHE_DIR, under
+#: the cache root; tests/unit/test_cache_space.py compares them).
+HUB_DIR = "hub"
 WRITER_LOCK = WRITER_LOCK_FILENAME
 TRASH_PREFIX = ".trash-"
 #: When each orphan was first found unknown: {key: unix seconds}.
@@ -197,6 +200,9 @@ def usage(cache_root: Path) -> dict[str, Any]:
         "totalBytes": sum(a["sizeBytes"] for a in artifacts),
         "trashBytes": trash,
     }
+    hub = Path(cache_root) / HUB_DIR
+    if hub.is_dir():
+        out["weightsBytes"] = directory_size(hub)  # downloaded models, beside the artifacts
     with contextlib.suppress(OSError):
         st = os.statvfs(cache_root)
         out["volumeBytes"] = st.f_blocks * st.f_frsize

@@ -28,6 +28,7 @@ from lightkube.resources.core_v1 import PersistentVolumeClaim
 
 from . import jobs
 from .api.v1alpha1 import CacheRetention, SpyreModelSpec
+from .decide.observed import ClaimMeasure
 from .desired import names
 from .desired.gcjob import COMPONENT_GC, Sweep, build_gc_access, build_gc_job
 from .desired.plan import plan_model
@@ -150,6 +151,8 @@ class GcResult:
     #: The volume's size and its free space after the removal (statvfs; None: not reported).
     volume_bytes: int | None = None
     free_bytes: int | None = None
+    #: The downloaded models (hf://) on the claim, beside the artifacts (None: not reported).
+    weights_bytes: int | None = None
     #: The volume's own record of removals (engine gc.py's ``.gc-removed.json``), this run's
     #: and earlier runs' whose Jobs may have gone unread: {key: when}.
     removed_record: dict[str, str] = field(default_factory=dict)
@@ -220,6 +223,7 @@ def parse_gc_result(message: str | None) -> GcResult | None:
             ),
             volume_bytes=_count(doc, "volumeBytes"),
             free_bytes=_count(doc, "freeBytes"),
+            weights_bytes=_count(doc, "weightsBytes"),
             removed_record=_record_entries(doc),
         )
     return None
@@ -331,8 +335,8 @@ class GarbageCollector:
         #: (namespace, claim) -> (when, bytes of every artifact dir, claim UID) measured by its
         #: latest GC Job: counts towards ClaimNearlyFull with what the statuses list.
         self._claim_measured: dict[tuple[str, str], tuple[str, int, str | None]] = {}
-        #: The newest GC Job's statvfs of each claim: (completion, free bytes, claim UID).
-        self._claim_free: dict[tuple[str, str], tuple[str, int, str | None]] = {}
+        #: What the newest GC Job measured on each claim's volume, and the claim's UID then.
+        self._claim_volume: dict[tuple[str, str], tuple[ClaimMeasure, str | None]] = {}
 
 
     def jobs(self, ns: str, claim: str) -> list[dict[str, Any]]:
@@ -464,7 +468,7 @@ class GarbageCollector:
         for k in known:
             if self.c.caches.one("pvcs", k) is None and not self.c.caches.all("claim_users", k):
                 for m in (self._checked, self._swept, self._orphans, self._claim_measured,
-                          self._claim_free,
+                          self._claim_volume,
                           self._lingering):
                     m.pop(k, None)
                 self.sweep_requested.discard(k)
@@ -705,24 +709,28 @@ class GarbageCollector:
         pvc = self.c.caches.one("pvcs", (ns, claim))
         uid = ((pvc or {}).get("metadata") or {}).get("uid")
         changed = False
-        for record, value in ((self._claim_measured, result.remaining_bytes),
-                              (self._claim_free, result.free_bytes)):  # fmt: skip
-            last = record.get((ns, claim))
-            if value is not None and (last is None or when >= last[0]):
-                record[(ns, claim)] = (when, value, uid)
-                changed = True
+        last = self._claim_measured.get((ns, claim))
+        if result.remaining_bytes is not None and (last is None or when >= last[0]):
+            self._claim_measured[(ns, claim)] = (when, result.remaining_bytes, uid)
+            changed = True
+        volume = self._claim_volume.get((ns, claim))
+        if (result.free_bytes is not None or result.weights_bytes is not None) and (
+                volume is None or when >= volume[0].at):
+            self._claim_volume[(ns, claim)] = (
+                ClaimMeasure(when, result.free_bytes, result.weights_bytes), uid)
+            changed = True
         if changed:
             users = self.c.caches.all("claim_users", (ns, claim))
             self.c.enqueue([(ns, u.owner.name) for u in users])
 
-    def claim_free(self, ns: str, claim: str) -> tuple[int, str] | None:
-        """The claim's free bytes as the newest GC Job measured them, and when (its
-        completion); None when none did on this incarnation of the claim."""
-        measured = self._claim_free.get((ns, claim))
+    def claim_measured(self, ns: str, claim: str) -> ClaimMeasure | None:
+        """What the newest GC Job measured on the claim's volume; None when none did on this
+        incarnation of the claim."""
+        measured = self._claim_volume.get((ns, claim))
         pvc = self.c.caches.one("pvcs", (ns, claim))
-        if measured is None or measured[2] != ((pvc or {}).get("metadata") or {}).get("uid"):
+        if measured is None or measured[1] != ((pvc or {}).get("metadata") or {}).get("uid"):
             return None
-        return measured[1], measured[0]
+        return measured[0]
 
     def _finished_before_start(self, job: dict[str, Any]) -> bool:
         """The Job finished before this operator process started: the previous one acted on

@@ -51,6 +51,28 @@ def test_usage_reports_every_artifact_and_the_volume(tmp_path: Path) -> None:
     assert not any(a["writing"] for a in doc["artifacts"])
     assert doc["totalBytes"] == sum(a["sizeBytes"] for a in doc["artifacts"])
     assert doc["volumeBytes"] > 0 and 0 <= doc["freeBytes"] <= doc["volumeBytes"]
+    assert "weightsBytes" not in doc  # no model downloaded here
+
+
+def test_usage_measures_the_downloaded_models_where_the_operator_puts_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 47, 1: hf:// models download into the claim's hub directory (the operator's
+    HF_CACHE_DIR, under the cache root the GC pod mounts), beside the artifacts: usage and
+    every gc summary report their size apart."""
+    from spyre_operator.desired.plan import CACHE_MOUNT, HF_CACHE_DIR
+
+    assert HF_CACHE_DIR == f"{CACHE_MOUNT}/{gc.HUB_DIR}"
+    blobs = tmp_path / gc.HUB_DIR / "models--org--m" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "w").write_bytes(b"x" * 70_000)
+    _artifact(tmp_path, "aaa", size=1000, files=1)
+    assert gc.usage(tmp_path)["weightsBytes"] == gc.directory_size(tmp_path / gc.HUB_DIR)
+    term = tmp_path / "term"
+    proc = _cli("gc", "--cache-root", str(tmp_path), "--remove", "aaa",
+                "--termination-log", str(term))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(term.read_text())["weightsBytes"] >= 70_000
 
 
 def test_gc_removes_the_given_keys_and_nothing_else(tmp_path: Path) -> None:

@@ -1596,8 +1596,16 @@ class CacheStatus(ApiModel):
             "newest garbage-collection Job on it; absent until one ran)."
         ),
     )
-    free_measured_at: str | None = Field(
-        default=None, description="When freeBytes was measured (the GC Job's completion)."
+    weights_bytes: int | None = Field(
+        default=None,
+        description=(
+            "Size of the models downloaded onto the current cache claim (hf:// models, in "
+            "its hub directory, beside the artifacts) as last measured on the volume."
+        ),
+    )
+    measured_at: str | None = Field(
+        default=None,
+        description="When freeBytes and weightsBytes were measured (the GC Job's completion).",
     )
 
 

@@ -113,9 +113,10 @@ def decide_cache_status(
 
 
 def claim_space(model: dict[str, Any], obs: Observed, pvc_uid: str | None) -> dict[str, Any]:
-    """The current claim's capacity (its PVC's status) and free space as last measured: the
-    newest GC Job's, else what status recorded for this incarnation of the claim (a restart,
-    or the Job gone by its TTL, loses no figure; another claim's is never shown)."""
+    """The current claim's capacity (its PVC's status), and its free space and downloaded
+    models' size as last measured on the volume: the newest GC Job's, else what status recorded
+    for this incarnation of the claim (a restart, or the Job gone by its TTL, loses no figure;
+    another claim's is never shown)."""
     out: dict[str, Any] = {}
     capacity = parse_quantity(
         (((obs.cache_pvc or {}).get("status") or {}).get("capacity") or {}).get("storage"))
@@ -123,15 +124,19 @@ def claim_space(model: dict[str, Any], obs: Observed, pvc_uid: str | None) -> di
         out["capacityBytes"] = int(capacity)
     if pvc_uid is None:
         return out
-    prev = ((model.get("status") or {}).get("cache") or {})
-    at: str | None
-    if obs.claim_free is not None:
-        free, at = obs.claim_free
-    elif prev.get("claimUID") == pvc_uid and isinstance(prev.get("freeBytes"), int):
-        free, at = prev["freeBytes"], prev.get("freeMeasuredAt")
+    prev = (model.get("status") or {}).get("cache") or {}
+    if obs.claim_measured is not None:
+        m = obs.claim_measured
+        measured = {"freeBytes": m.free_bytes, "weightsBytes": m.weights_bytes,
+                    "measuredAt": m.at or None}  # fmt: skip
+    elif prev.get("claimUID") == pvc_uid:
+        measured = {k: prev.get(k) for k in ("freeBytes", "weightsBytes", "measuredAt")}
     else:
-        return {**out, "claimUID": pvc_uid}
-    return _clean({**out, "claimUID": pvc_uid, "freeBytes": free, "freeMeasuredAt": at})
+        measured = {}
+    measured = {k: v for k, v in measured.items()
+                if (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+                or (k == "measuredAt" and isinstance(v, str))}  # fmt: skip
+    return {**out, "claimUID": pvc_uid, **measured}
 
 
 def _neg_time(t: str | None) -> float:

@@ -44,6 +44,16 @@ API_FORBIDDEN = "Forbidden"  # 403: the operator's RBAC does not allow it
 
 
 @dataclass(frozen=True)
+class ClaimMeasure:
+    """What a GC Job measured on a cache claim's volume: when (its completion), its free space
+    (statvfs) and the size of the downloaded models beside the artifacts (None: not reported)."""
+
+    at: str
+    free_bytes: int | None = None
+    weights_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class Policy:
     """Tunables of the reconcile policy (the operator reads them from its environment)."""
 
@@ -160,9 +170,9 @@ class Observed:
     #: Bytes of the artifacts on the cache claim, as the SpyreModels using it list them
     #: (status.cache.artifacts of every user, each key once); None when unknown.
     claim_artifact_bytes: int | None = None
-    #: The cache claim's free bytes and when, as the newest GC Job on it measured them (its
-    #: statvfs; the operator mounts no claim); None when none did.
-    claim_free: tuple[int, str] | None = None
+    #: The cache claim as the newest GC Job on it measured it (the operator mounts no claim);
+    #: None when none did.
+    claim_measured: ClaimMeasure | None = None
     #: Scale to zero: the operator's settings, whether KEDA's two APIs are served (API_*,
     #: with the API server's message) and the operator's objects (None: absent or foreign).
     keda: ScaleToZeroConfig = field(default_factory=ScaleToZeroConfig)
