@@ -87,15 +87,15 @@ def estimate(artifact: Path, backend: str, data: Mapping[str, Any]) -> Estimate 
             if not entry.is_dir(follow_symlinks=False):
                 continue
             sibling = Path(entry.path)
-            total = _manifest_total(sibling)
-            if total is None:
-                continue  # no complete artifact
-            try:
+            try:  # the catalog first: small, and most siblings are other shapes
                 entries = catalog.read_catalog(sibling)
             except catalog.CatalogError:
                 continue
             if not _same_compile(entries, backend, data):
                 continue
+            total = _manifest_total(sibling)
+            if total is None:
+                continue  # no complete artifact
             if best is None or total[1] > best[0]:
                 best = (total[1], Estimate(entry.name, total[0]))
     return None if best is None else best[1]
