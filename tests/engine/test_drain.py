@@ -26,7 +26,8 @@ EXIT_SLACK = HARD_EXIT_AFTER_DEADLINE
 # A long context so the "long" stream outlasts the drain even on a fast machine (~100 tok/s),
 # while the short one fits it on a loaded one (~5 tok/s).
 SHAPE = ["--max-model-len", "2048", "--max-num-seqs", "4", "--max-num-batched-tokens", "128"]
-SHORT, LONG = 25, 1900
+#: The short stream's least length (its length is measured: the test below).
+SHORT_MIN, LONG = 4, 1900
 
 
 def precompile_eager(model: Path, art: Path, *extra: str) -> None:
@@ -85,10 +86,16 @@ def test_sigterm_drains_in_flight_and_cuts_streams_past_the_deadline(
     long = stream_completion(engine.url, MODEL, "the quick brown fox", max_tokens=LONG)
     assert long.first_chunk.wait(60)
     # The short stream must still be in flight at SIGTERM and fit the drain. Generation runs
-    # from ~5 tok/s (loaded) to well over 100 (quiet; a full run saw SHORT tokens done before
-    # this check): one that finished already is asked again, twice as long, which at that
-    # speed still takes a few seconds.
-    tokens = SHORT
+    # from ~2 tok/s (a machine twice as slow, loaded) to well over 100 (quiet): its length is
+    # what this machine generates in a third of the drain, measured on the long stream now (a
+    # fixed 25 tokens outlasted the drain on the slow machine). One that finished already is
+    # asked again, twice as long.
+    t0, n0 = time.monotonic(), long.text_chunks
+    wait_until(lambda: long.text_chunks >= n0 + 5 or long.done.is_set(), 60,
+               "five tokens of the long stream, to measure the pace")  # fmt: skip
+    rate = (long.text_chunks - n0) / (time.monotonic() - t0)
+    tokens = max(SHORT_MIN, int(rate * drain / 3))
+    print(f"generation pace {rate:.1f} tokens/s: a short stream of {tokens}")
     for _attempt in range(4):
         short = stream_completion(engine.url, MODEL, "hello world", max_tokens=tokens)
         assert short.first_chunk.wait(60)
