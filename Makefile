@@ -43,6 +43,7 @@ lock: install ## Regenerate requirements.lock (make install's versions) from pyp
 binaries: binaries-core ## Build (or reuse) the pinned control-plane binaries, prometheus-adapter and KEDA too (cache outside the repo)
 	tests/cluster/metrics-deps.sh >/dev/null
 	tests/cluster/keda-deps.sh >/dev/null
+	tests/cluster/helm3-deps.sh >/dev/null
 
 # What every cluster session needs. prometheus-adapter (~1.5 min cold, the autoscaling tests)
 # and KEDA (~7 min cold, the scale-to-zero tests) are not in it: `make test` builds them in the

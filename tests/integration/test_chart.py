@@ -62,11 +62,26 @@ KOPF_OPTIONAL = re.compile(
 )
 
 
-class Helm:
-    """The pinned helm binary, with its caches in a temp dir and the admin kubeconfig."""
+#: Helm 3 (tests/cluster/helm3-deps.sh builds it; idempotent): many sites, OpenShift's console
+#: among them, still install charts with it.
+HELM3_DEPS = Path(__file__).resolve().parents[1] / "cluster" / "helm3-deps.sh"
 
-    def __init__(self, cp: ControlPlane, home: Path) -> None:
-        self.bin = cp.bin_dir / "helm"
+
+def helm3_binary() -> Path:
+    out = subprocess.run([str(HELM3_DEPS)], capture_output=True, text=True, check=True,
+                         timeout=1800)  # fmt: skip
+    return Path(out.stdout.strip())
+
+
+class Helm:
+    """The pinned helm binary (Helm 4, or ``binary``), with its caches in a temp dir and the
+    admin kubeconfig."""
+
+    def __init__(self, cp: ControlPlane, home: Path, binary: Path | None = None) -> None:
+        self.bin = binary or cp.bin_dir / "helm"
+        version = subprocess.run([str(self.bin), "version", "--template={{.Version}}"],
+                                 capture_output=True, text=True, check=True).stdout
+        self.major = int(version.lstrip("v").split(".")[0])
         self.env = {
             **os.environ,
             "KUBECONFIG": str(cp.kubeconfig),
@@ -86,6 +101,15 @@ class Helm:
 @pytest.fixture
 def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
     return Helm(control_plane, tmp_path / "helm")
+
+
+@pytest.fixture(params=[4, 3], ids=["helm4", "helm3"])
+def any_helm(control_plane: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest) -> Helm:
+    """Helm 4 (the cluster's) and Helm 3."""
+    binary = helm3_binary() if request.param == 3 else None
+    h = Helm(control_plane, tmp_path / "helm", binary)
+    assert h.major == request.param
+    return h
 
 
 def _ns_manifest(name: str) -> dict[str, Any]:
@@ -152,7 +176,7 @@ def monitoring_crds(control_plane: ControlPlane) -> Iterator[None]:
                                   "network-policy"])
 def test_rendered_chart_passes_server_side_dry_run(
     control_plane: ControlPlane, helm: Helm, namespace: str, name: str,
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest, tmp_path: Path,
 ) -> None:
     if name == "monitoring":
         request.getfixturevalue("monitoring_crds")
@@ -168,6 +192,14 @@ def test_rendered_chart_passes_server_side_dry_run(
     assert res.returncode == 0, res.stderr
     assert "PodSecurity" not in res.stderr, res.stderr
     assert "deployment.apps/spyre-model-operator serverside-applied (server dry run)" in res.stdout
+    # Helm 3 renders the same objects. Offline, it takes Kubernetes to be v1.20 (Helm 4: a
+    # current one), which the chart's kubeVersion refuses: `--kube-version` (what Argo CD
+    # passes; install and upgrade ask the cluster).
+    helm3 = Helm(control_plane, tmp_path / "helm3", helm3_binary())
+    same = helm3("template", RELEASE, str(CHART), "--namespace", namespace, *values,
+                 "--kube-version", "1.30").stdout
+    assert [d for d in yaml.safe_load_all(same) if d] == [
+        d for d in yaml.safe_load_all(manifest) if d], "Helm 3 renders other objects"
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -204,10 +236,12 @@ def _forbidden_lines(log: str) -> list[str]:
 
 
 def test_install_serve_upgrade_uninstall(
-    control_plane: ControlPlane, helm: Helm, namespace: str, models_namespace: str,
+    control_plane: ControlPlane, any_helm: Helm, namespace: str, models_namespace: str,
     tmp_path: Path,
 ) -> None:
-    cp = control_plane
+    """With Helm 4 and Helm 3: install, serve with the chart's RBAC, upgrade (the CRD too),
+    uninstall (the CRD and the models stay)."""
+    cp, helm = control_plane, any_helm
     values = ["--set", "watch.allNamespaces=false",
               "--set", f"watch.namespaces={{{models_namespace}}}",
               "--set", "replicaCount=2",  # also turns on leader election: the Lease RBAC
@@ -269,9 +303,11 @@ def test_install_serve_upgrade_uninstall(
         # helm upgrade with a changed CRD updates the CRD in the cluster. The session applied
         # the CRD before with `kubectl apply --server-side` (another field manager), as a user
         # who installed the CRD by hand would have: Helm 4's server-side apply then needs
-        # --force-conflicts to take the fields over (documented in the chart README).
+        # --force-conflicts to take the fields over (documented in the chart README); Helm 3
+        # patches client-side and has no such flag.
+        force = ["--force-conflicts"] if helm.major >= 4 else []
         helm("upgrade", RELEASE, str(_changed_chart(tmp_path)), "--namespace", namespace,
-             *values, "--force-conflicts", "--wait", "--timeout=90s")
+             *values, *force, "--wait", "--timeout=90s")
         cols = cp.kubectl_json("get", "crd", CRD_NAME)["spec"]["versions"][0][
             "additionalPrinterColumns"]
         assert "Served" in [c["name"] for c in cols]
