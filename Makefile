@@ -43,7 +43,6 @@ lock: install ## Regenerate requirements.lock (make install's versions) from pyp
 binaries: binaries-core ## Build (or reuse) the pinned control-plane binaries, prometheus-adapter and KEDA too (cache outside the repo)
 	tests/cluster/metrics-deps.sh >/dev/null
 	tests/cluster/keda-deps.sh >/dev/null
-	tests/cluster/helm3-deps.sh >/dev/null
 
 # What every cluster session needs. prometheus-adapter (~1.5 min cold, the autoscaling tests)
 # and KEDA (~7 min cold, the scale-to-zero tests) are not in it: `make test` builds them in the
@@ -53,6 +52,7 @@ binaries-core: node-deps
 	tests/cluster/build.sh
 	tests/cluster/metrics-deps.sh --prometheus-only
 	tests/cluster/registry-deps.sh >/dev/null
+	tests/cluster/helm3-deps.sh >/dev/null
 	tests/cluster/crds.sh >/dev/null
 
 cluster-up: install binaries ## Start the local control plane (SPYRE_REAL_NODE=1: with the real node)
