@@ -59,7 +59,7 @@ def test_every_value_has_a_row() -> None:
     named = _named()
     missing = sorted(leaf for leaf in _leaves(values)
                      if not any(leaf == n or leaf.startswith(n + ".") for n in named))
-    assert not missing, f"values.yaml keys with no row in the chart README's values table: {missing}"
+    assert not missing, f"values.yaml keys with no row in the chart README's table: {missing}"
 
 
 def test_every_row_names_a_value() -> None:
