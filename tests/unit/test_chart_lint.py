@@ -6,6 +6,7 @@ tests skip with that hint (the server-side dry runs are in tests/integration/tes
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,28 @@ def test_rbac_is_least_privilege(name: str) -> None:
     # or mounts it (control/claims.py); without the verb that delete was refused (issue 45, 3)
     assert ("", "persistentvolumeclaims", "delete") in verbs
     assert ("", "services", "delete") not in verbs, "Services go with their model only"
+
+
+@needs_helm
+def test_the_readme_names_every_rule_the_chart_grants_and_why() -> None:
+    """Issue 45, 3: every verb the chart grants (cluster scope, scale to zero and leader
+    election on: the most it grants) has its row in the chart README's RBAC table, with the
+    code path that uses it, and every row is granted."""
+    granted = {(g, res, v) for r in _rules(render("--set", "scaleToZero.enabled=true"))
+               for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    text = (CHART / "README.md").read_text()
+    section = text.split("\n## RBAC\n", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| API group |", 1)[1].split("\n\n", 1)[0]
+    documented = set()
+    for line in table.splitlines()[2:]:
+        group, resources, verbs, why = [c.strip() for c in line.strip("|").split("|")][:4]
+        assert why, line
+        group = "" if group == '""' else group
+        for res in resources.split(", "):
+            for v in re.findall(r"\b(list|watch|create|patch|delete|get|update)\b", verbs):
+                documented.add((group, res, v))
+    assert not granted - documented, f"granted without a row: {sorted(granted - documented)}"
+    assert not documented - granted, f"a row not granted: {sorted(documented - granted)}"
 
 
 @needs_helm
