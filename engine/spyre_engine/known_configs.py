@@ -9,8 +9,10 @@ warmup shapes (pooling) that run on Spyre, with device settings (``VLLM_DT_MAX_B
 ``SENDNN_INFERENCE_REQUIRE_KNOWN_CONFIG=1``).
 
 Pure (PyYAML and the standard library; the plugin's YAML is located without importing the
-plugin) so the operator can call :func:`check_configuration` before allocating a card, and
-``serve`` can compute the catalog values the plugin will look up before vLLM is imported.
+plugin) so ``precompile`` can call :func:`check_configuration` before vLLM starts, and
+``serve`` can compute the catalog values the plugin will look up before vLLM is imported. The
+operator does not import it: it reads the same YAML with its own parser
+(operator/spyre_operator/desired/shapes.py) to fill in and check shapes before it creates anything.
 ``tests/engine/test_catalog_plugin.py`` checks this module against the plugin's own code.
 """
 

@@ -1,7 +1,9 @@
 """The one-line JSON the engine writes to its termination log, and a parser for it.
 
-Pure (pydantic only) so the operator, whose image has no torch or vLLM, can import it to read
-``containerStatuses[].state.terminated.message`` of a precompile Job or a crashed server.
+Pure (pydantic only): written before vLLM is imported (a refusal that never starts it), and
+read back by the engine's own tests. The operator does not import it: it reads the same line from
+``containerStatuses[].state.terminated.message`` with its own parser
+(operator/spyre_operator/summary.py), whose image has neither this package nor torch.
 """
 
 from __future__ import annotations
