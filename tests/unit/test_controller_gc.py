@@ -564,18 +564,24 @@ def test_a_recompile_of_a_removed_key_is_not_killed_when_the_gc_job_finishes() -
     asyncio.run(run())
 
 
+def _a_deleted_models_deployment_lingers(c: Controller) -> None:
+    """Model ``gone`` left the claim (a sweep is asked for) and was deleted, but its Deployment,
+    serving ``draining-key``, is still there (a finalizer)."""
+    c.router._claim_sigs[(NS, "gone")] = (CLAIM, _key("gone", 1024), "v")
+    served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
+        names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
+            {"kind": "SpyreModel", "name": "gone"}]}}
+    c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
+    c.router.claim_peers_if_changed((NS, "gone"), None)
+
+
 def test_a_lingering_deployment_of_a_deleted_model_does_not_make_gc_jobs_back_to_back() -> None:
     """Issue 31, 5: while a deleted model's Deployment lingers (a finalizer), the requested
     sweep stays requested; each GC Job's completion (which reconciles the claim's users) made
     the next one at once. It is asked for again once per evaluation interval."""
     async def run() -> None:
         c, fake, plan_a, _ = _setup([])
-        c.router._claim_sigs[(NS, "gone")] = (CLAIM, _key("gone", 1024), "v")
-        served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
-            names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
-                {"kind": "SpyreModel", "name": "gone"}]}}
-        c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
-        c.router.claim_peers_if_changed((NS, "gone"), None)
+        _a_deleted_models_deployment_lingers(c)
         for i in range(3):  # the GC Job finishes; its users are reconciled
             c.clock = lambda i=i: f"2026-11-22T00:00:{10 + i:02d}Z"
             await c.gc.collect((NS, "a"), plan_a)
@@ -611,12 +617,7 @@ def test_a_sweep_blocked_by_a_lingering_deployment_waits_for_it_to_go() -> None:
         new_key = _key("a", 4096)  # a's old key gone from its status: nothing else is due
         c.caches.indices["models"][(NS, "a")] = [_model("a", 4096, [
             {"key": new_key, "claim": CLAIM, "inUse": True, "lastUsed": OLD}])]
-        c.router._claim_sigs[(NS, "gone")] = (CLAIM, _key("gone", 1024), "v")
-        served = {"metadata": {"name": "gone-server", "namespace": NS, "annotations": {
-            names.ARTIFACT_KEY_ANNOTATION: "draining-key"}, "ownerReferences": [
-                {"kind": "SpyreModel", "name": "gone"}]}}
-        c.caches.indices["deployments"] = {(NS, "gone-server"): [served]}
-        c.router.claim_peers_if_changed((NS, "gone"), None)
+        _a_deleted_models_deployment_lingers(c)
         await c.gc.collect((NS, "a"), plan_a)
         [first] = fake.jobs
         keep = first.spec.template.spec.containers[0].args
