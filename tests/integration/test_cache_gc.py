@@ -154,6 +154,24 @@ def _gc_pod_check(kube: Kube, control_plane: ControlPlane, claim: str,
     return inuse.InUseCheck(claim, lister)
 
 
+def _held_gc_pods_and_an_edit(kube: Kube) -> str:
+    """b, the claim's oldest user, serving (its precompile.podAnnotations, kwok's hold, go to
+    the GC Jobs' pods: they run only when the test lets them), a served at 2048 and then edited
+    to 4096: the 2048 key, which the edit leaves unused."""
+    kube.apply_model("b", spec(compile={"maxModelLen": 8192}, cache=NO_RETENTION,
+                               precompile={"backoffLimit": 0, "podAnnotations": HOLD}))
+    b_job = kube.wait(lambda: (kube.model("b").get("status") or {}).get("artifact", {})
+                      .get("jobName"), 30, "b's precompile Job")  # fmt: skip
+    kube.wait(lambda: kube.items("pods", f"job-name={b_job}"), 30, "b's precompile pod")
+    release(kube, b_job)
+    kube.wait_condition("b", "Ready", "True", reason="Serving")
+    kube.apply_model("a", _spec(2048))
+    kube.wait_condition("a", "Ready", "True", reason="Serving")
+    key = str(kube.model("a")["status"]["artifact"]["key"])
+    kube.apply_model("a", _spec(4096))
+    return key
+
+
 def test_a_key_needed_again_before_the_gc_pod_runs_is_not_removed_and_if_it_was_compiles(
     kube: Kube, operator: OperatorProcess, control_plane: ControlPlane, kubeconfig: Any,
     tmp_path: Any,
@@ -174,17 +192,7 @@ def test_a_key_needed_again_before_the_gc_pod_runs_is_not_removed_and_if_it_was_
     try:
         # b is the claim's oldest user: its precompile.podAnnotations (kwok's hold) go to the
         # GC Job's pod.
-        kube.apply_model("b", spec(compile={"maxModelLen": 8192}, cache=NO_RETENTION,
-                                   precompile={"backoffLimit": 0, "podAnnotations": HOLD}))
-        b_job = kube.wait(lambda: (kube.model("b").get("status") or {}).get("artifact", {})
-                          .get("jobName"), 30, "b's precompile Job")
-        kube.wait(lambda: kube.items("pods", f"job-name={b_job}"), 30, "b's precompile pod")
-        release(kube, b_job)
-        kube.wait_condition("b", "Ready", "True", reason="Serving")
-        kube.apply_model("a", _spec(2048))
-        kube.wait_condition("a", "Ready", "True", reason="Serving")
-        key = kube.model("a")["status"]["artifact"]["key"]
-        kube.apply_model("a", _spec(4096))
+        key = _held_gc_pods_and_an_edit(kube)
         job = kube.wait(lambda: next(iter(kube.items("jobs", GC_SELECTOR)), None), 90,
                         "a GC Job for a's old key")
         assert _removed(job) == [key]
@@ -293,17 +301,7 @@ def test_a_removal_whose_gc_job_went_while_the_operator_was_down_is_learned_agai
     try:
         # b is the claim's oldest user: its precompile.podAnnotations (kwok's hold) go to the
         # GC Jobs' pods, which run only when the test has written what they removed.
-        kube.apply_model("b", spec(compile={"maxModelLen": 8192}, cache=NO_RETENTION,
-                                   precompile={"backoffLimit": 0, "podAnnotations": HOLD}))
-        b_job = kube.wait(lambda: (kube.model("b").get("status") or {}).get("artifact", {})
-                          .get("jobName"), 30, "b's precompile Job")  # fmt: skip
-        kube.wait(lambda: kube.items("pods", f"job-name={b_job}"), 30, "b's precompile pod")
-        release(kube, b_job)
-        kube.wait_condition("b", "Ready", "True", reason="Serving")
-        kube.apply_model("a", _spec(2048))
-        kube.wait_condition("a", "Ready", "True", reason="Serving")
-        old = kube.model("a")["status"]["artifact"]["key"]
-        kube.apply_model("a", _spec(4096))
+        old = _held_gc_pods_and_an_edit(kube)
         kube.wait(lambda: artifact_of(deployment(kube, "a")) != old[:12], 90, "roll to 4096")
         new = kube.model("a")["status"]["artifact"]["key"]
         job = kube.wait(lambda: gc_job_removing(old), 90, "a GC Job for a's old key")
