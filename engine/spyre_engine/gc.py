@@ -300,13 +300,17 @@ def sweep_trash(cache_root: Path) -> int:
     return freed
 
 
-def _read_orphans(root: Path) -> dict[str, float]:
+def _json_object(path: Path) -> dict[Any, Any]:
+    """A JSON object gc keeps on the volume; ``{}`` when absent, unreadable or not an object."""
     try:
-        doc = json.loads((root / ORPHANS_FILENAME).read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(doc, dict):
-        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _read_orphans(root: Path) -> dict[str, float]:
+    doc = _json_object(root / ORPHANS_FILENAME)
     return {str(k): float(v) for k, v in doc.items() if isinstance(v, int | float)}
 
 
@@ -353,14 +357,8 @@ def _utc(t: float) -> str:
 def read_removed(root: Path) -> dict[str, str]:
     """The volume's record of removals, newest first; unreadable or malformed: what parses
     (anything on a claim is anyone's: keys must be keys, times must be times)."""
-    try:
-        doc = json.loads((root / REMOVED_FILENAME).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
     out = {}
-    for k, v in doc.items():
+    for k, v in _json_object(root / REMOVED_FILENAME).items():
         try:
             check_key(str(k))
             time.strptime(str(v), "%Y-%m-%dT%H:%M:%SZ")

@@ -263,9 +263,9 @@ def with_removed(record: dict[str, str], keys: Iterable[str], when: str,
 
 
 def merge_removed(record: dict[str, str], entries: dict[str, str],
-                  limit: int = names.REMOVED_ARTIFACTS_KEPT) -> dict[str, str]:
+                  limit: int | None = names.REMOVED_ARTIFACTS_KEPT) -> dict[str, str]:
     """``record`` with each of ``entries`` (key: removed at; the later time wins), the
-    newest ``limit`` kept (by time, then key)."""
+    newest ``limit`` kept (by time, then key; None: all)."""
     out = dict(record)
     for k, when in entries.items():
         out[k] = max(out.get(k, ""), when)
@@ -367,7 +367,7 @@ class GarbageCollector:
                 continue
             when = jobs.finished_at(job) or ""
             entries = {**result.removed_record, **dict.fromkeys(gone_keys(result), when)}
-            out = merge_removed(out, entries, limit=len(out) + len(entries))
+            out = merge_removed(out, entries, limit=None)
         return out
 
     async def _record_removed(self, ns: str, claim: str, job: dict[str, Any],
