@@ -42,6 +42,7 @@ from tests.cluster.thirdparty import (
     installed_crd,
     remove_crd,
 )
+from tests.operator_log import refusals
 
 from .conftest import Kube, OperatorProcess, assert_no_host_operator
 
@@ -53,14 +54,6 @@ CHART = ROOT / "charts" / "spyre-model-operator"
 CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"
 CRD_NAME = "spyremodels.serving.spyre.dev"
 RELEASE = "spyre-model-operator"  # the ServiceAccount and Deployment get this name
-
-#: kopf probes for cluster-wide access it can live without (it falls back to the namespaces it
-#: was given and to its startup discovery); everything else forbidden is an RBAC bug.
-KOPF_OPTIONAL = re.compile(
-    r"Not enough permissions to (list namespaces|watch for namespaces|watch for resources)"
-    r'|cannot (list|watch) resource "(namespaces|customresourcedefinitions)"'
-)
-
 
 #: Helm 3 (tests/cluster/helm3-deps.sh builds it; idempotent): many sites, OpenShift's console
 #: among them, still install charts with it.
@@ -230,11 +223,6 @@ def _changed_chart(tmp: Path) -> Path:
     return chart
 
 
-def _forbidden_lines(log: str) -> list[str]:
-    bad = re.compile(r"403|[Ff]orbidden|Not enough permissions|could not record event")
-    return [ln for ln in log.splitlines() if bad.search(ln) and not KOPF_OPTIONAL.search(ln)]
-
-
 def test_install_serve_upgrade_uninstall(
     control_plane: ControlPlane, any_helm: Helm, namespace: str, models_namespace: str,
     tmp_path: Path,
@@ -282,7 +270,7 @@ def test_install_serve_upgrade_uninstall(
         assert any(e["involvedObject"]["name"] == "granite"
                    and e.get("reportingComponent") == "serving.spyre.dev/spyre-model-operator"
                    for e in events)
-        assert not _forbidden_lines(op.log_path.read_text() if op.log_path else ""), op.log_tail()
+        assert not refusals(op.log_path.read_text() if op.log_path else ""), op.log_tail()
         # ... and it wrote every child itself, with the chart's RBAC (no other operator ran)
         assert_no_host_operator()
         assert op.namespace_writes(models_namespace) > 0, op.metrics()

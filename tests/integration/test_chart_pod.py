@@ -41,10 +41,10 @@ from spyre_operator.desired.pod import CACHE_VOLUME
 
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.node import NODE_NAME, RealNode
+from tests.operator_log import refusals
 from tests.realpods import support as s
 
 from .conftest import assert_no_host_operator
-from .test_chart import _forbidden_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.realpods, pytest.mark.slow,
               pytest.mark.usefixtures("no_host_operator"),
@@ -206,7 +206,7 @@ def test_chart_operator_pod_reconciles_a_real_model(
     # refused (a missing Role verb shows as a 403 in its log and a Degraded model).
     assert m.get(f'spyre_operator_namespace_writes_total{{namespace="{ns}"}}', 0) > 0, m
     log = s.operator_logs(cp, op_ns, tail=2000)
-    assert not _forbidden_lines(log), "\n".join(_forbidden_lines(log)[:20])
+    assert not refusals(log), "\n".join(refusals(log)[:20])
     job = s.jobs(cp, ns)[0]["status"]
     print(f"Job {job.get('startTime')} -> {job.get('completionTime')}; "
           f"apply -> Job complete {tl.since(tl.job_complete)}, -> pod Ready "
