@@ -151,7 +151,7 @@ def _value_sets(namespace: str, second: str) -> dict[str, list[str]]:
         "replicas-2": ["--set", "replicaCount=2"],
         "monitoring": ["--set", "monitoring.enabled=true",
                        "--api-versions", "monitoring.coreos.com/v1"],
-        "network-policy": ["--set", "networkPolicy.enabled=true"],
+        "network-policy": ["--set", "networkPolicy.egress=true"],
     }
 
 

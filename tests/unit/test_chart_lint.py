@@ -30,7 +30,7 @@ VALUE_SETS: dict[str, list[str]] = {
                    "--set", "watch.namespaces={team-a,team-b}"],
     "replicas-2": ["--set", "replicaCount=2"],
     "monitoring": ["--set", "monitoring.enabled=true", "--api-versions", MONITORING],
-    "network-policy": ["--set", "networkPolicy.enabled=true",
+    "network-policy": ["--set", "networkPolicy.egress=true",
                        "--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}"],
     "site-defaults": [
         "--set", "defaults.engineImage=registry.example.com/spyre/spyre-engine:1.0",
@@ -549,7 +549,7 @@ def test_pod_user_values_given_in_pod_security_context_win_and_bad_values_are_re
 @needs_helm
 def test_operator_network_policy_allows_dns_on_kubernetes_and_openshift() -> None:
     """Egress to kube-dns (port 53) and to OpenShift's DNS pods (openshift-dns, port 5353)."""
-    pol = by_kind(render("--set", "networkPolicy.enabled=true"), "NetworkPolicy")[0]
+    pol = by_kind(render("--set", "networkPolicy.egress=true"), "NetworkPolicy")[0]
     dns = [r for r in pol["spec"]["egress"]
            if any(p["port"] in (53, 5353) for p in r.get("ports", []))]
     assert len(dns) == 1, pol["spec"]["egress"]
@@ -561,6 +561,45 @@ def test_operator_network_policy_allows_dns_on_kubernetes_and_openshift() -> Non
                  {"kubernetes.io/metadata.name": "openshift-dns"}]
     assert openshift and openshift[0]["podSelector"]["matchLabels"] == {
         "dns.operator.openshift.io/daemonset-dns": "default"}
+
+
+@needs_helm
+def test_the_operator_pod_admits_only_its_ports_by_default() -> None:
+    """Issue 45, 4: the operator pod's NetworkPolicy is on by default and holds ingress only
+    (nothing else calls the operator: free); the cold-start port is open with scale to zero
+    alone; egress is the site's choice (it needs the API server's address)."""
+    (pol,) = by_kind(render(), "NetworkPolicy")
+    assert pol["spec"]["policyTypes"] == ["Ingress"] and "egress" not in pol["spec"], pol
+    ports = {p["port"] for r in pol["spec"]["ingress"] for p in r["ports"]}
+    assert ports == {"metrics", "health"}, pol["spec"]["ingress"]
+    (pol,) = by_kind(render("--set", "scaleToZero.enabled=true"), "NetworkPolicy")
+    assert {p["port"] for r in pol["spec"]["ingress"] for p in r["ports"]} == {
+        "metrics", "health", "coldstart"}
+    # every port the policy names is one of the operator container's
+    named = {p["name"] for p in operator_container(render("--set", "scaleToZero.enabled=true"))
+             ["ports"]}  # fmt: skip
+    assert {"metrics", "health", "coldstart"} <= named, named
+    assert not by_kind(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+@needs_helm
+def test_the_operators_egress_reaches_the_serving_pods_it_reads() -> None:
+    """With egress held, the operator may still read each canary and baseline pod's report
+    on its serving port (canary_report.py): the rule's port and pod labels are the ones the
+    operator's builders give serving pods (desired/deployment.py, desired/names.py)."""
+    from spyre_operator.desired import names
+    from spyre_operator.desired.deployment import PORT_NAME
+
+    (pol,) = by_kind(render("--set", "networkPolicy.egress=true"), "NetworkPolicy")
+    assert pol["spec"]["policyTypes"] == ["Ingress", "Egress"], pol["spec"]
+    serving_pods = {names.MANAGED_BY: names.MANAGED_BY_VALUE,
+                    names.COMPONENT: names.COMPONENT_SERVER}
+    reads = [r for r in pol["spec"]["egress"] for peer in r.get("to", [])
+             if peer.get("namespaceSelector") == {}
+             and (peer.get("podSelector") or {}).get("matchLabels", {}).items()
+             <= serving_pods.items()]  # fmt: skip
+    assert reads, pol["spec"]["egress"]
+    assert [p["port"] for p in reads[0]["ports"]] == [PORT_NAME], reads
 
 
 @needs_helm
