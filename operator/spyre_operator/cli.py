@@ -364,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spyre-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
+    sub.add_parser("api-doc", help="print docs/api.md, the field reference generated from the CRD")
     run = sub.add_parser("run", help="run the operator")
     scope = run.add_mutually_exclusive_group()
     scope.add_argument(
@@ -490,6 +491,11 @@ def main(argv: list[str] | None = None) -> int:
         from .crd import render_crd
 
         sys.stdout.write(render_crd())
+        return 0
+    if args.command == "api-doc":
+        from .apidoc import render_api_doc
+
+        sys.stdout.write(render_api_doc())
         return 0
     return _run(args)
 
