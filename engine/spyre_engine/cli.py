@@ -40,6 +40,7 @@ from spyre_engine.summary import (
     FailureSummary,
     write_termination_log,
 )
+from spyre_engine.weights import ModelRef, parse_ref
 
 log = logging.getLogger("spyre_engine")
 
@@ -262,6 +263,8 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
                 keep=settings.keep,
                 orphans_unused_for=settings.orphans_unused_for,
                 in_use=in_use,
+                keep_models=_keep_models(settings.keep_models),
+                models_in_use=in_use.models if in_use is not None else None,
             )
             if result.in_use_unknown and not result.removed:
                 message = f"{result.in_use_unknown}; {NOTHING_REMOVED}"
@@ -287,6 +290,19 @@ def run_cache_command(command: str, settings: CacheSettings) -> int:
 
 
 NOTHING_REMOVED = "could not tell which artifacts are in use: nothing was removed"
+
+
+def _keep_models(values: list[str] | None) -> list[ModelRef] | None:
+    """``--keep-models`` parsed; None (no sweep of downloaded models) when unset or when any
+    entry is not a model: keeping less than the operator asked could remove a used one."""
+    if values is None:
+        return None
+    refs = [parse_ref(v) for v in values]
+    if any(r is None for r in refs):
+        log.warning("--keep-models has entries that are not models (%s): downloaded models "
+                    "are left alone", [v for v, r in zip(values, refs, strict=True) if r is None])
+        return None
+    return [r for r in refs if r is not None]
 
 
 def _in_use_check(settings: CacheSettings) -> InUseCheck | None:

@@ -52,11 +52,11 @@ from typing import Any
 from spyre_engine.catalog import CATALOG_FILENAME, write_json_atomically
 from spyre_engine.inuse import InUseUnknown
 from spyre_engine.manifest import MANIFEST_FILENAME, WRITER_LOCK_FILENAME
+from spyre_engine.weights import HUB_DIR, ModelRef, ModelsInUse, WeightsResult, sweep_models
+from spyre_engine.weights import RECORD_FILENAME as MODELS_RECORD_FILENAME
+from spyre_engine.weights import sweep_trash as sweep_hub_trash
 
 ARTIFACTS_DIR = "artifacts"
-#: Where ``hf://`` models download on the cache claim (the operator's plan.HF_CACHE_DIR, under
-#: the cache root; tests/unit/test_cache_space.py compares them).
-HUB_DIR = "hub"
 WRITER_LOCK = WRITER_LOCK_FILENAME
 TRASH_PREFIX = ".trash-"
 #: When each orphan was first found unknown: {key: unix seconds}.
@@ -83,7 +83,7 @@ def fit_summary(doc: dict[str, Any], limit: int = TERMINATION_MESSAGE_BYTES) -> 
         line = json.dumps(doc, separators=(",", ":"))
         if len(line.encode()) < limit:
             return line
-        for name in ("removedRecord", "orphans"):
+        for name in ("removedRecord", "orphans", "modelsPending", "modelsSkipped"):
             items = doc.get(name)
             if items:
                 left = list(items.items() if isinstance(items, dict) else items)[:-1]
@@ -223,6 +223,8 @@ class GcResult:
     in_use_unknown: str | None = None
     #: The volume's record of removals, this run's included: {key: when}, newest first.
     removed_record: dict[str, str] = field(default_factory=dict)
+    #: The sweep of downloaded models (hub/), when the operator asked for one.
+    weights: WeightsResult | None = None
 
     @property
     def freed_bytes(self) -> int:
@@ -244,6 +246,8 @@ class GcResult:
             doc["orphans"] = self.orphans[:MAX_LISTED_ORPHANS]
             doc["orphanCount"] = len(self.orphans)
             doc["orphanBytes"] = sum(int(o["sizeBytes"]) for o in self.orphans)
+        if self.weights is not None:
+            doc.update(self.weights.to_dict())
         return doc
 
 
@@ -350,6 +354,25 @@ def sweep_orphans(
         write_json_atomically(root / ORPHANS_FILENAME, record, 0, ".gc-orphans-")
 
 
+def _sweep_weights(
+    cache_root: Path,
+    keep: list[ModelRef],
+    unused_for: float,
+    now: float,
+    in_use: ModelsInUse | None,
+) -> WeightsResult:
+    """weights.sweep_models with its record on the volume (artifacts/.gc-models.json)."""
+    root = artifacts_root(cache_root)
+    seen = {str(k): float(v) for k, v in _json_object(root / MODELS_RECORD_FILENAME).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
+    result, record = sweep_models(cache_root, keep, unused_for, now, seen, in_use)
+    if record != seen and (record or seen):
+        with contextlib.suppress(OSError):
+            root.mkdir(parents=True, exist_ok=True)
+            write_json_atomically(root / MODELS_RECORD_FILENAME, record, 0, ".gc-models-")
+    return result
+
+
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
@@ -393,12 +416,15 @@ def gc(
     orphans_unused_for: float | None = None,
     now: float | None = None,
     in_use: InUse | None = None,
+    keep_models: list[ModelRef] | None = None,
+    models_in_use: ModelsInUse | None = None,
 ) -> GcResult:
     """Remove the artifacts ``keys`` (those a precompile writes, and with ``in_use`` those in
     use right now, are skipped) and old trash; with ``orphans_unused_for``, also sweep the
-    dirs in neither ``keys`` nor ``keep``. If ``in_use`` cannot tell, nothing more is removed:
-    the rest is skipped and ``result.in_use_unknown`` says why."""
-    result = GcResult(trash_bytes=sweep_trash(cache_root))
+    dirs in neither ``keys`` nor ``keep``, and with ``keep_models`` too, the downloaded models
+    (weights.py: ``models_in_use`` is their live check). If what is in use cannot be told,
+    nothing more is removed: the rest is skipped and ``result.in_use_unknown`` says why."""
+    result = GcResult(trash_bytes=sweep_trash(cache_root) + sweep_hub_trash(cache_root))
     try:
         for i, key in enumerate(keys):
             try:
@@ -417,6 +443,9 @@ def gc(
             known = set(keep or ()) | set(keys)
             when = time.time() if now is None else now
             sweep_orphans(cache_root, known, orphans_unused_for, when, result, in_use)
+            if keep_models is not None:
+                result.weights = _sweep_weights(
+                    cache_root, keep_models, orphans_unused_for, when, models_in_use)
     except InUseUnknown as exc:
         result.in_use_unknown = str(exc)
     result.removed_record = record_removed(
@@ -426,6 +455,7 @@ def gc(
 
 __all__ = [
     "ARTIFACTS_DIR",
+    "HUB_DIR",
     "GcResult",
     "InvalidKey",
     "being_written",

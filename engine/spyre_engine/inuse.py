@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from spyre_engine.weights import ModelUse, pod_models
+
 #: The annotation the operator puts on every pod template that serves or writes a key
 #: (operator: desired/names.py ARTIFACT_KEY_ANNOTATION; a unit test keeps them equal).
 ARTIFACT_KEY_ANNOTATION = "serving.spyre.dev/artifact-key"
@@ -89,6 +91,43 @@ def users_of(
     return sorted(out)
 
 
+def models_in_use(
+    claim: str,
+    pods: list[dict[str, Any]],
+    jobs: list[dict[str, Any]],
+    deployments: list[dict[str, Any]],
+) -> dict[str, ModelUse]:
+    """The downloaded models (weights.py) that what mounts ``claim`` runs now, by hub folder:
+    pods that have not ended, Jobs that have not finished (they may be downloading) and
+    Deployments (their pods may be about to start)."""
+    out: dict[str, ModelUse] = {}
+
+    def add(kind: str, name: Any, pod_spec: Mapping[str, Any], downloading: bool) -> None:
+        if not _mounts(pod_spec, claim):
+            return
+        for ref in pod_models(dict(pod_spec)):
+            use = out.setdefault(ref.folder, ModelUse())
+            use.users.append(f"{kind}/{name}")
+            use.revisions.add(ref.revision)
+            use.downloading = use.downloading or downloading
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        owned_by_job = any(r.get("kind") == "Job" for r in
+                           (pod.get("metadata") or {}).get("ownerReferences") or [])
+        add("pod", (pod.get("metadata") or {}).get("name"), pod.get("spec") or {}, owned_by_job)
+    for kind, items in (("job", jobs), ("deployment", deployments)):
+        for obj in items:
+            if kind == "job" and _job_finished(obj):
+                continue
+            template = (obj.get("spec") or {}).get("template") or {}
+            add(kind, (obj.get("metadata") or {}).get("name"), template.get("spec") or {},
+                kind == "job")
+    for use in out.values():
+        use.users.sort()
+    return out
+
+
 class InUseCheck:
     """``check(key)``: why ``key`` is in use on the claim now (None: unused); lists afresh
     on every call. Raises :class:`InUseUnknown` when it cannot tell."""
@@ -96,6 +135,12 @@ class InUseCheck:
     def __init__(self, claim: str, lister: Lister) -> None:
         self.claim = claim
         self.lister = lister
+
+    def models(self) -> dict[str, ModelUse]:
+        """The downloaded models in use on the claim now (:func:`models_in_use`)."""
+        return models_in_use(
+            self.claim, self.lister("pods"), self.lister("jobs"), self.lister("deployments")
+        )
 
     def __call__(self, key: str) -> str | None:
         users = users_of(
@@ -171,5 +216,6 @@ __all__ = [
     "InUseCheck",
     "InUseUnknown",
     "api_lister",
+    "models_in_use",
     "users_of",
 ]

@@ -301,6 +301,13 @@ class CacheSettings(BaseModel):
         description="gc: also remove orphans (dirs not in --keep or --remove) this many "
         "seconds after a gc first found them; unset: leave them",
     )
+    keep_models: list[str] | None = Field(
+        None,
+        description="gc: every hf:// model (ORG/NAME[@REVISION]) a SpyreModel on the claim "
+        "names, comma-separated (with --orphans-unused-for: other downloaded models, and old "
+        "snapshots of these, are removed from <root>/hub once unnamed that long); unset: "
+        "downloaded models are left alone",
+    )
     claim: str | None = Field(
         None,
         description="gc: the cache claim's PVC name; set, each removal first asks the API "
@@ -316,7 +323,7 @@ class CacheSettings(BaseModel):
         Path("/dev/termination-log"), description="Where the one-line JSON summary is written"
     )
 
-    @field_validator("remove", "keep", mode="before")
+    @field_validator("remove", "keep", "keep_models", mode="before")
     @classmethod
     def _keys(cls, value: Any) -> Any:
         if isinstance(value, str):
