@@ -7,6 +7,7 @@ beats the variable. Pure (no vLLM/torch) so the operator can import it to render
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -326,6 +327,13 @@ class CacheSettings(BaseModel):
     @field_validator("remove", "keep", "keep_models", mode="before")
     @classmethod
     def _keys(cls, value: Any) -> Any:
+        """Comma-separated, or a JSON array of strings (what the operator sets in
+        SPYRE_ENGINE_KEEP_MODELS: an empty list is a list, where an empty variable is unset)."""
+        if isinstance(value, str) and value.strip().startswith("["):
+            doc = json.loads(value)
+            if not isinstance(doc, list) or not all(isinstance(k, str) for k in doc):
+                raise ValueError("a JSON list must hold strings only")
+            return doc
         if isinstance(value, str):
             return [k for k in (p.strip() for p in value.split(",")) if k]
         return value

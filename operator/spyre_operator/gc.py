@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -133,6 +134,22 @@ def known_keys(
     return out
 
 
+def named_models(models: Iterable[dict[str, Any]]) -> set[str]:
+    """The ``hf://`` models (``ORG/NAME[@REVISION]``) SpyreModels name: their spec, the spec
+    they serve (``status.servedSpec``) and the one they last served well
+    (``status.lastGoodServedSpec``). A sweep keeps these downloads on the claim (engine
+    weights.py); the GC pod also keeps what pods and Jobs run right then."""
+    out: set[str] = set()
+    for m in models:
+        uris = [((m.get("spec") or {}).get("model") or {}).get("uri")]
+        status = m.get("status") or {}
+        for field_ in ("servedSpec", "lastGoodServedSpec"):
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                uris.append((json.loads(status.get(field_) or "{}").get("model") or {}).get("uri"))
+        out |= {u[len("hf://"):] for u in uris if isinstance(u, str) and u.startswith("hf://")}
+    return out
+
+
 @dataclass(frozen=True)
 class GcResult:
     """What a GC Job's ``spyre-engine gc`` removed (its termination message)."""
@@ -156,6 +173,35 @@ class GcResult:
     #: The volume's own record of removals (engine gc.py's ``.gc-removed.json``), this run's
     #: and earlier runs' whose Jobs may have gone unread: {key: when}.
     removed_record: dict[str, str] = field(default_factory=dict)
+    #: Downloaded models (hub/ folders, or ``<folder>/snapshots/<commit>`` for an old
+    #: revision) removed: {unit: bytes}; freed in all; pending: (unit, first found unnamed).
+    models_removed: dict[str, int] = field(default_factory=dict)
+    models_freed_bytes: int = 0
+    models_pending: tuple[tuple[str, int], ...] = ()
+
+
+#: What a summary may name as a downloaded model: huggingface_hub's folder, or one of its
+#: snapshots (the pod's output: nothing else is believed).
+_MODEL_UNIT = re.compile(r"^models--[A-Za-z0-9._-]+--[A-Za-z0-9._-]+(/snapshots/[0-9a-f]{40})?$")
+
+
+def _model_units(doc: dict[str, Any], name: str, value: str) -> dict[str, int]:
+    """``{unit: value}`` of a summary's list of downloaded models (``modelsRemoved``:
+    sizeBytes, ``modelsPending``: since), only well-formed units and counts."""
+    out: dict[str, int] = {}
+    items = doc.get(name)
+    for r in items if isinstance(items, list) else []:
+        if not isinstance(r, dict):
+            continue
+        unit, n = r.get("model"), r.get(value)
+        if isinstance(unit, str) and len(unit) <= 300 and _MODEL_UNIT.match(unit) \
+                and ".." not in unit and type(n) is int and n >= 0:
+            out[unit] = n
+    return out
+
+
+#: Prefix of the downloaded models among a claim's timed orphans (GarbageCollector._orphans).
+_HUB = "hub:"
 
 
 #: The longest key the engine's record may name (the operator's are 32 hex digits).
@@ -225,6 +271,10 @@ def parse_gc_result(message: str | None) -> GcResult | None:
             free_bytes=_count(doc, "freeBytes"),
             weights_bytes=_count(doc, "weightsBytes"),
             removed_record=_record_entries(doc),
+            models_removed=_model_units(doc, "modelsRemoved", "sizeBytes"),
+            models_freed_bytes=_count(doc, "modelsFreedBytes") or 0,
+            models_pending=tuple(sorted(_model_units(doc, "modelsPending", "since").items(),
+                                        key=lambda kv: (kv[1], kv[0]))),
         )
     return None
 
@@ -588,7 +638,8 @@ class GarbageCollector:
         # Every GC Job also sweeps (it runs anyway); only a due sweep is a new decision, named
         # by its time: the same removal alone never makes a second Job.
         keep, lingering = self._known_keys(ns, claim, uses, protected)
-        sweep = Sweep(frozenset(keep), retention.unused_for_seconds, now if due else "")
+        sweep = Sweep(frozenset(keep), retention.unused_for_seconds, now if due else "",
+                      keep_models=frozenset(named_models(self._namespace_models(ns))))
         gc_job = build_gc_job(job_plan, remove, [u.owner for u in users], sweep)
         name = gc_job.metadata.name if gc_job.metadata else ""
         if self.c.caches.one("jobs", (ns, name)) is not None:
@@ -656,6 +707,13 @@ class GarbageCollector:
             lingering = lingering or self._of_a_deleted_model(ns, d)
         keys = known_keys(claim, statuses, [u.spec_key for u in uses], protected | served)
         return keys, lingering
+
+    def _namespace_models(self, ns: str) -> list[dict[str, Any]]:
+        """Every SpyreModel of the namespace in the caches (users of the claim or not: a
+        claim is the namespace's, and what one names may be served from it)."""
+        models = self.c.caches.indices.get("models") or {}
+        return [m for k in list(models.keys()) if k[0] == ns
+                and (m := self.c.caches.one("models", k)) is not None]
 
     def _served_deployments(self, ns: str) -> list[dict[str, Any]]:
         """The namespace's Deployments that serve an artifact key (the watch cache)."""
@@ -759,6 +817,7 @@ class GarbageCollector:
             self.c.writer.deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
             await self.c.applier.delete(Job, name, ns)
         self._announce_orphans(ns, claim, result, models if announce else [])
+        self._announce_models(claim, result, models if announce else [])
         in_use = {k: r for k, r in result.skipped.items() if r.startswith("in use by")}
         if in_use and announce:
             # The Job that kept them is deleted next (and its pod's message with it).
@@ -794,18 +853,35 @@ class GarbageCollector:
         for m in models:
             self.c.writer.background(self.c.applier.event(dict(m), type_, reason, message[:1024]))
 
+    def _announce_models(
+        self, claim: str, result: GcResult, models: list[dict[str, Any]]
+    ) -> None:
+        """Tell the claim's users which downloaded models (or old revisions) a GC Job removed."""
+        if not result.models_removed or not models:
+            return
+        names_ = ", ".join(u.removeprefix("models--").replace("--", "/", 1)
+                           for u in sorted(result.models_removed))  # fmt: skip
+        message = (
+            f"removed {len(result.models_removed)} downloaded model(s) or old revision(s) no "
+            f"SpyreModel names from cache claim {claim}, freed {result.models_freed_bytes} "
+            f"bytes: {names_}"
+        )
+        self._tell_users(models, "Normal", "ModelsCollected", message)
+
     def _announce_orphans(
         self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
     ) -> None:
         """Remember a sweep's pending orphans (the next sweep is due when the oldest is) and
         tell the claim's users when the set changed: space no SpyreModel accounts for."""
-        before = self._orphans.get((ns, claim)) or {}
+        before = {k for k in self._orphans.get((ns, claim)) or {} if not k.startswith(_HUB)}
         now = dict(result.orphans)
-        if now:
-            self._orphans[(ns, claim)] = now
+        # downloaded models pending too: the next sweep is due when the oldest of all is
+        timed = {**now, **{_HUB + unit: since for unit, since in result.models_pending}}
+        if timed:
+            self._orphans[(ns, claim)] = timed
         else:
             self._orphans.pop((ns, claim), None)
-        if not now or set(now) == set(before):
+        if not now or set(now) == before:
             return
         user = next(iter(models), None)
         volume = None
@@ -830,6 +906,7 @@ __all__ = [
     "keys_to_remove",
     "mounts_claim",
     "known_keys",
+    "named_models",
     "parse_gc_result",
     "removed_record",
     "still_listed",

@@ -238,13 +238,14 @@ def test_the_command_sweeps_the_models_it_is_told_to_keep(hub: LocalHub, tmp_pat
     _download(hub, tmp_path, "org/gone", b"b" * 10)
     term = tmp_path / "term"
 
-    def run(keep: str) -> dict[str, Any]:
+    def run(keep: str | None, env: dict[str, str] | None = None) -> dict[str, Any]:
         proc = subprocess.run(
             [sys.executable, "-m", "spyre_engine.cli", "gc", "--cache-root", str(tmp_path),
              "--remove", "", "--keep", "", "--orphans-unused-for", "0",
-             "--keep-models", keep, "--termination-log", str(term)],
+             *(["--keep-models", keep] if keep is not None else []),
+             "--termination-log", str(term)],
             capture_output=True, text=True, timeout=120, check=False,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return json.loads(term.read_text())  # type: ignore[no-any-return]
 
@@ -253,3 +254,10 @@ def test_the_command_sweeps_the_models_it_is_told_to_keep(hub: LocalHub, tmp_pat
     doc = run("org/kept@main")
     assert [r["model"] for r in doc["modelsRemoved"]] == ["models--org--gone"], doc
     assert set(_revisions(tmp_path)) == {"org/kept"}
+
+    # The operator's way (an engine older than the variable ignores it): a JSON list, where
+    # an empty one keeps nothing.
+    assert "modelsRemoved" not in run(None)  # neither: downloaded models are left alone
+    doc = run(None, {"SPYRE_ENGINE_KEEP_MODELS": "[]"})
+    assert [r["model"] for r in doc["modelsRemoved"]] == ["models--org--kept"], doc
+    assert _revisions(tmp_path) == {}

@@ -655,3 +655,68 @@ def test_what_is_remembered_per_claim_goes_with_the_claim() -> None:
         assert (NS, CLAIM) in c.gc._checked  # the live claim's stays
         await c.stop()
     asyncio.run(run())
+
+
+def _env(job: Any) -> dict[str, str]:
+    return {e.name: e.value for e in job.spec.template.spec.containers[0].env or []}
+
+
+def test_the_gc_job_keeps_every_model_the_namespaces_spyremodels_name() -> None:
+    """Issue 47, 1: the sweep of downloaded models keeps what any SpyreModel of the namespace
+    names: its spec, the spec it serves and the one it last served well (a rollback target),
+    in the engine's variable (an older engine image ignores it, where a flag would fail)."""
+    from spyre_engine.settings import env_name
+    from spyre_operator.desired.gcjob import KEEP_MODELS_ENV
+
+    assert KEEP_MODELS_ENV == env_name("keep_models")
+
+    async def run() -> None:
+        c, fake, plan_a, _ = _setup([])
+        a = c.caches.indices["models"][(NS, "a")][0]
+        a["status"]["servedSpec"] = json.dumps({"model": {"uri": "hf://org/old@v1"}})
+        a["status"]["lastGoodServedSpec"] = "not json"  # read as hostile: nothing
+        other = {"metadata": {"name": "elsewhere", "namespace": "other-ns"},
+                 "spec": {"model": {"uri": "hf://org/not-this-namespace"}}}
+        pvc_model = {"metadata": {"name": "p", "namespace": NS},
+                     "spec": {"model": {"uri": "pvc://models/tiny"}}}
+        c.caches.indices["models"][("other-ns", "elsewhere")] = [other]
+        c.caches.indices["models"][(NS, "p")] = [pvc_model]
+        await c.gc.collect((NS, "a"), plan_a)
+        [job] = fake.jobs
+        kept = json.loads(_env(job)[KEEP_MODELS_ENV])
+        assert kept == sorted({GENERATE["model"]["uri"][len("hf://"):], "org/old@v1"}), kept
+        assert "--keep-models" not in _gc_args(job)
+        await c.stop()
+    asyncio.run(run())
+
+
+def test_removed_downloads_are_an_event_and_pending_ones_make_the_next_sweep_due() -> None:
+    async def run(pending: bool) -> None:
+        gc_labels = {names.COMPONENT: "gc", names.CLAIM_LABEL: CLAIM}
+        gc = _job("spyre-gc-m", gc_labels, {}, True)
+        c, fake, plan_a, _ = _setup([gc])
+        # a's old key in use again (a rollback): no artifact is due
+        c.caches.indices["models"][(NS, "a")][0]["status"]["cache"]["artifacts"][1][
+            "inUse"] = True
+        t0 = 1763769600 - 3600
+        summary = {"removed": [], "skipped": [], "freedBytes": 0,
+                   "modelsRemoved": [{"model": "models--org--gone", "sizeBytes": 5000},
+                                     {"model": "../../etc", "sizeBytes": 1}],
+                   "modelsFreedBytes": 5000,
+                   "modelsPending": [{"model": f"models--org--m/snapshots/{'a' * 40}",
+                                      "since": t0}] if pending else []}
+        c.observer.job_messages[gc["metadata"]["uid"]] = [
+            {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
+        c.clock = lambda: "2026-11-21T23:30:00Z"
+        await c.gc.collect((NS, "a"), plan_a)
+        await asyncio.gather(*c.writer.pending)
+        told = [e for e in fake.events if e[2] == "ModelsCollected"]
+        assert sorted(e[0] for e in told) == ["a", "b"]
+        assert all("org/gone" in e[3] and "5000 bytes" in e[3] and "etc" not in e[3]
+                   for e in told)  # fmt: skip
+        # the users' retention is 0 s: a pending revision is due, so a sweep runs again;
+        # with none, nothing is due and no Job is made
+        assert len(fake.jobs) == (1 if pending else 0)
+        await c.stop()
+    asyncio.run(run(True))
+    asyncio.run(run(False))

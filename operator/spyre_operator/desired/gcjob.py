@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ from lightkube.models.batch_v1 import JobSpec
 from lightkube.models.core_v1 import (
     Container,
     EmptyDirVolumeSource,
+    EnvVar,
     PersistentVolumeClaimVolumeSource,
     PodSpec,
     PodTemplateSpec,
@@ -65,15 +67,24 @@ def gc_job_labels(claim: str) -> dict[str, str]:
     return {**names.common_labels(COMPONENT_GC), names.CLAIM_LABEL: claim}
 
 
+#: The engine's variable for gc's ``--keep-models`` (engine settings.py ``env_name``): a JSON
+#: list. A variable, not a flag: an engine image older than the sweep of downloaded models
+#: ignores it, where it would refuse an unknown flag and remove nothing at all.
+KEEP_MODELS_ENV = "SPYRE_ENGINE_KEEP_MODELS"
+
+
 @dataclass(frozen=True)
 class Sweep:
     """Also sweep orphans: every dir not in ``keep`` (nor removed) is timed on the volume and
     removed once unknown for ``unused_for_seconds``; ``at`` (when it was decided, for a sweep
-    that is a decision of its own) goes into the Job's name."""
+    that is a decision of its own) goes into the Job's name. ``keep_models``: the ``hf://``
+    models (``ORG/NAME[@REVISION]``) the namespace's SpyreModels name; the claim's downloaded
+    models are swept the same way (engine weights.py)."""
 
     keep: frozenset[str]
     unused_for_seconds: int
     at: str
+    keep_models: frozenset[str] = frozenset()
 
 
 def build_gc_job(
@@ -124,6 +135,11 @@ def build_gc_job(
             VolumeMount(name="cache", mountPath=CACHE_MOUNT),
             VolumeMount(name="tmp", mountPath="/tmp"),
         ],
+        env=(
+            [EnvVar(name=KEEP_MODELS_ENV, value=json.dumps(sorted(sweep.keep_models)))]
+            if sweep is not None
+            else None
+        ),
         securityContext=container_security_context(),
         terminationMessagePath=TERMINATION_LOG,
         terminationMessagePolicy="FallbackToLogsOnError",
