@@ -13,6 +13,9 @@ the claim (``--keep`` every key still known) and, with a zero retention, the GC 
 from __future__ import annotations
 
 import json
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,7 +102,26 @@ def test_an_artifact_an_edit_left_unused_is_removed_from_the_claim_by_a_gc_job(
     assert managers == {"spyre-model-operator-records"}, pvc["metadata"]["managedFields"]
 
 
+def _plant_download(root: Path, repo: str) -> Path:
+    """``repo`` downloaded into the claim's hub/ as a precompile Job leaves it (huggingface_hub
+    itself, from tests/engine/hub.py's local stand-in for the Hub), writable by the GC pod's
+    uid as the precompile pod's files are (its fsGroup): the model's folder."""
+    from huggingface_hub import snapshot_download
+
+    from tests.engine.hub import LocalHub, Repo
+
+    with LocalHub() as hub:
+        hub.repos[repo] = Repo(files={"config.json": b"{}", "model.safetensors": b"w" * 4096})
+        snapshot_download(repo, cache_dir=root / "hub", endpoint=hub.url, token=False)
+    for dirpath, _dirs, files in os.walk(root / "hub"):
+        os.chmod(dirpath, 0o777)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o666)
+    return root / "hub" / ("models--" + repo.replace("/", "--"))
+
+
 def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) -> None:
+    """... and a downloaded model no SpyreModel names goes with a sweep too (issue 47, 1)."""
     peer = "gc-peer"
     # its own start: the model served (where the test above leaves it; run alone, it compiles)
     env.kube.apply_model(MODEL, _spec(env, 4))
@@ -119,6 +141,7 @@ def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) 
     root = claim_host_dir(env.cp, env.kube, art["claim"])
     peer_dir = root / "artifacts" / peer_key
     assert manifest.manifest_path(peer_dir).is_file()
+    unused = _plant_download(root, "org/unused")
 
     env.kube.kubectl("delete", "spyremodel", peer, "--wait=true", "--timeout=60s")
 
@@ -135,6 +158,15 @@ def test_a_deleted_models_artifact_is_swept_from_the_shared_claim(env: RealEnv) 
     assert left == sorted([serving, gc.REMOVED_FILENAME]), left
     assert "files" in manifest.verify(root / "artifacts" / serving)
     assert support.condition(env.kube.model(MODEL), "Ready")["status"] == "True"
+
+    def downloads() -> list[dict[str, Any]]:
+        return [e for e in env.kube.items("events")
+                if e["involvedObject"]["name"] == MODEL and e.get("reason") == "ModelsCollected"]
+
+    [event] = _wait("the unnamed download collected", downloads, 300, env)
+    freed = re.search(r"freed (\d+) bytes", event["message"])
+    assert "org/unused" in event["message"] and freed and int(freed[1]) >= 4096, event["message"]
+    assert not unused.exists() and not (root / "hub" / ".locks" / unused.name).exists()
 
 
 def test_a_key_served_again_before_the_gc_pod_runs_stays_on_the_claim(env: RealEnv) -> None:
