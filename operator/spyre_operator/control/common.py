@@ -150,25 +150,25 @@ def foreign_owner(kind: str, live: Mapping[str, Any], model: str) -> str | None:
     )
 
 
-def _rejected(e: ApiError) -> bool:
+def is_rejected_write(e: ApiError) -> bool:
     """A client error the API server will repeat until something changes (not a race)."""
     code = e.status.code or 0
     return 400 <= code < 500 and code not in (404, 409, 429)
 
 
-def _terminating(message: str) -> bool:
+def says_terminating(message: str) -> bool:
     return "because it is being terminated" in message
 
 
 def namespace_going_away(e: BaseException) -> bool:
     """An error that only says the model's namespace is being (or was) deleted."""
     if isinstance(e, RejectedWrites):
-        return _terminating(str(e))
+        return says_terminating(str(e))
     if not isinstance(e, ApiError):
         return False
     details = e.status.details
     gone = e.status.code == 404 and details is not None and details.kind == "namespaces"
-    return gone or (e.status.code == 403 and _terminating(e.status.message or ""))
+    return gone or (e.status.code == 403 and says_terminating(e.status.message or ""))
 
 
 def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:

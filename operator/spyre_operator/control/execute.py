@@ -22,9 +22,9 @@ from .common import (
     NotLeader,
     OwnerGone,
     RejectedWrites,
-    _rejected,
-    _terminating,
     foreign_owner,
+    is_rejected_write,
+    says_terminating,
 )
 
 #: A Job this writer deleted is remembered this long (the watch catches up well before).
@@ -130,7 +130,7 @@ class Writer:
             writes.append(self.c.applier.apply(obj, live_of(obj)))
         results = await asyncio.gather(*writes, return_exceptions=True)
         for (kind, obj_name), r in zip(targets, results, strict=True):
-            if isinstance(r, ApiError) and _rejected(r):
+            if isinstance(r, ApiError) and is_rejected_write(r):
                 if kind == "Job":  # not created: the slot it held is free again
                     self.c.budgets.compile_reserved.drop(ns, obj_name)
                 obs.write_errors.append(
@@ -138,7 +138,7 @@ class Writer:
                 )
             elif isinstance(r, BaseException):
                 raise r
-        if obs.write_errors and all(_terminating(e.message) for e in obs.write_errors):
+        if obs.write_errors and all(says_terminating(e.message) for e in obs.write_errors):
             raise RejectedWrites(write_error_message(obs.write_errors) or "")  # nothing to tell
         if obs.foreign or obs.write_errors:
             again = decide(dict(model), obs, self.c.clock(), self.c.policy)

@@ -28,12 +28,12 @@ from .observed import (
     RETRY_ANNOTATION,
     Observed,
     Policy,
-    _fmt_time,
-    _human_size,
-    _job_state,
-    _latest_termination,
-    _parse_time,
-    _seconds_between,
+    fmt_time,
+    human_size,
+    job_state,
+    latest_termination,
+    parse_time,
+    seconds_between,
 )
 from .slots import WAITING_RECHECK_SECONDS
 
@@ -72,14 +72,14 @@ class ArtifactOutcome:
 
 
 def _summary(obs: Observed) -> ArtifactSummary | EngineFailure | None:
-    term = _latest_termination(obs.job_pods)
+    term = latest_termination(obs.job_pods)
     return parse_termination_message(term.get("message")) if term else None
 
 
 def _failure_message(
     obs: Observed, job: dict[str, Any], parsed: ArtifactSummary | EngineFailure | None
 ) -> str:
-    term = _latest_termination(obs.job_pods)
+    term = latest_termination(obs.job_pods)
     if isinstance(parsed, EngineFailure):
         msg = f"{parsed.reason}: {parsed.message}" if parsed.message else parsed.reason
     elif term and term.get("exitCode") not in (None, 0):
@@ -96,7 +96,7 @@ def _ready_status(plan: ModelPlan, obs: Observed, job: dict[str, Any]) -> dict[s
     out: dict[str, Any] = {
         "phase": READY,
         "completedAt": st.get("completionTime"),
-        "compileSeconds": _seconds_between(st.get("startTime"), st.get("completionTime")),
+        "compileSeconds": seconds_between(st.get("startTime"), st.get("completionTime")),
     }
     parsed = _summary(obs)
     if isinstance(parsed, ArtifactSummary):
@@ -120,8 +120,8 @@ def _created_after_completion(pvc: dict[str, Any] | None, job: dict[str, Any]) -
     (A PVC in use by a pod cannot be deleted, so a claim recreated under the same name is
     always newer than the completion of any Job that wrote to the old one.)
     """
-    created = _parse_time(((pvc or {}).get("metadata") or {}).get("creationTimestamp"))
-    done = _parse_time((job.get("status") or {}).get("completionTime"))
+    created = parse_time(((pvc or {}).get("metadata") or {}).get("creationTimestamp"))
+    done = parse_time((job.get("status") or {}).get("completionTime"))
     return bool(created and done and created > done)
 
 
@@ -164,7 +164,7 @@ class _ArtifactFacts:
             obs=obs,
             cache=cache,
             policy=policy,
-            now=_parse_time(now) or datetime.now(UTC),
+            now=parse_time(now) or datetime.now(UTC),
             pvc_uid=((obs.cache_pvc or {}).get("metadata") or {}).get("uid"),
             old=old,
             attempts=job_attempt(obs.job) or int(old.get("attempts") or 1),
@@ -190,7 +190,7 @@ class _ArtifactFacts:
 
     def pending(self, message: str, reason: str = C.COMPILING, **extra: Any) -> ArtifactOutcome:
         carry = {"attempts": self.attempts, "retryToken": self.old_token}
-        st = _clean({**self.base, **carry, **extra, "phase": PENDING, "message": message})
+        st = clean_artifacts({**self.base, **carry, **extra, "phase": PENDING, "message": message})
         return ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, message))
 
     def retry(self, why: str) -> ArtifactOutcome:
@@ -211,12 +211,12 @@ class _ArtifactFacts:
     def failed(self, message: str, reason: str, due: datetime) -> ArtifactOutcome:
         """Failed until ``due`` (the Job, if it is still there, is kept for its owners)."""
         carry = {"attempts": self.attempts, "retryToken": self.old_token}
-        st = _clean(
+        st = clean_artifacts(
             {**self.base, **carry, "phase": FAILED, "message": message, "reason": reason,
-             "nextRetryAt": _fmt_time(due)}
+             "nextRetryAt": fmt_time(due)}
         )  # fmt: skip
         text = (
-            f"{message}; attempt {self.attempts}, next retry at {_fmt_time(due)} (or set the "
+            f"{message}; attempt {self.attempts}, next retry at {fmt_time(due)} (or set the "
             f"annotation {RETRY_ANNOTATION} to a new value to retry now)"
         )
         out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, reason, text))
@@ -254,7 +254,7 @@ def decide_artifact(
         if out.job is not None and not obs.compile_slot.free:
             return _waiting_for_compile_slot(a, out)
         return out
-    state = _job_state(job)
+    state = job_state(job)
     if state == READY:
         return _unless_answers_refused(a, _compiled(a, job))
     if state == FAILED:
@@ -276,7 +276,7 @@ def _without_job(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome:
         return a.pending("waiting for the cache claim", reason=C.CLAIM_NOT_FOUND)
     if a.old.get("phase") == FAILED:
         # The failed Job was removed (its TTL, or by hand): status has its reason and retry.
-        due = _parse_time(a.old.get("nextRetryAt"))
+        due = parse_time(a.old.get("nextRetryAt"))
         why = a.retry_reason(due)
         if why is None and due is not None:
             reason = a.old.get("reason") or C.PRECOMPILE_FAILED
@@ -312,7 +312,7 @@ def _waiting_for_compile_slot(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifa
         f"{slot.message('precompile', 'max-concurrent-compiles')}; the precompile Job "
         f"{a.plan.job_name} starts when a slot frees"
     )
-    since = a.old.get("waitingSince") or _fmt_time(a.now)  # as waiting_since() finds it
+    since = a.old.get("waitingSince") or fmt_time(a.now)  # as waiting_since() finds it
     st = {**out.status, "phase": PENDING, "message": message, "waitingSince": since}
     waiting = ArtifactOutcome(
         st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.WAITING_FOR_COMPILE_SLOT, message)
@@ -350,7 +350,7 @@ def _known_on_claim(a: _ArtifactFacts, model: dict[str, Any]) -> ArtifactOutcome
         return None
     # A revert to a shape compiled before (or one another model compiled), still on this
     # claim: serve it, no Job.
-    st = _clean(
+    st = clean_artifacts(
         {
             **a.base,
             "phase": READY,
@@ -381,7 +381,7 @@ def _compiled(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
         )
         out.delete_job = True
         return out
-    st = _clean(
+    st = clean_artifacts(
         {**a.base, **_ready_status(a.plan, a.obs, job), "claimUID": a.pvc_uid,
          "attempts": a.attempts}
     )  # fmt: skip
@@ -393,7 +393,7 @@ def _compiled(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
 def _after_failure(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
     """The Job failed: Failed until the retry is due (one backoff per claim and key: the
     attempt is the Job's), asked for, or the model's pod template changed."""
-    failed_at = _parse_time((jobs.condition(job, jobs.FAILED) or {}).get("lastTransitionTime"))
+    failed_at = parse_time((jobs.condition(job, jobs.FAILED) or {}).get("lastTransitionTime"))
     due = (failed_at or a.now) + timedelta(seconds=a.policy.retry_delay(a.attempts))
     why = a.retry_reason(due, template_changed=a.replaceable(job))
     if why is not None:
@@ -430,27 +430,27 @@ def _running(a: _ArtifactFacts, job: dict[str, Any]) -> ArtifactOutcome:
         return out
     carry = {"attempts": a.attempts, "retryToken": a.old_token}
     if stuck is not None:
-        st = _clean({**a.base, **carry, "phase": PENDING, "message": stuck.message})
+        st = clean_artifacts({**a.base, **carry, "phase": PENDING, "message": stuck.message})
         out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, stuck.reason, stuck.message))
         out.stuck = stuck
         out.job = a.job()
         return out
     active = job.get("status", {}).get("active") or 0
     msg = f"precompile Job {plan.job_name} is running" if active else "precompile pod starting"
-    st = _clean({**a.base, **carry, "phase": COMPILING, "message": msg})
+    st = clean_artifacts({**a.base, **carry, "phase": COMPILING, "message": msg})
     out = ArtifactOutcome(st, C.Cond(C.ARTIFACT_READY, C.FALSE, C.COMPILING, msg))
     out.job = a.job()
     return out
 
 
-def _clean(d: dict[str, Any]) -> dict[str, Any]:
+def clean_artifacts(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
 def _ready_condition(plan: ModelPlan, st: dict[str, Any], remembered: bool = False) -> C.Cond:
     detail = ""
     if st.get("compileSeconds") is not None:
-        detail = f" (compiled in {st['compileSeconds']:.0f}s, {_human_size(st.get('sizeBytes'))})"
+        detail = f" (compiled in {st['compileSeconds']:.0f}s, {human_size(st.get('sizeBytes'))})"
     if remembered:
         detail += f"; compiled earlier ({st.get('completedAt') or 'time unknown'}), not again"
     return C.Cond(
@@ -464,7 +464,7 @@ def _ready_condition(plan: ModelPlan, st: dict[str, Any], remembered: bool = Fal
 # ------------------------------------------------------------------------------ remembered
 
 
-def _remembered(model: dict[str, Any]) -> list[dict[str, Any]]:
+def remembered_artifacts(model: dict[str, Any]) -> list[dict[str, Any]]:
     cache = (model.get("status") or {}).get("cache") or {}
     return [a for a in cache.get("artifacts") or [] if a.get("key") and a.get("claim")]
 
@@ -476,7 +476,7 @@ def collected_since(obs: Observed, key: str, compiled_at: str | None) -> str | N
     removed_at = obs.collected.get(key)
     if removed_at is None:
         return None
-    removed, compiled = _parse_time(removed_at), _parse_time(compiled_at)
+    removed, compiled = parse_time(removed_at), parse_time(compiled_at)
     if removed is not None and compiled is not None and compiled > removed:
         return None
     return removed_at
@@ -488,7 +488,7 @@ def _remembered_on_claim(
     """The remembered artifact of this spec's key on this very claim (same UID), if any."""
     if not pvc_uid:
         return None
-    for a in _remembered(model):
+    for a in remembered_artifacts(model):
         if a["key"] == plan.key and a["claim"] == plan.claim and a.get("claimUID") == pvc_uid:
             return a
     return None
@@ -506,7 +506,7 @@ def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifact
         a.old.get("phase") == FAILED and a.old.get("reason") in C.SERVING_REFUSED_REASONS
     )
     if refused_before and a.token != a.old_token:
-        out.status = _clean({**out.status, "retryToken": a.token})
+        out.status = clean_artifacts({**out.status, "retryToken": a.token})
         out.cond = C.Cond(
             C.ARTIFACT_READY, C.TRUE, out.cond.reason,
             f"{out.cond.message}; checking its answers again ({RETRY_ANNOTATION}={a.token})",
@@ -521,7 +521,7 @@ def _unless_answers_refused(a: _ArtifactFacts, out: ArtifactOutcome) -> Artifact
         why, token = a.old.get("message") or "its serving pods refused it", a.old_token
     else:
         return out
-    st = _clean(
+    st = clean_artifacts(
         {**out.status, "phase": FAILED, "reason": reason, "message": why, "retryToken": token}
     )
     text = (
@@ -551,7 +551,7 @@ def _canary_refused(a: _ArtifactFacts) -> tuple[str, str] | None:
             f"compared with the previous artifact's pods over its window: "
             f"{st['baselineVerdict']}"
         )[:1024]
-    created = _parse_time(st.get("createdTime"))
+    created = parse_time(st.get("createdTime"))
     if created is not None and (a.now - created).total_seconds() >= spec.deadline:
         doing = str(st.get("message") or "").strip()
         return C.CANARY_DEADLINE_EXCEEDED, (

@@ -31,7 +31,7 @@ from .artifact import decide_artifact
 from .cache import decide_cache
 from .cache_status import decide_cache_status
 from .canary import decide_canary
-from .observed import DEFAULT_POLICY, Decision, Observed, Policy, _parse_time
+from .observed import DEFAULT_POLICY, Decision, Observed, Policy, parse_time
 from .routing import decide_routing
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
 from .serving import decide_serving, last_good, verified_key
@@ -179,7 +179,7 @@ def decide(
         d.apply = [o for o in d.apply if o.kind not in obs.foreign]
 
     silent, recheck = scheduler_silence(
-        obs.server_pods, _parse_time(now) or datetime.now(UTC), policy.scheduler_silence_seconds
+        obs.server_pods, parse_time(now) or datetime.now(UTC), policy.scheduler_silence_seconds
     )
     for again in (recheck, obs.recheck_after):
         if again is not None:

@@ -14,7 +14,7 @@ from ..desired import names
 from ..desired.plan import ModelPlan
 from ..desired.pvc import build_cache_pvc, cache_owners
 from ..quantity import parse_quantity
-from .observed import Observed, _human_size
+from .observed import Observed, human_size
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _claim_usage(
         C.CACHE_VOLUME_READY,
         C.TRUE,
         C.CLAIM_NEARLY_FULL,
-        f"artifacts use {_human_size(used)} of PVC {plan.claim}'s {_human_size(int(total))} "
+        f"artifacts use {human_size(used)} of PVC {plan.claim}'s {human_size(int(total))} "
         f"({int(used * 100 // total)}%, warning at {limit}%): a precompile may run out of "
         "space; "
         "lower cache.volume.retention (keepLast, unusedForSeconds) so unused artifacts are "

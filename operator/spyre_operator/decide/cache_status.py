@@ -8,8 +8,8 @@ from typing import Any
 from ..api.v1alpha1 import SpyreModelSpec
 from ..desired.plan import ModelPlan, plan_model
 from ..quantity import parse_quantity
-from .artifact import ArtifactOutcome, _clean, _remembered, collected_since
-from .observed import READY, Observed, _human_size, _parse_time, _served_spec, served_key
+from .artifact import ArtifactOutcome, clean_artifacts, collected_since, remembered_artifacts
+from .observed import READY, Observed, human_size, parse_time, served_key, served_spec_of
 from .serving import ServingOutcome
 
 #: How many artifacts a model's status remembers (most recently used first).
@@ -48,7 +48,7 @@ def decide_cache_status(
     """
     pvc_uid = ((obs.cache_pvc or {}).get("metadata") or {}).get("uid")
     entries: dict[tuple[str, str], dict[str, Any]] = {
-        (a["key"], a["claim"]): dict(a) for a in _remembered(model)
+        (a["key"], a["claim"]): dict(a) for a in remembered_artifacts(model)
     }
     if artifact.phase == READY:
         st = artifact.status
@@ -65,7 +65,7 @@ def decide_cache_status(
             "modelRevision": st.get("modelRevision"),
         }
         prev = entries.get((plan.key, plan.claim), {})
-        entries[(plan.key, plan.claim)] = {**prev, **_clean(rec)}
+        entries[(plan.key, plan.claim)] = {**prev, **clean_artifacts(rec)}
     if pvc_uid:
         entries = {
             k: a
@@ -77,7 +77,7 @@ def decide_cache_status(
         in_use.add((plan.key, plan.claim))
     if serving.key and serving.plan is not None:
         in_use.add((serving.key, serving.plan.claim))
-    live_key, live_spec = served_key(obs.deployment), _served_spec(obs.deployment or {})
+    live_key, live_spec = served_key(obs.deployment), served_spec_of(obs.deployment or {})
     if live_key and live_spec is not None:  # its pods serve it until the rollout replaces them
         live = plan_model(
             plan.name, plan.namespace, plan.uid, live_spec, plan.site.for_served_spec()
@@ -107,7 +107,7 @@ def decide_cache_status(
     return {
         "artifacts": kept,
         "usedBytes": used,
-        "usage": f"{_human_size(used)} in {len(here)}",
+        "usage": f"{human_size(used)} in {len(here)}",
         **claim_space(model, obs, pvc_uid),
     }
 
@@ -140,5 +140,5 @@ def claim_space(model: dict[str, Any], obs: Observed, pvc_uid: str | None) -> di
 
 
 def _neg_time(t: str | None) -> float:
-    parsed = _parse_time(t)
+    parsed = parse_time(t)
     return -parsed.timestamp() if parsed else 0.0

@@ -32,17 +32,17 @@ from .observed import (
     CANARY_PROMOTE_ANNOTATION,
     READY,
     Observed,
-    _fmt_time,
-    _parse_time,
-    _seconds_between,
+    fmt_time,
+    parse_time,
+    seconds_between,
     served_key,
 )
 from .serving import (
     ServingOutcome,
-    _engine_failure,
-    _previous_serving,
-    _rollout,
-    _unschedulable,
+    engine_failure_of,
+    previous_serving,
+    rollout_of,
+    unschedulable_of,
 )
 
 RUNNING, PASSED, FAILED = "Running", "Passed", "Failed"
@@ -111,13 +111,13 @@ def decide_canary(
         out.status = old
     if spec is None or artifact.phase != READY or not serving.current(plan):
         return out  # none asked; the artifact is not ready, refused, or waits for a slot
-    previous = _previous_serving(plan, obs, old_status)
+    previous = previous_serving(plan, obs, old_status)
     if plan.spec.replicas == 0:
         return out  # scaled to zero: nothing to compare with, nothing serves to switch from
     if previous.plan is None or previous.key == plan.key:
         # A first rollout, or the Deployment serves this artifact already: a canary that
         # passed stays until that rollout is done (it still takes its share meanwhile).
-        rolled = _rollout(obs.deployment, plan.spec.replicas, plan.key).done
+        rolled = rollout_of(obs.deployment, plan.spec.replicas, plan.key).done
         out.delete = live is not None and (previous.plan is None or rolled)
         return out
     if mine and old.get("phase") == PASSED:
@@ -163,12 +163,12 @@ def decide_canary(
         return out
     # A pod that is down now (a canary pod keeps its last termination once restarted, for
     # its verdict: one that serves again is no problem).
-    out.problem = _engine_failure([p for p in pods if not p.get("ready")])
+    out.problem = engine_failure_of([p for p in pods if not p.get("ready")])
     # In the condition only: status.canary has deadlineTime, and its message is what the
     # deadline's own message quotes (decide/artifact.py).
     until = f"; it fails unless passed by {deadline}" if deadline else ""
     if started is None:
-        waits = _unschedulable(pods)
+        waits = unschedulable_of(pods)
         doing = (
             f"the canary of artifact {plan.short_key} starts ({count} available); artifact "
             f"{previous_key} serves meanwhile" + (f"; {out.problem[1]}" if out.problem else "")
@@ -180,7 +180,7 @@ def decide_canary(
         out.requeue_after = _seconds_until(now, deadline)
         return out
     out.status["startTime"] = started
-    elapsed = _seconds_between(started, now) or 0.0
+    elapsed = seconds_between(started, now) or 0.0
     left = spec.duration_seconds - elapsed
     evidence = _evidence(obs, pods, spec.replicas, spec.min_requests)
     if evidence.least is not None:
@@ -280,17 +280,17 @@ def _window_start(recorded: str | None, pods: list[dict[str, Any]]) -> str | Non
     created again, or restarted, is Ready again later), and never before what status recorded
     (a pod cache that lags behind shows an earlier one)."""
     times = [str(p["readySince"]) for p in pods if p.get("ready") and p.get("readySince")]
-    candidates = [t for t in (recorded, max(times, default=None)) if _parse_time(t)]
-    return max(candidates, key=lambda t: _parse_time(t)) if candidates else None  # type: ignore
+    candidates = [t for t in (recorded, max(times, default=None)) if parse_time(t)]
+    return max(candidates, key=lambda t: parse_time(t)) if candidates else None  # type: ignore
 
 
 def _deadline(created: str, seconds: int) -> str | None:
-    t = _parse_time(created)
-    return _fmt_time(t + timedelta(seconds=seconds)) if t is not None else None
+    t = parse_time(created)
+    return fmt_time(t + timedelta(seconds=seconds)) if t is not None else None
 
 
 def _seconds_until(now: str, then: str | None) -> float | None:
-    left = _seconds_between(now, then)
+    left = seconds_between(now, then)
     return None if left is None else max(left, 1.0)
 
 

@@ -217,7 +217,7 @@ class Decision:
 # ------------------------------------------------------------------------------ helpers
 
 
-def _parse_time(s: str | None) -> datetime | None:
+def parse_time(s: str | None) -> datetime | None:
     if not s:
         return None
     try:
@@ -226,16 +226,16 @@ def _parse_time(s: str | None) -> datetime | None:
         return None
 
 
-def _fmt_time(t: datetime) -> str:
+def fmt_time(t: datetime) -> str:
     return t.strftime(_TIME_FMT)
 
 
-def _seconds_between(start: str | None, end: str | None) -> float | None:
-    a, b = _parse_time(start), _parse_time(end)
+def seconds_between(start: str | None, end: str | None) -> float | None:
+    a, b = parse_time(start), parse_time(end)
     return (b - a).total_seconds() if a and b else None
 
 
-def _human_size(n: int | None) -> str:
+def human_size(n: int | None) -> str:
     if n is None:
         return "unknown size"
     size = float(n)
@@ -246,7 +246,7 @@ def _human_size(n: int | None) -> str:
     return f"{n} B"
 
 
-def _job_state(job: dict[str, Any]) -> str:
+def job_state(job: dict[str, Any]) -> str:
     if jobs.complete(job):
         return READY
     if jobs.failed(job):
@@ -254,7 +254,7 @@ def _job_state(job: dict[str, Any]) -> str:
     return COMPILING
 
 
-def _latest_termination(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+def latest_termination(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     terminated = [p["terminated"] for p in pods if p.get("terminated")]
     if not terminated:
         return None
@@ -268,7 +268,7 @@ def served_key(deployment: dict[str, Any] | None) -> str | None:
     return deployment.get("metadata", {}).get("annotations", {}).get(names.ARTIFACT_KEY_ANNOTATION)
 
 
-def _remembered_serving(
+def remembered_serving(
     status: dict[str, Any], key_field: str = "servingArtifactKey", spec_field: str = "servedSpec"
 ) -> tuple[str | None, SpyreModelSpec | None]:
     """The key and spec status says the Deployment serves (servingArtifactKey, servedSpec), or
@@ -289,7 +289,7 @@ def parse_served_spec(raw: str | None) -> SpyreModelSpec | None:
         return None
 
 
-def _served_spec(deployment: dict[str, Any]) -> SpyreModelSpec | None:
+def served_spec_of(deployment: dict[str, Any]) -> SpyreModelSpec | None:
     return parse_served_spec(
         deployment.get("metadata", {}).get("annotations", {}).get(names.SERVED_SPEC_ANNOTATION)
     )

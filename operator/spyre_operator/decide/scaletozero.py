@@ -25,7 +25,7 @@ from ..desired.scaletozero import (
     wants_scale_to_zero,
 )
 from .observed import API_FORBIDDEN, API_NOT_SERVED, API_UNKNOWN, Observed
-from .serving import _unschedulable
+from .serving import unschedulable_of
 
 
 @dataclass
@@ -189,7 +189,7 @@ def decide_scale_to_zero(plan: ModelPlan, obs: Observed, old_conditions: Any) ->
             plan,
             failover_service=failover_service,
             failover_port=failover_port,
-            no_capacity=_unschedulable(obs.server_pods) is not None,
+            no_capacity=unschedulable_of(obs.server_pods) is not None,
         ),
         build_scaled_object(
             plan,

@@ -16,8 +16,8 @@ from .artifact import ArtifactOutcome
 from .observed import (
     READY,
     Observed,
-    _remembered_serving,
     parse_served_spec,
+    remembered_serving,
     served_key,
 )
 
@@ -58,7 +58,7 @@ def decide_serving(
             # A first Deployment (or one deleted by hand), or one serving nothing (scaled to
             # zero, crashing): switching it takes nothing away from users.
             return new
-        previous = _previous_serving(plan, obs, old_status)
+        previous = previous_serving(plan, obs, old_status)
         if previous.plan is None or previous.current(plan):
             return new  # nothing else serves: not a switch to a new artifact
         previous.waiting = (
@@ -72,12 +72,12 @@ def decide_serving(
         last = last_good_serving(plan, old_status or {})
         if last.plan is not None and last.key != plan.key:
             return last
-    return _previous_serving(plan, obs, old_status)
+    return previous_serving(plan, obs, old_status)
 
 
 def last_good_serving(plan: ModelPlan, status: dict[str, Any]) -> ServingOutcome:
     """status.lastGoodArtifactKey and the spec it was served from, at the spec's replicas."""
-    return _serving(plan, *_remembered_serving(status, "lastGoodArtifactKey", "lastGoodServedSpec"))
+    return _serving(plan, *remembered_serving(status, "lastGoodArtifactKey", "lastGoodServedSpec"))
 
 
 def last_good(deployment: dict[str, Any] | None, status: dict[str, Any]) -> tuple[Any, Any]:
@@ -89,7 +89,7 @@ def last_good(deployment: dict[str, Any] | None, status: dict[str, Any]) -> tupl
         replicas = int(spec.get("replicas", 1) or 0)
         key = served_key(deployment)
         raw = _trusted_served_spec(deployment, key, status)
-        if replicas > 0 and key and raw and _rollout(deployment, replicas, key).done:
+        if replicas > 0 and key and raw and rollout_of(deployment, replicas, key).done:
             return key, raw
     return status.get("lastGoodArtifactKey"), status.get("lastGoodServedSpec")
 
@@ -118,7 +118,7 @@ def verified_key(good_key: str | None, good_spec: str | None) -> str | None:
     return good_key if spec.serving.output_check == "Enforce" else None
 
 
-def _previous_serving(
+def previous_serving(
     plan: ModelPlan, obs: Observed, old_status: dict[str, Any] | None
 ) -> ServingOutcome:
     """What the live Deployment serves (else what status remembers), at the spec's replicas;
@@ -132,7 +132,7 @@ def _previous_serving(
             old_spec.engine.image):
         old_spec = None
     if not live_key or old_spec is None:
-        live_key, old_spec = _remembered_serving(old_status or {})
+        live_key, old_spec = remembered_serving(old_status or {})
     return _serving(plan, live_key, old_spec)
 
 
@@ -156,7 +156,7 @@ class Rollout:
     stall: str | None = None
 
 
-def _rollout(deployment: dict[str, Any] | None, replicas: int, key: str | None) -> Rollout:
+def rollout_of(deployment: dict[str, Any] | None, replicas: int, key: str | None) -> Rollout:
     if not deployment:
         return Rollout()
     st = deployment.get("status") or {}
@@ -194,7 +194,7 @@ def pods_missing(deployment: dict[str, Any] | None, wanted: int = 0) -> bool:
 NODE_ENDED_POD_REASONS = frozenset({"Evicted", "Preempting", "NodeShutdown", "Terminated"})
 
 
-def _engine_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
+def engine_failure_of(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     """A serving container that exited non-zero (e.g. refusing a mismatched artifact): the
     condition reason (the engine's own when it names the artifact's problem, else EngineFailed)
     and the message.
@@ -228,7 +228,7 @@ def _engine_failure(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
     return None
 
 
-def _unschedulable(pods: list[dict[str, Any]]) -> str | None:
+def unschedulable_of(pods: list[dict[str, Any]]) -> str | None:
     """Why serving pods wait for a node (the scheduler's message), if some do."""
     stuck = [p for p in pods if p.get("unschedulable")]
     if not stuck:

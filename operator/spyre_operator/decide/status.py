@@ -24,11 +24,11 @@ from .observed import (
     RETRY_ANNOTATION,
     Observed,
     WriteError,
-    _parse_time,
+    parse_time,
     served_key,
 )
 from .scaletozero import ScaleToZeroOutcome
-from .serving import Rollout, ServingOutcome, _engine_failure, _rollout, _unschedulable
+from .serving import Rollout, ServingOutcome, engine_failure_of, rollout_of, unschedulable_of
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,9 @@ def decide_status(
     once the rollout stalls; it never turns Ready False while pods serve.
     """
     facts = _StatusFacts(
-        roll=_rollout(obs.deployment, plan.spec.replicas, serving.key),
+        roll=rollout_of(obs.deployment, plan.spec.replicas, serving.key),
         current=serving.current(plan),
-        engine_failure=_engine_failure(
+        engine_failure=engine_failure_of(
             [p for p in obs.server_pods if p.get("artifact") == names.short_key(serving.key or "")]
         ),
         write_error=write_error_message(obs.write_errors),
@@ -300,7 +300,7 @@ def _progressing(
         return C.Cond(
             C.PROGRESSING, C.TRUE, C.SCHEDULER_NOT_RUNNING, f"{available}; {f.no_scheduler}"
         )
-    unschedulable = _unschedulable(obs.server_pods)
+    unschedulable = unschedulable_of(obs.server_pods)
     if unschedulable:
         return C.Cond(
             C.PROGRESSING, C.TRUE, C.INSUFFICIENT_CAPACITY, f"{available}; {unschedulable}"
@@ -349,7 +349,7 @@ def scheduler_silence(
     they reach it (a pod that merely waits sends no further event)."""
     silent, recheck = [], None
     for p in pods:
-        since = _parse_time(p.get("unscheduledSince"))
+        since = parse_time(p.get("unscheduledSince"))
         if since is None:
             continue
         age = (now - since).total_seconds()
