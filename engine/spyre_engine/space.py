@@ -46,7 +46,8 @@ class Estimate:
 
 
 def human(n: int) -> str:
-    """Bytes in binary units, e.g. ``1.5 GiB``."""
+    """Bytes in binary units, e.g. ``1.5 GiB``: the operator's decide.observed.human_size, word for
+    word (tests/engine/test_space.py compares them: the two ship in separate images)."""
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if size < 1024 or unit == "TiB":

@@ -106,3 +106,12 @@ def test_only_a_complete_artifact_of_the_same_backend_and_shape_is_an_estimate(
 def test_shortfall(needed: int, already: int, free: int | None, missing: int | None) -> None:
     """A recompile of the same key overwrites what its dir holds: that counts as free."""
     assert space.shortfall(needed, already, free) == missing
+
+
+def test_sizes_read_the_same_in_the_engines_messages_and_the_operators() -> None:
+    """``space.human`` (the engine's InsufficientCacheSpace message) twins the operator's
+    ``decide.observed.human_size`` (its status and Events): two images, one wording."""
+    from spyre_operator.decide.observed import human_size
+
+    for n in (0, 1, 1023, 1024, 1536, 10**6, 5 * 2**30, 3 * 2**40, 2**60):
+        assert space.human(n) == human_size(n), n
