@@ -75,3 +75,12 @@ def test_every_reason_says_what_to_do(reason: str) -> None:
     assert NO_ACTION.match(todo) or ACTIONABLE.search(todo), (
         f"{TROUBLESHOOTING.name}: {reason}'s 'What to do' ({todo!r}) names no field, command "
         "or setting (in backticks) and no page to read")
+
+
+def test_the_reasons_table_names_no_reason_the_operator_no_longer_has() -> None:
+    """The other direction: a row for a reason conditions.py dropped or renamed is a stale
+    remedy users would search for in vain (the conditions table's rows are the types)."""
+    text = TROUBLESHOOTING.read_text()
+    reasons = _table_rows(text[text.index("## Reasons"):])
+    stale = sorted(set(reasons) - _reasons())
+    assert not stale, f"{TROUBLESHOOTING.name}'s reasons table has rows no reason matches: {stale}"
