@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from spyre_engine.catalog import CATALOG_FILENAME, write_json_atomically
+from spyre_engine.disk import TRASH_PREFIX, directory_size, empty_trash
 from spyre_engine.inuse import InUseUnknown
 from spyre_engine.manifest import MANIFEST_FILENAME, WRITER_LOCK_FILENAME
 from spyre_engine.weights import HUB_DIR, ModelRef, ModelsInUse, WeightsResult, sweep_models
@@ -58,7 +59,6 @@ from spyre_engine.weights import sweep_trash as sweep_hub_trash
 
 ARTIFACTS_DIR = "artifacts"
 WRITER_LOCK = WRITER_LOCK_FILENAME
-TRASH_PREFIX = ".trash-"
 #: When each orphan was first found unknown: {key: unix seconds}.
 ORPHANS_FILENAME = ".gc-orphans.json"
 #: Pending orphans listed in the summary (the termination message holds 4 KiB).
@@ -111,16 +111,6 @@ def check_key(key: str) -> str:
     if not key or "/" in key or "\0" in key or key.startswith(".") or key in ("..",):
         raise InvalidKey(f"not an artifact key: {key!r}")
     return key
-
-
-def directory_size(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (symlinks not followed)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
 
 
 @contextlib.contextmanager
@@ -295,13 +285,7 @@ def remove_artifact(
 
 def sweep_trash(cache_root: Path) -> int:
     """Delete what a killed gc left in the trash; bytes freed."""
-    freed = 0
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(artifacts_root(cache_root)):
-            if entry.name.startswith(TRASH_PREFIX) and entry.is_dir(follow_symlinks=False):
-                freed += directory_size(Path(entry.path))
-                shutil.rmtree(entry.path, ignore_errors=True)
-    return freed
+    return empty_trash(artifacts_root(cache_root))
 
 
 def _json_object(path: Path) -> dict[Any, Any]:

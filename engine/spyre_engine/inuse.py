@@ -25,7 +25,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,32 @@ def _job_finished(job: Mapping[str, Any]) -> bool:
     )
 
 
+def _live_users(
+    claim: str,
+    pods: list[dict[str, Any]],
+    jobs: list[dict[str, Any]],
+    deployments: list[dict[str, Any]],
+) -> Iterator[tuple[str, Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]]:
+    """What mounts ``claim`` and may use it now: pods that have not ended (Pending included),
+    Jobs that have not finished and Deployments (their pods may be about to start). Each as
+    (kind, its metadata, the pod's or pod template's annotations, the pod spec)."""
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if _mounts(spec, claim):
+            yield "pod", meta, meta.get("annotations") or {}, spec
+    for kind, items in (("job", jobs), ("deployment", deployments)):
+        for obj in items:
+            if kind == "job" and _job_finished(obj):
+                continue
+            template = (obj.get("spec") or {}).get("template") or {}
+            spec = template.get("spec") or {}
+            if _mounts(spec, claim):
+                annotations = (template.get("metadata") or {}).get("annotations") or {}
+                yield kind, obj.get("metadata") or {}, annotations, spec
+
+
 def users_of(
     key: str,
     claim: str,
@@ -69,26 +95,11 @@ def users_of(
     deployments: list[dict[str, Any]],
 ) -> list[str]:
     """What uses ``key`` on ``claim`` now (``kind/name`` each), from the listed objects."""
-    out = []
-    for pod in pods:
-        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        if status.get("phase") in ("Succeeded", "Failed"):
-            continue
-        if (meta.get("annotations") or {}).get(ARTIFACT_KEY_ANNOTATION) != key:
-            continue
-        if _mounts(pod.get("spec") or {}, claim):
-            out.append(f"pod/{meta.get('name')}")
-    for kind, items in (("job", jobs), ("deployment", deployments)):
-        for obj in items:
-            if kind == "job" and _job_finished(obj):
-                continue
-            template = (obj.get("spec") or {}).get("template") or {}
-            annotations = (template.get("metadata") or {}).get("annotations") or {}
-            if annotations.get(ARTIFACT_KEY_ANNOTATION) != key:
-                continue
-            if _mounts(template.get("spec") or {}, claim):
-                out.append(f"{kind}/{(obj.get('metadata') or {}).get('name')}")
-    return sorted(out)
+    return sorted(
+        f"{kind}/{meta.get('name')}"
+        for kind, meta, annotations, _ in _live_users(claim, pods, jobs, deployments)
+        if annotations.get(ARTIFACT_KEY_ANNOTATION) == key
+    )
 
 
 def models_in_use(
@@ -97,32 +108,17 @@ def models_in_use(
     jobs: list[dict[str, Any]],
     deployments: list[dict[str, Any]],
 ) -> dict[str, ModelUse]:
-    """The downloaded models (weights.py) that what mounts ``claim`` runs now, by hub folder:
-    pods that have not ended, Jobs that have not finished (they may be downloading) and
-    Deployments (their pods may be about to start)."""
+    """The downloaded models (weights.py) that what mounts ``claim`` runs now, by hub folder;
+    a Job (or a pod of one) may be downloading its model."""
     out: dict[str, ModelUse] = {}
-
-    def add(kind: str, name: Any, pod_spec: Mapping[str, Any], downloading: bool) -> None:
-        if not _mounts(pod_spec, claim):
-            return
-        for ref in pod_models(dict(pod_spec)):
+    for kind, meta, _, spec in _live_users(claim, pods, jobs, deployments):
+        downloading = kind == "job" or kind == "pod" and any(
+            r.get("kind") == "Job" for r in meta.get("ownerReferences") or [])
+        for ref in pod_models(dict(spec)):
             use = out.setdefault(ref.folder, ModelUse())
-            use.users.append(f"{kind}/{name}")
+            use.users.append(f"{kind}/{meta.get('name')}")
             use.revisions.add(ref.revision)
             use.downloading = use.downloading or downloading
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        owned_by_job = any(r.get("kind") == "Job" for r in
-                           (pod.get("metadata") or {}).get("ownerReferences") or [])
-        add("pod", (pod.get("metadata") or {}).get("name"), pod.get("spec") or {}, owned_by_job)
-    for kind, items in (("job", jobs), ("deployment", deployments)):
-        for obj in items:
-            if kind == "job" and _job_finished(obj):
-                continue
-            template = (obj.get("spec") or {}).get("template") or {}
-            add(kind, (obj.get("metadata") or {}).get("name"), template.get("spec") or {},
-                kind == "job")
     for use in out.values():
         use.users.sort()
     return out

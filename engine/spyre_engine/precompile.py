@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from spyre_engine import answers, catalog, known_configs, manifest, space
+from spyre_engine.disk import directory_size
 from spyre_engine.gc import writing
 from spyre_engine.known_configs import read_config_json
 from spyre_engine.launch import (
@@ -59,19 +60,6 @@ class PrecompileError(Exception):
     def summary(self) -> FailureSummary:
         """The failure line for the termination log."""
         return FailureSummary(reason=self.reason, message=self.message)
-
-
-def directory_size(path: Path) -> int:
-    """Total bytes of the regular files under ``path`` (symlinks not followed)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            total += st.st_size
-    return total
 
 
 def remove_dead_sockets(path: Path) -> int:

@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spyre_engine.disk import TRASH_PREFIX, directory_size, empty_trash
+
 #: Where ``hf://`` models download on the cache claim (the operator's plan.HF_CACHE_DIR, under
 #: the cache root; tests/engine/test_gc.py compares them).
 HUB_DIR = "hub"
 #: When each unnamed model folder or snapshot was first found: {"models--o--n": unix s,
 #: "models--o--n/snapshots/<commit>": unix s}; under artifacts/, beside gc's other records.
 RECORD_FILENAME = ".gc-models.json"
-TRASH_PREFIX = ".trash-"
 #: Pending removals listed in the summary (the termination message holds 4 KiB).
 MAX_LISTED = 8
 #: Hugging Face's repo ids: ``org/name`` of these characters (huggingface_hub validates the
@@ -148,15 +149,6 @@ class WeightsResult:
         return doc
 
 
-def _size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
 def _read_text(path: Path, limit: int = 256) -> str | None:
     """A small regular file's text (a ref), or None."""
     try:
@@ -230,13 +222,9 @@ def _trash(path: Path, hub: Path) -> None:
 
 def sweep_trash(cache_root: Path) -> int:
     """Delete what a killed gc left in hub/'s trash; bytes freed."""
-    hub, freed = Path(cache_root) / HUB_DIR, 0
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for entry in os.scandir(hub):
-            if entry.name.startswith(TRASH_PREFIX) and entry.is_dir(follow_symlinks=False):
-                freed += _size(Path(entry.path))
-                shutil.rmtree(entry.path, ignore_errors=True)
-    return freed
+    with contextlib.suppress(NotADirectoryError):
+        return empty_trash(Path(cache_root) / HUB_DIR)
+    return 0
 
 
 def sweep_models(
@@ -274,7 +262,7 @@ def sweep_models(
             if now - since >= unused_for:
                 who = use(unit)
                 if who is None or not who.users:
-                    size = _size(folder)
+                    size = directory_size(folder)
                     _trash(folder, hub)
                     with contextlib.suppress(OSError):
                         shutil.rmtree(hub / ".locks" / unit)
@@ -282,7 +270,8 @@ def sweep_models(
                     continue
                 result.skipped.append({"model": unit, "reason": _in_use(who)})
             record[unit] = since
-            result.pending.append({"model": unit, "since": int(since), "sizeBytes": _size(folder)})
+            result.pending.append({"model": unit, "since": int(since),
+                                   "sizeBytes": directory_size(folder)})  # fmt: skip
             continue
         _sweep_snapshots(folder, hub, kept[entry.name], unused_for, now, seen, record, result, use)
     result.pending.sort(key=lambda p: (p["since"], p["model"]))
@@ -313,7 +302,7 @@ def _sweep_snapshots(
         else:
             record[unit] = since
             result.pending.append({"model": unit, "since": int(since),
-                                   "sizeBytes": _size(snaps[commit])})  # fmt: skip
+                                   "sizeBytes": directory_size(snaps[commit])})  # fmt: skip
     if not due:
         return
     who = use(folder.name)
