@@ -138,7 +138,9 @@ def named_models(models: Iterable[dict[str, Any]]) -> set[str]:
     """The ``hf://`` models (``ORG/NAME[@REVISION]``) SpyreModels name: their spec, the spec
     they serve (``status.servedSpec``) and the one they last served well
     (``status.lastGoodServedSpec``). A sweep keeps these downloads on the claim (engine
-    weights.py); the GC pod also keeps what pods and Jobs run right then."""
+    weights.py); the GC pod also keeps what pods and Jobs run right then. The served specs are
+    read for their model alone, not validated as a spec (``parse_served_spec``): one an older
+    operator wrote that no longer validates still keeps its model."""
     out: set[str] = set()
     for m in models:
         uris = [((m.get("spec") or {}).get("model") or {}).get("uri")]
@@ -198,10 +200,6 @@ def _model_units(doc: dict[str, Any], name: str, value: str) -> dict[str, int]:
                 and ".." not in unit and type(n) is int and n >= 0:
             out[unit] = n
     return out
-
-
-#: Prefix of the downloaded models among a claim's timed orphans (GarbageCollector._orphans).
-_HUB = "hub:"
 
 
 #: The longest key the engine's record may name (the operator's are 32 hex digits).
@@ -382,6 +380,9 @@ class GarbageCollector:
         self._swept: dict[tuple[str, str], float] = {}
         #: (namespace, claim) -> the orphans the last sweep found: {key: first found, unix s}.
         self._orphans: dict[tuple[str, str], dict[str, int]] = {}
+        #: (namespace, claim) -> when the oldest download the last sweep left pending was
+        #: first found unnamed (unix s): the next sweep is due then too.
+        self._models_pending: dict[tuple[str, str], int] = {}
         #: (namespace, claim) -> (when, bytes of every artifact dir, claim UID) measured by its
         #: latest GC Job: counts towards ClaimNearlyFull with what the statuses list.
         self._claim_measured: dict[tuple[str, str], tuple[str, int, str | None]] = {}
@@ -514,10 +515,12 @@ class GarbageCollector:
         """Drop what is remembered per claim once its PVC is gone and no model uses it (the
         maps grew with every claim ever seen, issue 31, 12)."""
         known = (set(self._checked) | set(self._swept) | set(self._orphans)
+                 | set(self._models_pending)
                  | set(self._claim_measured) | set(self._lingering) | self.sweep_requested)
         for k in known:
             if self.c.caches.one("pvcs", k) is None and not self.c.caches.all("claim_users", k):
-                for m in (self._checked, self._swept, self._orphans, self._claim_measured,
+                for m in (self._checked, self._swept, self._orphans, self._models_pending,
+                          self._claim_measured,
                           self._claim_volume,
                           self._lingering):
                     m.pop(k, None)
@@ -678,11 +681,12 @@ class GarbageCollector:
             # key: another would keep it again. It waits for the Deployment to go (issue 47, 2;
             # one GC Job a GC interval, each kept an hour, before).
             return True
-        orphans = self._orphans.get((ns, claim))
+        pending = [*(self._orphans.get((ns, claim)) or {}).values()]
+        if (ns, claim) in self._models_pending:
+            pending.append(self._models_pending[(ns, claim)])
         t = epoch(now)
-        if orphans and t is not None:
-            if t - min(orphans.values()) >= retention.unused_for_seconds:
-                return True
+        if pending and t is not None and t - min(pending) >= retention.unused_for_seconds:
+            return True
         swept = self._swept.setdefault((ns, claim), clock)
         period = max(retention.unused_for_seconds, SWEEP_MIN_PERIOD_SECONDS)
         return clock - swept >= period
@@ -695,12 +699,7 @@ class GarbageCollector:
         the users' spec keys, and the keys every Deployment of the namespace serves. True
         with them while a deleted SpyreModel's Deployment is still there (the garbage
         collector has not removed it yet): its key is kept, so the claim is swept again."""
-        models = self.c.caches.indices.get("models") or {}
-        statuses = [
-            (self.c.caches.one("models", k) or {}).get("status") or {}
-            for k in list(models.keys())
-            if k[0] == ns
-        ]
+        statuses = [m.get("status") or {} for m in self._namespace_models(ns)]
         served, lingering = set(), False
         for d in self._served_deployments(ns):
             served.add(str(served_key_of(d)))
@@ -817,7 +816,7 @@ class GarbageCollector:
             self.c.writer.deleted_jobs[live["metadata"]["uid"]] = time.monotonic()
             await self.c.applier.delete(Job, name, ns)
         self._announce_orphans(ns, claim, result, models if announce else [])
-        self._announce_models(claim, result, models if announce else [])
+        self._announce_models(ns, claim, result, models if announce else [])
         in_use = {k: r for k, r in result.skipped.items() if r.startswith("in use by")}
         if in_use and announce:
             # The Job that kept them is deleted next (and its pod's message with it).
@@ -854,9 +853,14 @@ class GarbageCollector:
             self.c.writer.background(self.c.applier.event(dict(m), type_, reason, message[:1024]))
 
     def _announce_models(
-        self, claim: str, result: GcResult, models: list[dict[str, Any]]
+        self, ns: str, claim: str, result: GcResult, models: list[dict[str, Any]]
     ) -> None:
-        """Tell the claim's users which downloaded models (or old revisions) a GC Job removed."""
+        """Remember when the oldest pending download is due, and tell the claim's users which
+        downloaded models (or old revisions) a GC Job removed."""
+        if result.models_pending:
+            self._models_pending[(ns, claim)] = min(since for _, since in result.models_pending)
+        else:
+            self._models_pending.pop((ns, claim), None)
         if not result.models_removed or not models:
             return
         names_ = ", ".join(u.removeprefix("models--").replace("--", "/", 1)
@@ -873,15 +877,13 @@ class GarbageCollector:
     ) -> None:
         """Remember a sweep's pending orphans (the next sweep is due when the oldest is) and
         tell the claim's users when the set changed: space no SpyreModel accounts for."""
-        before = {k for k in self._orphans.get((ns, claim)) or {} if not k.startswith(_HUB)}
+        before = self._orphans.get((ns, claim)) or {}
         now = dict(result.orphans)
-        # downloaded models pending too: the next sweep is due when the oldest of all is
-        timed = {**now, **{_HUB + unit: since for unit, since in result.models_pending}}
-        if timed:
-            self._orphans[(ns, claim)] = timed
+        if now:
+            self._orphans[(ns, claim)] = now
         else:
             self._orphans.pop((ns, claim), None)
-        if not now or set(now) == before:
+        if not now or set(now) == set(before):
             return
         user = next(iter(models), None)
         volume = None
