@@ -32,15 +32,16 @@ def _cell(text: str) -> str:
 
 
 def _limits(node: dict[str, Any]) -> list[str]:
+    """The schema's bounds in words; ``exclusiveMinimum`` is OpenAPI 3.0's flag on
+    ``minimum`` (the only form a structural CRD schema has)."""
+    lower = ">" if node.get("exclusiveMinimum") is True else ">="
     out = []
-    for key, word in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
+    for key, word in (("minimum", lower), ("maximum", "<="),
                       ("minLength", "length >="), ("maxLength", "length <="),
                       ("minItems", "items >="), ("maxItems", "items <="),
                       ("maxProperties", "entries <=")):  # fmt: skip
-        if key in node and not isinstance(node[key], bool):
+        if key in node:
             out.append(f"{word} {node[key]}")
-    if node.get("exclusiveMinimum") is True and "minimum" in node:
-        out = [o.replace(">= ", "> ", 1) if o.startswith(">=") else o for o in out]
     if "pattern" in node:
         out.append(f"pattern `{node['pattern']}`")
     return out
