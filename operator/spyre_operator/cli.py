@@ -150,6 +150,8 @@ def _run(args: argparse.Namespace) -> int:
     OperatorConfig.workers = args.workers
     OperatorConfig.namespaces = [] if args.all_namespaces else list(dict.fromkeys(args.namespace))
     OperatorConfig.metrics_port = args.metrics_port
+    OperatorConfig.metrics_auth = args.metrics_auth
+    OperatorConfig.metrics_tls_dir = args.metrics_tls_dir
     OperatorConfig.max_concurrent_compiles = args.max_concurrent_compiles
     OperatorConfig.max_concurrent_rollouts = args.max_concurrent_rollouts
     OperatorConfig.compiles_per_namespace = args.max_concurrent_compiles_per_namespace
@@ -361,6 +363,8 @@ def _budget(value: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `spyre-operator`."""
+    from .metrics_auth import MODES as METRICS_AUTH_MODES
+
     parser = argparse.ArgumentParser(prog="spyre-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
@@ -378,6 +382,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="concurrent reconciles (they mostly wait on the API server; default 32)",
     )
     run.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here")
+    run.add_argument(
+        "--metrics-auth",
+        choices=METRICS_AUTH_MODES,
+        default="none",
+        help="who may read /metrics: anyone (none, the default outside the chart), or a bearer "
+        "token whose user RBAC lets get the non-resource URL /metrics (kubernetes: a "
+        "TokenReview and a SubjectAccessReview, cached a minute; the chart's default)",
+    )
+    run.add_argument(
+        "--metrics-tls-dir",
+        default=None,
+        help="serve /metrics over HTTPS with this directory's tls.crt and tls.key (a mounted "
+        "kubernetes.io/tls Secret; a renewed certificate is loaded within a minute)",
+    )
     run.add_argument(
         "--max-concurrent-compiles",
         type=_budget,

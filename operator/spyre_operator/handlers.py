@@ -38,6 +38,7 @@ from .desired.routing import InferencePool, inference_pool_name
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
 from .metrics import counting_client, start_metrics_server
+from .metrics_auth import MetricsAuth
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
 from .resync import DEFAULT_PERIOD_SECONDS, PAGE_SIZE, Resync
@@ -81,6 +82,10 @@ class OperatorConfig:
 
     workers: int = 32
     metrics_port: int | None = None
+    #: Who may read /metrics: anyone ("none") or a token allowed by RBAC ("kubernetes").
+    metrics_auth: str = "none"
+    #: A directory with tls.crt and tls.key: /metrics over HTTPS.
+    metrics_tls_dir: str | None = None
     leader_election: bool = True
     leader_election_namespace: str | None = None
     #: The Lease's name: one per install (the chart passes its release's full name).
@@ -337,7 +342,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         memo["elector"] = elector
         elector.start()
     if OperatorConfig.metrics_port:
-        memo["metrics"] = await start_metrics_server(controller, OperatorConfig.metrics_port)
+        memo["metrics"] = await start_metrics_server(
+            controller, OperatorConfig.metrics_port, tls_dir=OperatorConfig.metrics_tls_dir,
+            auth=MetricsAuth(client) if OperatorConfig.metrics_auth == "kubernetes" else None)
     if OperatorConfig.coldstart_port:
         memo["coldstart"] = await start_coldstart_server(
             lambda ns, name: controller.caches.one("models", (ns, name)),

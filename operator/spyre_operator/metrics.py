@@ -15,9 +15,13 @@ process) with
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import resource
+import ssl
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -29,6 +33,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 if TYPE_CHECKING:
     from .controller import Controller
+    from .metrics_auth import MetricsAuth
+
+log = logging.getLogger(__name__)
 
 PREFIX = "spyre_operator_"
 #: The classic text format, which generate_latest writes for these names and every Prometheus
@@ -220,16 +227,84 @@ def counting_client(counter: Counter[tuple[str, str]], *, http2: bool = False,
 # ------------------------------------------------------------------ the /metrics endpoint
 
 
-async def start_metrics_server(controller: Controller, port: int) -> web.AppRunner:
-    """Serve the controller's /metrics on ``port``."""
+#: How often a TLS certificate on disk is checked for a new one (a Secret's rotation).
+TLS_RELOAD_SECONDS = 60.0
 
-    async def handle(_: web.Request) -> web.Response:
+
+def tls_context(cert_dir: str) -> ssl.SSLContext:
+    """A server context from ``cert_dir``'s ``tls.crt`` and ``tls.key`` (a mounted
+    ``kubernetes.io/tls`` Secret: cert-manager's, or OpenShift's service CA's); TLS 1.2 or
+    newer. Raises ``OSError``/``ssl.SSLError`` when the files are missing or do not match."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    d = Path(cert_dir)
+    ctx.load_cert_chain(d / "tls.crt", d / "tls.key")
+    return ctx
+
+
+def _tls_stamp(cert_dir: str) -> tuple[float, ...]:
+    d = Path(cert_dir)
+    return tuple((d / f).stat().st_mtime for f in ("tls.crt", "tls.key"))
+
+
+async def _reload_tls(ctx: ssl.SSLContext, cert_dir: str) -> None:
+    """Load a renewed certificate into the serving context (new connections use it): a
+    Secret's files change in place when cert-manager or the service CA rotates them."""
+    stamp = _tls_stamp(cert_dir)
+    while True:
+        await asyncio.sleep(TLS_RELOAD_SECONDS)
+        try:
+            now = _tls_stamp(cert_dir)
+            if now != stamp:
+                d = Path(cert_dir)
+                ctx.load_cert_chain(d / "tls.crt", d / "tls.key")
+                stamp = now
+                log.info("/metrics: loaded the renewed certificate from %s", cert_dir)
+        except (OSError, ssl.SSLError) as e:  # mid-rotation: the next check reads it again
+            log.warning("/metrics: the certificate in %s could not be loaded: %s", cert_dir, e)
+
+
+class MetricsServer:
+    """The running /metrics endpoint (``cleanup`` stops it)."""
+
+    def __init__(self, runner: web.AppRunner, reload: asyncio.Task[None] | None) -> None:
+        self.runner = runner
+        self._reload = reload
+
+    async def cleanup(self) -> None:
+        if self._reload is not None:
+            self._reload.cancel()
+        await self.runner.cleanup()
+
+
+async def start_metrics_server(controller: Controller, port: int, *,
+                               auth: MetricsAuth | None = None,
+                               tls_dir: str | None = None,
+                               host: str = "0.0.0.0") -> MetricsServer:
+    """Serve the controller's /metrics on ``port``: to anyone (``auth`` None), or to a bearer
+    token whose user may get /metrics (metrics_auth.py); over HTTPS with ``tls_dir``'s
+    certificate, else plain HTTP."""
+
+    async def handle(request: web.Request) -> web.Response:
+        if auth is not None:
+            decision = await auth.decide(request.headers.get("Authorization"))
+            if not decision.allowed:
+                headers = {"WWW-Authenticate": 'Bearer realm="spyre-operator"'} \
+                    if decision.status == 401 else {}
+                return web.Response(status=decision.status, text=decision.reason + "\n",
+                                    headers=headers)
         return web.Response(body=controller.instruments.render(),
                             headers={"Content-Type": CONTENT_TYPE})
 
+    ctx = tls_context(tls_dir) if tls_dir else None
+    if auth is not None and ctx is None:
+        log.warning("/metrics asks for bearer tokens over plain HTTP: pass --metrics-tls-dir "
+                    "(the chart's operator.metricsTLS.secretName) so they are not sent in the "
+                    "clear")
     app = web.Application()
     app.router.add_get("/metrics", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port).start()
-    return runner
+    await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+    reload = asyncio.create_task(_reload_tls(ctx, tls_dir)) if ctx and tls_dir else None
+    return MetricsServer(runner, reload)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,6 +105,8 @@ class OperatorProcess:
         self.metrics_port, self.health_port = free_ports(2)
         self.log_path: Path | None = None
         self.starts = 0
+        #: The bearer token metrics() sends (an operator run with --metrics-auth=kubernetes).
+        self.metrics_token: str | None = None
 
     def start(self, timeout: float = 60) -> None:
         self.starts += 1
@@ -156,11 +159,20 @@ class OperatorProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def scrape(self, token: str | None) -> tuple[int, str]:
+        """GET /metrics with ``token`` (None: no Authorization header): status and body."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
-        ) as r:
-            text = r.read().decode()
+        status, text = self.scrape(self.metrics_token)
+        assert status == 200, (status, text)
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

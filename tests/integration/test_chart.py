@@ -43,6 +43,7 @@ from tests.cluster.thirdparty import (
     remove_crd,
 )
 from tests.operator_log import refusals
+from tests.realpods.support import bind_metrics_reader, unbind_metrics_reader
 
 from .conftest import Kube, OperatorProcess, assert_no_host_operator
 
@@ -208,6 +209,36 @@ def _chart_args(helm: Helm, namespace: str) -> list[str]:
     return [a for a in args[1:] if not a.startswith(("--liveness=", "--metrics-port="))]
 
 
+def _metrics_need_a_reader(cp: ControlPlane, op: OperatorProcess, namespace: str) -> None:
+    """Issue 45, 4: /metrics (``operator.metricsAuth``, on by default) answers a token whose
+    user the release's metrics-reader ClusterRole lets get it, and nobody else; the operator
+    asks the API server with the chart's RBAC (the reviews it grants). A decision is cached: a
+    second scrape with the same token asks nothing."""
+    reader = bind_metrics_reader(cp, namespace)
+    try:
+        own = cp.kubectl("create", "token", RELEASE, "-n", namespace).stdout.strip()
+        assert op.scrape(None)[0] == 401
+        assert op.scrape("not-a-token")[0] == 401
+        assert op.scrape(reader[:-4] + "AAAA")[0] == 401  # a signature that does not match
+        status, body = op.scrape(own)  # the operator's own account has no get on /metrics
+        assert status == 403 and f"system:serviceaccount:{namespace}:{RELEASE}" in body, body
+        status, body = op.scrape(reader)
+        assert status == 200 and "spyre_operator_" in body, body[:500]
+        op.metrics_token = reader
+
+        def reviews() -> float:
+            return sum(v for k, v in op.metrics().items() if k.startswith(
+                "spyre_operator_api_requests_total{") and 'resource="tokenreviews"' in k)
+
+        asked = reviews()
+        assert asked >= 4  # the refusals above were asked too (not the malformed one)
+        for _ in range(3):
+            assert op.scrape(reader)[0] == 200
+        assert reviews() == asked
+    finally:
+        unbind_metrics_reader(cp, namespace)
+
+
 def _changed_chart(tmp: Path) -> Path:
     """A copy of the chart whose CRD has one more printer column."""
     chart = tmp / "chart"
@@ -252,6 +283,7 @@ def test_install_serve_upgrade_uninstall(
         op = OperatorProcess(kc, cp.root / ".cluster" / "logs", args=args,
                              env={"POD_NAMESPACE": namespace, "POD_NAME": "local-operator"})
         op.start()
+        _metrics_need_a_reader(cp, op, namespace)
 
         kube = Kube(cp, models_namespace)
         kube.apply_model("granite", {

@@ -98,11 +98,21 @@ def plain_operator_namespace(control_plane: ControlPlane, namespace: str) -> Ite
 
 
 def _pod_metrics(cp: ControlPlane, namespace: str, pod: dict[str, Any]) -> dict[str, float]:
-    """The operator pod's own /metrics (port `metrics`), fetched from the client pod."""
+    """The operator pod's own /metrics (port `metrics`), fetched from the client pod: refused
+    without a token, answered to one the release's metrics-reader ClusterRole lets read it
+    (``operator.metricsAuth``: the pod asks the API server with the chart's RBAC)."""
     port = next(p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]
                 if p["name"] == "metrics")
-    res = s.http(cp, namespace, f"http://{pod['status']['podIP']}:{port}/metrics", timeout=30)
-    assert res.status == 200, res.text
+    url = f"http://{pod['status']['podIP']}:{port}/metrics"
+    op_ns = pod["metadata"]["namespace"]
+    res = s.http(cp, namespace, url, timeout=30)
+    assert res.status == 401, (res.status, res.text[:500])
+    token = s.bind_metrics_reader(cp, op_ns)
+    try:
+        res = s.http(cp, namespace, url, timeout=30, headers={"Authorization": f"Bearer {token}"})
+    finally:
+        s.unbind_metrics_reader(cp, op_ns)
+    assert res.status == 200, (res.status, res.text[:500])
     return s.parse_metrics(res.text)
 
 

@@ -712,6 +712,27 @@ def operator_diagnostics(cp: ControlPlane, namespace: str, release: str = RELEAS
     return "\n".join(out)
 
 
+def bind_metrics_reader(cp: ControlPlane, release_namespace: str,
+                        account: str = "scraper") -> str:
+    """A token of ``account`` (made in ``release_namespace``), bound to that release's
+    ``<namespace>-<release>-metrics-reader`` ClusterRole: what may read the chart-installed
+    operator's /metrics (``operator.metricsAuth``). :func:`unbind_metrics_reader` removes the
+    ClusterRoleBinding."""
+    (role,) = [n.split("/", 1)[1] for n in cp.kubectl(
+        "get", "clusterroles", "-o", "name").stdout.split()
+        if n.startswith(f"clusterrole.rbac.authorization.k8s.io/{release_namespace}-")
+        and n.endswith("-metrics-reader")]  # fmt: skip
+    cp.kubectl("create", "serviceaccount", account, "-n", release_namespace)
+    cp.kubectl("create", "clusterrolebinding", f"{release_namespace}-{account}",
+               f"--clusterrole={role}", f"--serviceaccount={release_namespace}:{account}")
+    return str(cp.kubectl("create", "token", account, "-n", release_namespace).stdout.strip())
+
+
+def unbind_metrics_reader(cp: ControlPlane, release_namespace: str,
+                          account: str = "scraper") -> None:
+    cp.kubectl("delete", "clusterrolebinding", f"{release_namespace}-{account}", check=False)
+
+
 def operator_logs(cp: ControlPlane, namespace: str, release: str = RELEASE,
                   tail: int = 200) -> str:
     """The newest operator pod's log (last ``tail`` lines)."""
@@ -743,8 +764,10 @@ def uninstall_operator(cp: ControlPlane, namespace: str, release: str = RELEASE,
 _CLIENT_SCRIPT = r"""
 import json, sys, time, urllib.error, urllib.request
 url, body, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+headers = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 req = urllib.request.Request(url, data=body.encode() if body else None,
-                             headers={"Content-Type": "application/json"} if body else {})
+                             headers={**({"Content-Type": "application/json"} if body else {}),
+                                      **headers})
 t0 = time.monotonic()
 try:
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -803,12 +826,13 @@ class HttpResult:
 
 
 def http(cp: ControlPlane, namespace: str, url: str, body: Any = None,
-         client: str = CLIENT_POD, timeout: float = 120, raw: str | None = None) -> HttpResult:
+         client: str = CLIENT_POD, timeout: float = 120, raw: str | None = None,
+         headers: dict[str, str] | None = None) -> HttpResult:
     """GET ``url`` (or POST ``body`` as JSON, or ``raw`` as it is) from the client pod
-    (:func:`ensure_client_pod`)."""
+    (:func:`ensure_client_pod`), with ``headers``."""
     payload = raw if raw is not None else "" if body is None else json.dumps(body)
     r = cp.kubectl("exec", "-n", namespace, client, "--", "python3", "-c", _CLIENT_SCRIPT, url,
-                   payload, str(timeout), timeout=timeout + 30)
+                   payload, str(timeout), json.dumps(headers or {}), timeout=timeout + 30)
     d = json.loads(r.stdout.strip().splitlines()[-1])
     return HttpResult(int(d["status"]), str(d["text"]), float(d["seconds"]))
 

@@ -101,8 +101,11 @@ def test_crd_toggles() -> None:
 
 
 def _rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's rules: not the roles for people (aggregated into view/edit) nor for
+    scrapers (metrics-reader: a non-resource URL)."""
     return [r for d in docs if d["kind"] in ("Role", "ClusterRole")
             and "aggregate-to-" not in str(d["metadata"].get("labels"))
+            and not d["metadata"]["name"].endswith("-metrics-reader")
             for r in d["rules"]]
 
 
@@ -189,7 +192,8 @@ def test_only_the_cluster_scope_reads_other_installs_leases() -> None:
     ClusterRole; a namespaced install has none (it cannot know the other's namespace)."""
     lease_get = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}
     (cluster,) = [d for d in by_kind(render(), "ClusterRole")
-                  if "aggregate-to-" not in str(d["metadata"].get("labels"))]
+                  if "aggregate-to-" not in str(d["metadata"].get("labels"))
+                  and not d["metadata"]["name"].endswith(("-metrics-auth", "-metrics-reader"))]
     assert lease_get in cluster["rules"]
     namespaced = [r for d in by_kind(render(*VALUE_SETS["namespaced"]), "Role")
                   if not d["metadata"]["name"].endswith("leader-election") for r in d["rules"]]
@@ -200,7 +204,8 @@ def test_only_the_cluster_scope_reads_other_installs_leases() -> None:
 def test_cluster_scope() -> None:
     docs = render()
     assert [d["metadata"]["name"] for d in by_kind(docs, "ClusterRoleBinding")] == [
-        "spyre-system-spyre-spyre-model-operator"]
+        "spyre-system-spyre-spyre-model-operator",
+        "spyre-system-spyre-spyre-model-operator-metrics-auth"]
     # the only RoleBinding is the Lease's: leader election is on by default
     assert [d["metadata"]["name"] for d in by_kind(docs, "RoleBinding")] == [
         "spyre-spyre-model-operator-leader-election"]
@@ -224,7 +229,21 @@ def test_cluster_scope() -> None:
 @needs_helm
 def test_namespaced_scope() -> None:
     docs = render(*VALUE_SETS["namespaced"])
-    assert not by_kind(docs, "ClusterRoleBinding")
+    # Cluster-wide, only what deciding a scrape of /metrics takes (operator.metricsAuth): two
+    # reviews that store nothing, as the built-in system:auth-delegator grants; off, nothing.
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"].endswith("-metrics-auth")
+    (auth,) = [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"]
+               == binding["roleRef"]["name"]]  # fmt: skip
+    assert auth["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+         "verbs": ["create"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"],
+         "verbs": ["create"]}]  # fmt: skip
+    off = render(*VALUE_SETS["namespaced"], "--set", "operator.metricsAuth=false")
+    assert not by_kind(off, "ClusterRoleBinding")
+    assert "--metrics-auth=none" in operator_container(off)["args"]
+    assert "--metrics-auth=kubernetes" in operator_container(docs)["args"]
     roles = [r for r in by_kind(docs, "Role")
              if not r["metadata"]["name"].endswith(("election", "interceptor-endpoints"))]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
@@ -347,6 +366,53 @@ def test_monitoring_needs_the_prometheus_operator_api() -> None:
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert by_kind(docs, "Service")
+
+
+@needs_helm
+@pytest.mark.parametrize("kind", ["ServiceMonitor", "PodMonitor"])
+def test_the_operator_monitor_scrapes_with_a_token_only_metrics_reader_grants(kind: str) -> None:
+    """Issue 45, 4: with operator.metricsAuth (the default) the monitor sends the token of a
+    ServiceAccount of its own, bound to the metrics-reader ClusterRole (get /metrics, nothing
+    else); with operator.metricsTLS it scrapes https with the given tlsConfig."""
+    docs = render(*VALUE_SETS["monitoring"], "--set", f"monitoring.operator.kind={kind}",
+                  "--set", "operator.metricsTLS.secretName=op-tls",
+                  "--set", "monitoring.operator.tlsConfig.serverName=op.example",
+                  "--set", "monitoring.operator.serviceAnnotations.a=b")  # fmt: skip
+    def operator_endpoint(docs: list[dict[str, Any]]) -> dict[str, Any]:
+        (mon,) = [m for m in by_kind(docs, kind) if not m["metadata"]["name"].endswith("models")]
+        (ep,) = mon["spec"]["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"]
+        return ep  # type: ignore[no-any-return]
+
+    ep = operator_endpoint(docs)
+    secret = ep["authorization"]["credentials"]["name"]
+    assert ep["authorization"]["type"] == "Bearer" and ep["scheme"] == "https"
+    assert ep["tlsConfig"] == {"serverName": "op.example"}
+    (tok,) = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == secret]
+    sa = tok["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    assert tok["type"] == "kubernetes.io/service-account-token"
+    assert [d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")].count(sa) == 1
+    (binding,) = [b for b in by_kind(docs, "ClusterRoleBinding")
+                  if b["subjects"] == [{"kind": "ServiceAccount", "name": sa,
+                                        "namespace": "spyre-system"}]]  # fmt: skip
+    (reader,) = [r for r in by_kind(docs, "ClusterRole")
+                 if r["metadata"]["name"] == binding["roleRef"]["name"]]  # fmt: skip
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    c = operator_container(docs)
+    assert "--metrics-auth=kubernetes" in c["args"]
+    assert "--metrics-tls-dir=/etc/spyre/metrics-tls" in c["args"]
+    (dep,) = by_kind(docs, "Deployment")
+    vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert vols["metrics-tls"]["secret"]["secretName"] == "op-tls"
+    if kind == "ServiceMonitor":  # OpenShift's service CA writes op-tls once annotated
+        (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("metrics")]
+        assert svc["metadata"]["annotations"] == {"a": "b"}
+    # off: no token, no scraper, plain HTTP
+    plain = render(*VALUE_SETS["monitoring"], "--set", f"monitoring.operator.kind={kind}",
+                   "--set", "operator.metricsAuth=false")  # fmt: skip
+    ep = operator_endpoint(plain)
+    assert "authorization" not in ep and "scheme" not in ep
+    assert not [d for d in by_kind(plain, "Secret") if "metrics-scraper" in d["metadata"]["name"]]
+    assert not [r for r in by_kind(plain, "ClusterRole") if "metrics" in r["metadata"]["name"]]
 
 
 @needs_helm
@@ -651,3 +717,18 @@ def test_the_admission_policies_name_the_operators_account() -> None:
                   for b in bindings) == sorted(
         (p["metadata"]["name"], ("Deny",)) for p in policies)  # fmt: skip
     assert not by_kind(render("--set", "rbac.confineWrites=false"), "ValidatingAdmissionPolicy")
+
+
+@needs_helm
+def test_the_openshift_guides_values_blocks_are_values_the_chart_takes(tmp_path: Path) -> None:
+    """Each ``# ...: add to spyre-values.yaml`` block of docs/openshift.md passes the chart's
+    schema and renders (a renamed value there would fail here, not at a site's install)."""
+    text = (ROOT / "docs" / "openshift.md").read_text()
+    blocks = re.findall(r"```yaml\n(# [^\n]*add to spyre-values\.yaml\n.*?)```", text, re.S)
+    assert len(blocks) >= 3, blocks
+    for i, block in enumerate(blocks):
+        values = tmp_path / f"values-{i}.yaml"
+        values.write_text(block)
+        res = helm("lint", "--strict", str(CHART), "-f", str(values))
+        assert "0 chart(s) failed" in res.stdout, (block, res.stdout)
+        helm("template", "spyre", str(CHART), "-f", str(values), "--api-versions", MONITORING)

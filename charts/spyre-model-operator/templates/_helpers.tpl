@@ -211,3 +211,23 @@ object does not exist yet.
 {{- .Values.requiredSCC -}}
 {{- end -}}
 {{- end }}
+
+{{/* The operator monitor's endpoint: its token (operator.metricsAuth) and HTTPS
+     (operator.metricsTLS). Called with (list $ <scraper ServiceAccount name>). */}}
+{{- define "spyre.operatorScrapeAuth" -}}
+{{- $ := index . 0 }}
+{{- if $.Values.operator.metricsAuth }}
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ index . 1 }}-token
+    key: token
+{{- end }}
+{{- if $.Values.operator.metricsTLS.secretName }}
+scheme: https
+{{- with $.Values.monitoring.operator.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end }}
