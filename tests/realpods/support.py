@@ -905,12 +905,12 @@ def metric_lines(text: str, wanted: Iterable[str]) -> list[str]:
 __all__ = [
     "CHART", "CLIENT_POD", "CRD_FILE", "CRD_NAME", "FATAL_REASONS", "MODEL_CLAIM", "MODEL_PATH",
     "NODE_NAME", "RELEASE", "SERVED_NAME", "TINY_SHAPE", "HttpResult", "KubectlError",
-    "Timeline", "apply_model", "completion", "condition",
+    "Timeline", "apply_model", "bind_metrics_reader", "completion", "condition",
     "create_model_pvc", "deep_merge",
     "describe", "ensure_client_pod", "ensure_cluster", "ensure_crd", "ensure_images",
     "ensure_namespace", "get_model", "helm", "http", "install_operator", "jobs", "metric",
     "metric_lines", "metrics", "metrics_text", "operator_diagnostics", "operator_logs",
     "operator_pods", "operator_values", "parse_metrics", "placement", "pod_ready",
     "restricted_security", "server_pods", "service_url", "tiny_model_dir", "tiny_model_spec",
-    "uninstall_operator", "wait_model_ready", "wait_operator_ready",
+    "unbind_metrics_reader", "uninstall_operator", "wait_model_ready", "wait_operator_ready",
 ]
