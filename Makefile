@@ -62,10 +62,11 @@ cluster-down: ## Stop the local control plane (the demos with it); leaves no pro
 	@if [ -f .cluster/operator-demo.pid ]; then kill $$(cat .cluster/operator-demo.pid) 2>/dev/null || true; rm -f .cluster/operator-demo.pid; fi
 	@if [ -x $(PY) ]; then $(CLUSTER) down; else echo "no venv, nothing to stop"; fi
 
-crds: install ## Regenerate the CRD YAML and docs/api.md from the pydantic API models
+crds: install ## Regenerate the CRD YAML, docs/api.md and the reasons table from the code
 	$(PY) -m spyre_operator.cli crd > crds/serving.spyre.dev_spyremodels.yaml
 	cp crds/serving.spyre.dev_spyremodels.yaml charts/spyre-model-operator/files/crd-spyremodels.yaml
 	$(PY) -m spyre_operator.cli api-doc > docs/api.md
+	$(PY) -m spyre_operator.cli reasons-doc docs/troubleshooting.md
 
 supported-configs: install ## Copy the installed plugin's model_configs.yaml into the operator (after a sendnn-inference bump)
 	$(PY) -c "import importlib.metadata as m, pathlib, sendnn_inference as s; \

@@ -369,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
     sub.add_parser("api-doc", help="print docs/api.md, the field reference generated from the CRD")
+    reasons = sub.add_parser("reasons-doc", help="write the reasons table of "
+                             "docs/troubleshooting.md (generated from reason_docs.py) into PAGE")
+    reasons.add_argument("page", help="the page to update in place (docs/troubleshooting.md)")
     run = sub.add_parser("run", help="run the operator")
     scope = run.add_mutually_exclusive_group()
     scope.add_argument(
@@ -514,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         from .apidoc import render_api_doc
 
         sys.stdout.write(render_api_doc())
+        return 0
+    if args.command == "reasons-doc":
+        from pathlib import Path
+
+        from .reason_docs import splice
+
+        page = Path(args.page)
+        page.write_text(splice(page.read_text()))
         return 0
     return _run(args)
 
