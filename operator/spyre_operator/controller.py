@@ -12,7 +12,8 @@ the workers, and runs the reconcile of one model; the jobs of a reconcile are co
 with names and their own state (control/): ``router`` (which models an event concerns),
 ``observer`` (the observed state), ``budgets`` (compile and rollout slots), ``writer`` (the
 writes of a decision), ``status`` (failures, install conflicts, the status last written),
-``claims`` (claims left behind) and ``gc`` (the artifact GC, gc.py). This module re-exports
+``claims`` (claims left behind) and ``gc`` (the artifact GC, control/gc.py, deciding with
+decide/gc.py). This module re-exports
 what importers take from here.
 """
 
@@ -62,13 +63,13 @@ from .control.common import (
     unexpected,
 )
 from .control.execute import Writer
+from .control.gc import GarbageCollector
 from .control.observe import Observer
 from .control.queue import WorkQueue
 from .control.routing import Router
 from .control.status import StatusReporter
 from .decide.serving import pods_missing
 from .desired.plan import plan_model
-from .gc import GarbageCollector
 from .metrics import Instruments
 from .reconcile import (
     DEFAULT_POLICY,
@@ -162,7 +163,7 @@ class Controller:
         self.scaled_objects: Any | None = None
         self.http_scaled_objects: Any | None = None
         self.interceptor_slices: Any | None = None
-        # The collaborators (control/, gc.py): each keeps its own state and reaches the
+        # The collaborators (control/): each keeps its own state and reaches the
         # others through this controller.
         self.writer = Writer(self)
         self.status = StatusReporter(self)

@@ -12,8 +12,8 @@ import copy
 import json
 from typing import Any
 
+from spyre_operator.decide.gc import parse_gc_result
 from spyre_operator.decide.observed import ClaimMeasure
-from spyre_operator.gc import parse_gc_result
 from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model

@@ -522,7 +522,7 @@ def test_a_removal_whose_job_went_unread_is_learned_from_the_next_gc_job() -> No
 
 
 def test_the_claims_record_of_removed_keys_is_bounded_and_keeps_the_newest() -> None:
-    from spyre_operator.gc import removed_record, with_removed
+    from spyre_operator.decide.gc import removed_record, with_removed
 
     record = with_removed({}, [f"k{i:03d}" for i in range(70)], "2026-11-21T00:00:00Z")
     record = with_removed(record, ["late"], "2026-11-22T00:00:00Z")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from spyre_operator.api.v1alpha1 import CacheRetention, SpyreModelSpec
+from spyre_operator.decide.gc import ClaimUse, keys_to_remove, known_keys, parse_gc_result
 from spyre_operator.desired.gcjob import (
     GC_KEYS_ANNOTATION,
     GC_SERVICE_ACCOUNT,
@@ -13,7 +14,6 @@ from spyre_operator.desired.gcjob import (
     gc_job_name,
 )
 from spyre_operator.desired.plan import plan_model
-from spyre_operator.gc import ClaimUse, keys_to_remove, known_keys, parse_gc_result
 
 NOW = "2026-11-22T12:00:00Z"
 OLD = "2026-11-20T12:00:00Z"  # two days ago

@@ -2,4 +2,5 @@
 class per job of a reconcile, each with its own state: Router (which models an event
 concerns), Observer (the observed state), Budgets (compile and rollout slots), Writer (the
 writes of a decision), StatusReporter (failures, install conflicts, the status last
-written), ClaimReleaser (claims left behind). The artifact GC is gc.GarbageCollector."""
+written), ClaimReleaser (claims left behind), GarbageCollector (the artifact GC of the
+managed cache claims, gc.py; its pure decisions are decide/gc.py)."""

@@ -13,12 +13,12 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
     from ..apply import Applier
-    from ..gc import GarbageCollector
     from ..reconcile import Policy, ScaleToZeroConfig
     from .budgets import Budgets
     from .claims import ClaimReleaser
     from .common import Caches, ModelKey, Stats
     from .execute import Writer
+    from .gc import GarbageCollector
     from .observe import Observer
     from .queue import WorkQueue
     from .routing import Router

@@ -1,5 +1,5 @@
 """Claims left behind (``Controller.claims``): the managed cache PVCs a model no longer names
-are released. (The artifact GC of a claim is ``Controller.gc``, gc.py.)"""
+are released. (The artifact GC of a claim is ``Controller.gc``, control/gc.py.)"""
 
 from __future__ import annotations
 

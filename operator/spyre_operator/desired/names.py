@@ -33,7 +33,7 @@ ROLLED_OUT_ANNOTATION = ROLLED_OUT_LABEL
 #: On a managed cache PVC: the artifact keys garbage collection removed from it (or found
 #: absent), ``{"<key>": "<removed at>"}`` as JSON, the newest ``REMOVED_ARTIFACTS_KEPT``. The
 #: GC Job's own report goes with the Job (its TTL); this record lives as long as the volume, so
-#: a revert to a removed key compiles it again whenever it comes. See gc.py.
+#: a revert to a removed key compiles it again whenever it comes. See decide/gc.py.
 REMOVED_ARTIFACTS_ANNOTATION = f"{GROUP}/removed-artifacts"
 REMOVED_ARTIFACTS_KEPT = 64
 #: On serving pods whose /metrics have a port of their own (serving.metricsPort): its number.
