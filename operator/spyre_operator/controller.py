@@ -327,7 +327,7 @@ class Controller:
             obs.collected = await self.gc.collected(ns, plan.claim)
         if plan is not None:  # no await from here to the reservation: slots are counted once
             self.budgets.observe(key, model, plan, obs)
-        decision = decide(model, obs, self.clock(), self.policy)
+        decision = decide(model, obs, self.clock(), self.policy, plan)
         self.budgets.track(key, plan, obs, decision)
         try:
             await self.writer.execute(model, obs, decision)

@@ -153,6 +153,29 @@ def test_an_invalid_spec_is_still_reported_as_such() -> None:
     assert ready is not None and ready["reason"] == C.INVALID_SPEC
 
 
+def test_a_reconcile_plans_the_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49, 2: the controller's plan is the one decide() uses (it validated the spec and
+    planned it again, in decide/assemble.py), and the decision is the one decide() makes
+    when it plans itself."""
+    from spyre_operator.controller import plan_model as controller_plan
+    from spyre_operator.decide import assemble
+
+    m = model("m", GENERATE)
+    c, applier = controller_with(m)
+    calls: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return controller_plan(*args, **kwargs)
+
+    monkeypatch.setattr("spyre_operator.controller.plan_model", counted)
+    monkeypatch.setattr(assemble, "plan_model", counted)
+    asyncio.run(c.reconcile_key(("ns", "m")))
+    assert calls == ["m"]
+    assert applier.statuses[-1] == decide(m, Observed(cache_pvc=None), NOW).status
+    assert [w[0] for w in applier.writes][:1] == ["job"]  # the precompile Job, as planned
+
+
 @pytest.mark.parametrize("field", ["servingArtifactKey", "condition"])
 def test_a_status_field_another_manager_changed_is_written_back(field: str) -> None:
     """Reproduced: the operator compared with its own last write and never corrected a field

@@ -93,20 +93,23 @@ def _refused_status(
 
 
 def decide(
-    model: dict[str, Any], obs: Observed, now: str, policy: Policy = DEFAULT_POLICY
+    model: dict[str, Any], obs: Observed, now: str, policy: Policy = DEFAULT_POLICY,
+    plan: ModelPlan | None = None,
 ) -> Decision:
-    """The reconcile policy for one SpyreModel."""
+    """The reconcile policy for one SpyreModel. ``plan``: the model's plan, as the controller
+    built it for this reconcile from the same spec and ``policy.site`` (planned once per
+    reconcile); None: validated and planned here (an invalid spec is reported as such)."""
     meta = model.get("metadata", {})
     name, ns = meta["name"], meta["namespace"]
     generation = meta.get("generation", 1)
     old_status = model.get("status") or {}
-    try:
-        spec = SpyreModelSpec.model_validate(model.get("spec") or {})
-    except ValidationError as e:
-        return _invalid_status(model, e, generation, now)
-    plan = with_live_claim(
-        plan_model(name, ns, meta.get("uid", ""), spec, policy.site), obs.cache_pvc
-    )
+    if plan is None:
+        try:
+            spec = SpyreModelSpec.model_validate(model.get("spec") or {})
+        except ValidationError as e:
+            return _invalid_status(model, e, generation, now)
+        plan = plan_model(name, ns, meta.get("uid", ""), spec, policy.site)
+    plan = with_live_claim(plan, obs.cache_pvc)
     effective = effective_status(plan.spec, plan.from_defaults, plan.storage_class(obs.cache_pvc))
     if plan.image_refusal:
         return _refused_status(
