@@ -62,11 +62,11 @@ from .control.common import (
     uid_of,
     unexpected,
 )
+from .control.event_routing import Router
 from .control.execute import Writer
 from .control.gc import GarbageCollector
 from .control.observe import Observer
 from .control.queue import WorkQueue
-from .control.routing import Router
 from .control.status import StatusReporter
 from .decide.serving import pods_missing
 from .desired.plan import plan_model

@@ -33,8 +33,8 @@ from .budget import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLL
 from .coldstart import start_coldstart_server
 from .controller import Caches, Controller
 from .desired import names
+from .desired.inference_pool import InferencePool, inference_pool_name
 from .desired.plan import OwnerRef, plan_model
-from .desired.routing import InferencePool, inference_pool_name
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
 from .metrics import counting_client, start_metrics_server

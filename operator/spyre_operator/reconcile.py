@@ -18,6 +18,7 @@ from .decide.artifact import ArtifactOutcome, collected_since, decide_artifact, 
 from .decide.assemble import decide
 from .decide.cache import CacheOutcome, decide_cache
 from .decide.cache_status import MAX_REMEMBERED, decide_cache_status, shape_text
+from .decide.inference_pool import RoutingOutcome, decide_routing
 from .decide.observed import (
     API_FORBIDDEN,
     API_NOT_SERVED,
@@ -36,7 +37,6 @@ from .decide.observed import (
     WriteError,
     served_key,
 )
-from .decide.routing import RoutingOutcome, decide_routing
 from .decide.scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
 from .decide.serving import NODE_ENDED_POD_REASONS, Rollout, ServingOutcome, decide_serving
 from .decide.status import (

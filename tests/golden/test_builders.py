@@ -13,10 +13,10 @@ import pytest
 import yaml
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.deployment import build_canary_deployment, build_deployment
+from spyre_operator.desired.inference_pool import build_inference_pool
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.pvc import build_cache_pvc, cache_owners
-from spyre_operator.desired.routing import build_inference_pool
 from spyre_operator.desired.scaletozero import (
     build_engine_service,
     build_http_scaled_object,

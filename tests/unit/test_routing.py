@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired import names
-from spyre_operator.desired.routing import build_inference_pool
+from spyre_operator.desired.inference_pool import build_inference_pool
 from spyre_operator.reconcile import (
     API_FORBIDDEN,
     API_NOT_SERVED,

@@ -163,7 +163,7 @@ object does not exist yet.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-# spec.routing.inferencePool (optional.py, desired/routing.py): InferencePools are listed and
+# spec.routing.inferencePool (optional.py, desired/inference_pool.py): InferencePools are listed and
 # watched (the CRD may be absent), server-side applied, deleted when routing is removed.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]

@@ -17,11 +17,11 @@ if TYPE_CHECKING:
     from .budgets import Budgets
     from .claims import ClaimReleaser
     from .common import Caches, ModelKey, Stats
+    from .event_routing import Router
     from .execute import Writer
     from .gc import GarbageCollector
     from .observe import Observer
     from .queue import WorkQueue
-    from .routing import Router
     from .status import StatusReporter
 
 

@@ -27,8 +27,8 @@ from ..canary_report import (
     parse_served,
 )
 from ..desired import names
+from ..desired.inference_pool import inference_pool_name
 from ..desired.plan import ModelPlan
-from ..desired.routing import inference_pool_name
 from ..desired.scaletozero import SLICE_SERVICE_NAME, wants_scale_to_zero
 from ..reconcile import API_UNKNOWN, Observed
 from .base import ControllerParts

@@ -18,9 +18,9 @@ from ..api.v1alpha1 import SpyreModelSpec
 from ..desired import names
 from ..desired.autoscaling import build_hpa, wants_hpa
 from ..desired.deployment import build_deployment, served_spec_json
+from ..desired.inference_pool import InferencePool, inference_pool_name
 from ..desired.networkpolicy import build_network_policy, wants_network_policy
 from ..desired.plan import ModelPlan, plan_model, with_live_claim
-from ..desired.routing import InferencePool, inference_pool_name
 from ..desired.scaletozero import build_interceptor_service, wants_scale_to_zero
 from ..desired.service import build_pdb, build_service, wants_pdb
 from ..desired.site import effective_status
@@ -31,8 +31,8 @@ from .artifact import decide_artifact
 from .cache import decide_cache
 from .cache_status import decide_cache_status
 from .canary import decide_canary
+from .inference_pool import decide_routing
 from .observed import DEFAULT_POLICY, Decision, Observed, Policy, parse_time
-from .routing import decide_routing
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
 from .serving import decide_serving, last_good, verified_key
 from .slots import WAITING_RECHECK_SECONDS

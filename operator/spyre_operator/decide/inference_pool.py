@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import conditions as C
+from ..desired.inference_pool import build_inference_pool, inference_pool_name, wants_inference_pool
 from ..desired.plan import ModelPlan
-from ..desired.routing import build_inference_pool, inference_pool_name, wants_inference_pool
 from .observed import API_FORBIDDEN, API_NOT_SERVED, API_UNKNOWN, Observed
 
 
