@@ -30,10 +30,10 @@ from typing import Any
 from lightkube import AsyncClient
 from pydantic import ValidationError
 
-from . import budget as B
 from . import conditions as C
 from .api.v1alpha1 import SpyreModelSpec
 from .apply import Applier
+from .control import budgets as B
 from .control.budgets import Budgets
 from .control.claims import ClaimReleaser
 from .control.common import (

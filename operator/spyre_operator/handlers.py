@@ -29,8 +29,8 @@ from pydantic import ValidationError
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import STATUS_FIELDS_KEY, status_fields_owned
-from .budget import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .coldstart import start_coldstart_server
+from .control.budgets import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .controller import Caches, Controller
 from .desired import names
 from .desired.inference_pool import InferencePool, inference_pool_name
@@ -100,7 +100,8 @@ class OperatorConfig:
     coldstart_port: int | None = None
     #: Cluster-wide defaults of per-site SpyreModel fields and the engine-image allow-list.
     site: SiteDefaults = SiteDefaults()
-    #: Cluster-wide budgets (budget.py): precompile Jobs and serving rollouts at once (0: any).
+    #: Cluster-wide budgets (control/budgets.py): precompile Jobs and serving rollouts at once
+    #: (0: any).
     max_concurrent_compiles: int = DEFAULT_MAX_CONCURRENT_COMPILES
     max_concurrent_rollouts: int = DEFAULT_MAX_CONCURRENT_ROLLOUTS
     #: The most of each one namespace may hold (0: no cap; the fair share applies anyway).

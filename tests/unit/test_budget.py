@@ -1,5 +1,5 @@
-"""Cluster-wide budgets of precompile Jobs and serving rollouts (budget.py): decide() with the
-budget's answer in Observed, and the controller counting slots from its caches, keeping the
+"""Cluster-wide budgets of precompile Jobs and serving rollouts (control/budgets.py): decide()
+with the budget's answer in Observed, and the controller counting slots from its caches, keeping the
 waiting models in order and waking them when a slot frees (pure of any cluster: a recording
 applier stands in for the API, the test moves Jobs and Deployments along)."""
 
@@ -10,10 +10,10 @@ import copy
 from typing import Any
 
 import pytest
-from spyre_operator import budget as B
 from spyre_operator import conditions as C
 from spyre_operator.apply import is_subset, with_applied_hash
 from spyre_operator.cli import main as cli_main
+from spyre_operator.control import budgets as B
 from spyre_operator.controller import Caches, Controller
 from spyre_operator.desired import names
 from spyre_operator.reconcile import Observed, decide, served_key

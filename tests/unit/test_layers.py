@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[2] / "operator" / "spyre_operator"
 PURE = [*sorted((PKG / "decide").glob("*.py")), *sorted((PKG / "desired").glob("*.py")),
         PKG / "reconcile.py"]
 #: Modules of the control and write layers (top-level names under spyre_operator).
-IMPURE = {"controller", "control", "apply", "handlers", "budget", "resync", "leader",
+IMPURE = {"controller", "control", "apply", "handlers", "resync", "leader",
           "metrics", "cli", "coldstart", "optional"}
 
 

@@ -192,7 +192,7 @@ class Observed:
     recheck_after: float | None = None
     #: The interceptor proxy Service's EndpointSlices (what the mirror copies).
     interceptor_slices: list[dict[str, Any]] = field(default_factory=list)
-    #: The cluster-wide precompile budget's answer (budget.py; the controller counts): when
+    #: The cluster-wide precompile budget's answer (control/budgets.py; the controller counts): when
     #: not free, a model that would create a precompile Job waits instead.
     compile_slot: Slot = FREE
     #: The rollout budget's: when not free, a Deployment serving another artifact is not

@@ -1,6 +1,6 @@
 """A budget's answer for one model (a :class:`Slot`) and the waiting model's recheck period:
 what the pure decisions read. The counting, the waiting order and the reservations are the
-controller's (budget.py)."""
+controller's (control/budgets.py)."""
 
 from __future__ import annotations
 
