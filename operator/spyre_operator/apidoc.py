@@ -1,6 +1,6 @@
 """docs/api.md: every SpyreModel field, generated from the CRD the API models generate.
 
-The pydantic models (api/v1alpha1.py) are the source of the CRD (crd.py) and so of this
+The pydantic models (api/v1alpha1/) are the source of the CRD (crd.py) and so of this
 table: a field's path, type, limits, default and description, as the API server and
 ``kubectl explain`` see them. ``spyre-operator api-doc`` prints it; ``make crds`` writes it;
 tests/unit/test_api_doc.py fails when docs/api.md differs.
