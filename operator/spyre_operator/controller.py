@@ -324,7 +324,7 @@ class Controller:
                 self.observer.served_reports(obs.server_pods, plan.spec.serving.port),
             )
         if plan is not None and plan.claim_managed:
-            obs.collected = await self.gc.collected(ns, plan.claim)
+            obs.collected = await self.gc.reports.collected(ns, plan.claim)
         if plan is not None:  # no await from here to the reservation: slots are counted once
             self.budgets.observe(key, model, plan, obs)
         decision = decide(model, obs, self.clock(), self.policy, plan)

@@ -150,7 +150,7 @@ def test_a_finished_gc_job_is_announced_once_and_its_precompile_jobs_go() -> Non
                    "freedBytes": 9, "remainingBytes": 1234}
         c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
-        assert await c.gc.collected(NS, CLAIM) == {old_key: ""}  # (no completionTime here)
+        assert await c.gc.reports.collected(NS, CLAIM) == {old_key: ""}  # (no completionTime here)
         await c.gc.collect((NS, "a"), plan_a)
         await c.gc.collect((NS, "b"), plan_a)
         await asyncio.gather(*c.writer.pending)
@@ -304,10 +304,10 @@ def test_what_a_gc_job_measured_on_the_volume_counts_towards_the_claims_usage() 
                                                       "freedBytes": 0,
                                                       "remainingBytes": remaining})}}]
         users = c.caches.all("claim_users", (NS, CLAIM))
-        listed = c.gc.claim_artifact_bytes(NS, CLAIM, users)
+        listed = c.gc.reports.claim_artifact_bytes(NS, CLAIM, users)
         assert listed is not None and listed < 5_000_000  # the samples list no sizes
         await c.gc.collect((NS, "a"), plan_a)
-        assert c.gc.claim_artifact_bytes(NS, CLAIM, users) == 5_000_000  # the newest Job's
+        assert c.gc.reports.claim_artifact_bytes(NS, CLAIM, users) == 5_000_000  # the newest Job's
         assert {(NS, "a"), (NS, "b")} <= set(c.queue._queued)  # their condition follows
         await c.stop()
     asyncio.run(run())
@@ -336,10 +336,10 @@ def test_memory_of_finished_jobs_is_bounded_by_the_jobs_that_still_exist() -> No
             c.caches.indices["claim_jobs"][(NS, CLAIM)] = [job]
             c.caches.indices["jobs"] = {(NS, job["metadata"]["name"]): [job]}
             await c.gc.collect((NS, "a"), plan_a)
-            assert job["metadata"]["uid"] in c.gc._done  # acted upon: not again
+            assert job["metadata"]["uid"] in c.gc.reports._done  # acted upon: not again
             c.caches.indices["claim_jobs"][(NS, CLAIM)] = []
             c.caches.indices["jobs"] = {}  # gone (ttlSecondsAfterFinished)
-        assert len(c.gc._done) <= 600
+        assert len(c.gc.reports._done) <= 600
         assert len(c.observer.job_messages) <= 600
         await c.stop()
     asyncio.run(run())
@@ -466,7 +466,7 @@ def test_what_gc_removed_is_recorded_on_the_claim_and_outlives_the_job() -> None
         c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
         when = "2026-11-21T23:00:00Z"
-        assert await c.gc.collected(NS, CLAIM) == {old_key: when, absent: when}
+        assert await c.gc.reports.collected(NS, CLAIM) == {old_key: when, absent: when}
         await c.gc.collect((NS, "a"), plan_a)
         await asyncio.gather(*c.writer.pending)
         [(kind, name, ns, annotations)] = fake.annotated
@@ -478,7 +478,7 @@ def test_what_gc_removed_is_recorded_on_the_claim_and_outlives_the_job() -> None
         pvc["metadata"]["annotations"] = annotations
         c.caches.indices["claim_jobs"][(NS, CLAIM)] = []
         c.caches.indices["jobs"].clear()
-        assert await c.gc.collected(NS, CLAIM) == {old_key: when, absent: when}
+        assert await c.gc.reports.collected(NS, CLAIM) == {old_key: when, absent: when}
         # a restarted operator acting on the same Job again writes nothing new
         c2, fake2, _, _ = _setup([gc])
         c2.caches.indices["pvcs"][(NS, CLAIM)][0]["metadata"]["annotations"] = annotations
@@ -512,7 +512,7 @@ def test_a_removal_whose_job_went_unread_is_learned_from_the_next_gc_job() -> No
         c.observer.job_messages[gc["metadata"]["uid"]] = [
             {"name": "p", "terminated": {"exitCode": 0, "message": json.dumps(summary)}}]
         expected = {now_removed: "2026-11-22T10:00:00Z", lost: "2026-11-21T23:00:00Z"}
-        assert await c.gc.collected(NS, CLAIM) == expected
+        assert await c.gc.reports.collected(NS, CLAIM) == expected
         await c.gc.collect((NS, "a"), plan_a)
         await asyncio.gather(*c.writer.pending)
         [(_, _, _, annotations)] = fake.annotated
@@ -647,11 +647,11 @@ def test_what_is_remembered_per_claim_goes_with_the_claim() -> None:
         gone = (NS, "old-claim")
         c.gc._checked[gone] = 1.0
         c.gc._swept[gone] = 1.0
-        c.gc._orphans[gone] = {"k": 1}
+        c.gc.reports.orphans[gone] = {"k": 1}
         c.gc.sweep_requested.add(gone)
         await c.gc.collect((NS, "a"), plan_a)
         assert gone not in c.gc._checked and gone not in c.gc._swept
-        assert gone not in c.gc._orphans and gone not in c.gc.sweep_requested
+        assert gone not in c.gc.reports.orphans and gone not in c.gc.sweep_requested
         assert (NS, CLAIM) in c.gc._checked  # the live claim's stays
         await c.stop()
     asyncio.run(run())

@@ -100,8 +100,8 @@ class Observer:
             ),
             cache_users=[(u.owner, u.volume) for u in users if u.volume is not None],
             claim_name_users=[u.owner for u in users if u.volume is None],
-            claim_artifact_bytes=self.c.gc.claim_artifact_bytes(ns, plan_claim, users),
-            claim_measured=self.c.gc.claim_measured(ns, plan_claim),
+            claim_artifact_bytes=self.c.gc.reports.claim_artifact_bytes(ns, plan_claim, users),
+            claim_measured=self.c.gc.reports.claim_measured(ns, plan_claim),
         )
         if obs.canary_deployment is not None:
             obs.canary_foreign = foreign_owner("Deployment", obs.canary_deployment, name)
