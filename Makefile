@@ -9,7 +9,7 @@ UV      := $(VENV)/bin/uv
 CLUSTER := $(PY) tests/cluster/controlplane.py
 PYTEST_ARGS ?=
 
-.PHONY: images images-platforms test-images test-platforms images-prune release mirror
+.PHONY: images images-platforms test-images test-platforms images-prune release mirror bundle
 .PHONY: help deps install lock binaries binaries-core node-deps node-images cluster-up cluster-down test test-unit test-integration \
         demo demo-down demo-kwok bench bench-engine crds lint clean supported-configs
 
@@ -182,6 +182,11 @@ release: install binaries images-platforms ## Build, push and pin the images and
 	$(PY) operator/scripts/release.py release --registry $(REGISTRY) $(RELEASE_FLAGS) \
 		$(if $(ENGINE_BASE),--engine-base $(ENGINE_BASE)) $(if $(CPU_ENGINE),--cpu-engine) \
 		$(if $(PLATFORMS),--platforms $(PLATFORMS))
+
+bundle: install binaries-core ## The OLM bundle (ClusterServiceVersion from the chart) in dist/bundle: [OPERATOR_IMAGE=ref@digest] [ENGINE_IMAGE=ref@digest]
+	rm -rf dist/bundle
+	$(PY) operator/scripts/bundle.py --out dist/bundle \
+		$(if $(OPERATOR_IMAGE),--operator-image $(OPERATOR_IMAGE)) $(if $(ENGINE_IMAGE),--engine-image $(ENGINE_IMAGE))
 
 mirror: install binaries ## Copy a release into a site's registry: FROM=host/path TO=host/path [VERSION=] [PLAIN_HTTP=1]
 	@test -n "$(FROM)" -a -n "$(TO)" || { echo "usage: make mirror FROM=host/path TO=host/path [VERSION=x.y.z] [PLAIN_HTTP=1]"; exit 2; }

@@ -1,0 +1,98 @@
+"""The OLM bundle is the chart (issue 46, 4): operator/scripts/bundle.py, checked against the
+chart it renders (helm). The operator framework's validators and the real CSV schema judge it
+in tests/integration/test_olm_bundle.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .test_chart_lint import CHART, helm, needs_helm, operator_container
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "bundle", ROOT / "operator" / "scripts" / "bundle.py")
+assert _spec and _spec.loader
+bundle = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bundle)
+
+pytestmark = needs_helm
+
+OPERATOR = "registry.example/spyre/spyre-model-operator@sha256:" + "a" * 64
+ENGINE = "registry.example/spyre/spyre-engine@sha256:" + "b" * 64
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, Any]:
+    return bundle.build_bundle(CHART, OPERATOR, ENGINE, created="2026-12-07T00:00:00Z")
+
+
+def _csv(files: dict[str, Any]) -> dict[str, Any]:
+    return files["manifests/spyre-model-operator.clusterserviceversion.yaml"]  # type: ignore[no-any-return]
+
+
+def test_the_csv_installs_what_the_chart_installs(files: dict[str, Any]) -> None:
+    out = helm("template", "spyre-model-operator", str(CHART), "--namespace", "spyre-system").stdout
+    chart = [d for d in yaml.safe_load_all(out) if d]
+    csv = _csv(files)
+    strategy = csv["spec"]["install"]["spec"]
+    (dep,) = strategy["deployments"]
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    want = [a for a in operator_container(chart)["args"]
+            if not a.startswith("--leader-election-namespace=")]  # fmt: skip
+    assert container["args"] == [*want, f"--default-engine-image={ENGINE}"]
+    assert container["image"] == OPERATOR
+    # the operator's rights: the chart's ClusterRoles for it (workloads, leases, reviews)
+    own = [r for d in chart if d["kind"] == "ClusterRole"
+           and not d["metadata"]["name"].endswith(("-metrics-reader", "-view", "-edit"))
+           for r in d["rules"]]  # fmt: skip
+    (cluster,) = strategy["clusterPermissions"]
+    assert cluster["rules"] == own and cluster["serviceAccountName"] == "spyre-model-operator"
+    (election,) = strategy["permissions"]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["create"]} in election["rules"]  # fmt: skip
+    # OLM runs it in the namespace it chooses: nothing names the render's
+    text = yaml.safe_dump(files)
+    assert bundle.PLACEHOLDER not in text and "spyre-system-" not in text
+
+
+def test_the_csv_says_what_operatorhub_reads(files: dict[str, Any]) -> None:
+    csv = _csv(files)
+    meta, spec = csv["metadata"], csv["spec"]
+    assert {m["type"]: m["supported"] for m in spec["installModes"]} == {
+        "OwnNamespace": False, "SingleNamespace": False, "MultiNamespace": False,
+        "AllNamespaces": True}  # fmt: skip
+    assert spec["relatedImages"] == [{"name": "spyre-model-operator", "image": OPERATOR},
+                                     {"name": "spyre-engine", "image": ENGINE}]  # fmt: skip
+    assert all("@sha256:" in r["image"] for r in spec["relatedImages"])
+    assert meta["annotations"]["containerImage"] == OPERATOR
+    assert meta["name"] == f"spyre-model-operator.v{spec['version']}"
+    for k, v in bundle.FEATURES.items():
+        assert meta["annotations"][k] == v
+    (example,) = json.loads(meta["annotations"]["alm-examples"])
+    assert example["kind"] == "SpyreModel" and "precompile" not in example["spec"]
+    (owned,) = spec["customresourcedefinitions"]["owned"]
+    assert (owned["name"], owned["version"], owned["kind"]) == (
+        "spyremodels.serving.spyre.dev", "v1alpha1", "SpyreModel")
+    paths = {d["path"] for d in owned["specDescriptors"]}
+    assert {"model", "compile", "replicas", "serving", "cache"} <= paths
+    assert {d["path"] for d in owned["statusDescriptors"]} >= {"conditions", "endpoint"}
+    assert all(d["description"] for d in owned["specDescriptors"])
+
+
+def test_the_bundle_metadata_and_extra_manifests(files: dict[str, Any]) -> None:
+    ann = files["metadata/annotations.yaml"]["annotations"]
+    assert ann["operators.operatorframework.io.bundle.mediatype.v1"] == "registry+v1"
+    assert ann["operators.operatorframework.io.bundle.package.v1"] == "spyre-model-operator"
+    roles = {k for k in files if k.endswith(".clusterrole.yaml")}
+    assert roles == {f"manifests/spyre-model-operator-{n}.clusterrole.yaml"
+                     for n in ("metrics-reader", "spyremodels-view", "spyremodels-edit")}
+    crd = files["manifests/spyremodels.serving.spyre.dev.crd.yaml"]
+    assert crd == yaml.safe_load((ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml").read_text())
+    dockerfile = files["bundle.Dockerfile"]
+    assert dockerfile.startswith("FROM scratch\n") and "COPY manifests /manifests/" in dockerfile
