@@ -17,7 +17,7 @@ The chart is rendered with its defaults for the cluster scope (``watch.allNamesp
   ``features.operators.openshift.io`` annotations;
 - ``manifests/`` also holds the CRD, and the ClusterRoles for people and scrapers (SpyreModel
   view/edit aggregated into the built-in roles, the metrics reader);
-- ``metadata/annotations.yaml`` and ``bundle.Dockerfile`` (package, channel ``alpha``).
+- ``metadata/annotations.yaml`` and ``bundle.Dockerfile`` (package, channel ``candidate``).
 
 Not in the bundle, because OLM installs no such kinds: the chart's ValidatingAdmissionPolicies
 (``rbac.confineWrites``: apply them from the chart with ``helm template --show-only``) and its
@@ -41,7 +41,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "charts" / "spyre-model-operator"
 PACKAGE = "spyre-model-operator"
-CHANNEL = "alpha"
+#: OLM's recommended channel names are candidate, fast and stable: a v1alpha1 API is a candidate.
+CHANNEL = "candidate"
 #: A namespace no rendered object may keep: OLM decides where the operator runs.
 PLACEHOLDER = "olm-placeholder-namespace"
 RELEASE = PACKAGE

@@ -26,7 +26,7 @@ func main() {
 	objs := b.ObjectsToValidate()
 	objs = append(objs, map[string]string{"k8s-version": "1.36"})
 	failed := false
-	validators := validation.DefaultBundleValidators.With(
+	validators := validation.DefaultBundleValidators.WithValidators(
 		validation.OperatorHubV2Validator, validation.GoodPracticesValidator)
 	for _, r := range validators.Validate(objs...) {
 		for _, e := range r.Errors {
