@@ -68,7 +68,6 @@ from .control.gc import GarbageCollector
 from .control.observe import Observer
 from .control.queue import WorkQueue
 from .control.status import StatusReporter
-from .decide.serving import pods_missing
 from .desired.plan import plan_model
 from .metrics import Instruments
 from .reconcile import (
@@ -78,6 +77,7 @@ from .reconcile import (
     Policy,
     ScaleToZeroConfig,
     decide,
+    pods_missing,
 )
 
 __all__ = [

@@ -8,8 +8,9 @@ status (:func:`decide_status`). Keeping it pure lets unit tests cover every tran
 without a cluster.
 
 The decisions live in :mod:`spyre_operator.decide`, one module per concern; this module
-re-exports them, so importers (the controller, the handlers, the tests) need not know where
-each one is.
+re-exports them and is their one face: no module outside decide/ imports it directly
+(tests/unit/test_layers.py), so importers (the controller, its collaborators, the handlers)
+need not know where each one is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ from .decide.artifact import ArtifactOutcome, collected_since, decide_artifact, 
 from .decide.assemble import decide
 from .decide.cache import CacheOutcome, decide_cache
 from .decide.cache_status import MAX_REMEMBERED, decide_cache_status, shape_text
+from .decide.gc import (
+    ClaimUse,
+    GcResult,
+    epoch,
+    gone_keys,
+    keys_to_remove,
+    known_keys,
+    merge_removed,
+    mounts_claim,
+    named_models,
+    parse_gc_result,
+    removed_record,
+    stale_compile,
+    still_listed,
+    with_removed,
+)
 from .decide.inference_pool import RoutingOutcome, decide_routing
 from .decide.observed import (
     API_FORBIDDEN,
@@ -30,6 +47,7 @@ from .decide.observed import (
     PENDING,
     READY,
     RETRY_ANNOTATION,
+    ClaimMeasure,
     Decision,
     Observed,
     Policy,
@@ -38,7 +56,14 @@ from .decide.observed import (
     served_key,
 )
 from .decide.scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
-from .decide.serving import NODE_ENDED_POD_REASONS, Rollout, ServingOutcome, decide_serving
+from .decide.serving import (
+    NODE_ENDED_POD_REASONS,
+    Rollout,
+    ServingOutcome,
+    decide_serving,
+    pods_missing,
+)
+from .decide.slots import FREE, WAITING_RECHECK_SECONDS, Slot, ordinal
 from .decide.status import (
     SCHEDULER_SILENCE_SECONDS,
     decide_status,
@@ -86,4 +111,26 @@ __all__ = [
     "collected_since",
     "decide_scale_to_zero",
     "scheduler_silence",
+    "pods_missing",
+    "ClaimMeasure",
+    # the budgets' answer (decide/slots.py)
+    "FREE",
+    "WAITING_RECHECK_SECONDS",
+    "Slot",
+    "ordinal",
+    # garbage collection (decide/gc.py)
+    "ClaimUse",
+    "GcResult",
+    "epoch",
+    "gone_keys",
+    "keys_to_remove",
+    "known_keys",
+    "merge_removed",
+    "mounts_claim",
+    "named_models",
+    "parse_gc_result",
+    "removed_record",
+    "stale_compile",
+    "still_listed",
+    "with_removed",
 ]

@@ -50,3 +50,13 @@ def test_the_check_sees_an_import_of_the_control_layer(tmp_path: Path) -> None:
         assert _imports(bad) >= {"budget", "apply"}
     finally:
         bad.unlink()
+
+
+def test_the_decisions_have_one_face() -> None:
+    """Issue 49, 3: outside decide/, only reconcile.py (which re-exports them) imports the
+    decision modules; the rest of the operator imports reconcile."""
+    outside = [p for p in sorted(PKG.rglob("*.py"))
+               if p.relative_to(PKG).parts[0] != "decide" and p.name != "reconcile.py"]
+    found = sorted(p.relative_to(PKG).as_posix() for p in outside if "decide" in _imports(p))
+    assert len(outside) > 40
+    assert found == [], f"import the decisions from reconcile.py: {found}"

@@ -32,9 +32,17 @@ from typing import Any
 from .. import KIND
 from .. import conditions as C
 from .. import jobs as job_status
-from ..decide.slots import FREE, WAITING_RECHECK_SECONDS, Slot, ordinal
 from ..desired import names
-from ..reconcile import Decision, Observed, served_key, waiting_since
+from ..reconcile import (
+    FREE,
+    WAITING_RECHECK_SECONDS,
+    Decision,
+    Observed,
+    Slot,
+    ordinal,
+    served_key,
+    waiting_since,
+)
 from ..release import mounted_claims
 from ..rollout import deployment_rolling
 from .base import ControllerParts

@@ -15,7 +15,11 @@ from lightkube.resources.core_v1 import PersistentVolumeClaim
 
 from .. import jobs
 from ..api.v1alpha1 import SpyreModelSpec
-from ..decide.gc import (
+from ..desired import names
+from ..desired.gcjob import COMPONENT_GC, Sweep, build_gc_access, build_gc_job
+from ..desired.plan import plan_model
+from ..reconcile import (
+    ClaimMeasure,
     ClaimUse,
     GcResult,
     epoch,
@@ -31,10 +35,6 @@ from ..decide.gc import (
     still_listed,
     with_removed,
 )
-from ..decide.observed import ClaimMeasure
-from ..desired import names
-from ..desired.gcjob import COMPONENT_GC, Sweep, build_gc_access, build_gc_job
-from ..desired.plan import plan_model
 from ..reconcile import served_key as served_key_of
 from .base import ControllerParts
 
