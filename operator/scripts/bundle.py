@@ -73,12 +73,6 @@ STATUS_FIELDS = {
 }
 
 
-def project_version() -> str:
-    import tomllib
-
-    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
-
-
 def builtin_engine() -> str:
     """The engine image the operator uses when the chart names none."""
     sys.path.insert(0, str(ROOT / "operator"))
@@ -87,11 +81,16 @@ def builtin_engine() -> str:
     return str(BUILTIN_ENGINE_IMAGE)
 
 
-def helm_bin() -> str:
+def _release() -> Any:
+    """release.py, beside this script: its helm lookup and the project's version."""
     sys.path.insert(0, str(ROOT / "operator" / "scripts"))
-    from release import helm_bin as find
+    import release
 
-    return find()
+    return release
+
+
+def helm_bin() -> str:
+    return str(_release().helm_bin())
 
 
 def render(chart: Path) -> list[dict[str, Any]]:
@@ -149,7 +148,7 @@ def build_bundle(chart: Path = CHART_DIR, operator_image: str | None = None,
                  engine_image: str | None = None, version: str | None = None,
                  created: str = "") -> dict[str, Any]:
     """The bundle's files: relative path -> object (YAML) or text."""
-    version = version or project_version()
+    version = version or str(_release().project_version())
     docs = render(chart)
     crd = _one(docs, "CustomResourceDefinition")
     crd["metadata"].pop("annotations", None)  # helm's keep policy means nothing to OLM

@@ -12,7 +12,6 @@ tested (docs/openshift.md says what a catalog install checks beyond these).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import uuid
 from pathlib import Path
@@ -22,19 +21,12 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import ControlPlane, wait_until
+from tests.unit.test_bundle import ENGINE, OPERATOR, bundle
 from tests.unit.test_chart_lint import CHART, needs_helm
 
 pytestmark = [pytest.mark.integration, needs_helm, pytest.mark.timeout(2400)]
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "bundle", ROOT / "operator" / "scripts" / "bundle.py")
-assert _spec and _spec.loader
-bundle = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bundle)
-
-OPERATOR = "registry.example/spyre/spyre-model-operator@sha256:" + "a" * 64
-ENGINE = "registry.example/spyre/spyre-engine@sha256:" + "b" * 64
 CSV_FILE = "manifests/spyre-model-operator.clusterserviceversion.yaml"
 CSV_CRD = "operators.coreos.com_clusterserviceversions.yaml"
 
