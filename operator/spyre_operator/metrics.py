@@ -237,9 +237,13 @@ def tls_context(cert_dir: str) -> ssl.SSLContext:
     newer. Raises ``OSError``/``ssl.SSLError`` when the files are missing or do not match."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(ctx, cert_dir)
+    return ctx
+
+
+def _load_chain(ctx: ssl.SSLContext, cert_dir: str) -> None:
     d = Path(cert_dir)
     ctx.load_cert_chain(d / "tls.crt", d / "tls.key")
-    return ctx
 
 
 def _tls_stamp(cert_dir: str) -> tuple[float, ...]:
@@ -256,8 +260,7 @@ async def _reload_tls(ctx: ssl.SSLContext, cert_dir: str) -> None:
         try:
             now = _tls_stamp(cert_dir)
             if now != stamp:
-                d = Path(cert_dir)
-                ctx.load_cert_chain(d / "tls.crt", d / "tls.key")
+                _load_chain(ctx, cert_dir)
                 stamp = now
                 log.info("/metrics: loaded the renewed certificate from %s", cert_dir)
         except (OSError, ssl.SSLError) as e:  # mid-rotation: the next check reads it again
