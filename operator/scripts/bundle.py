@@ -262,12 +262,71 @@ def build_bundle(chart: Path = CHART_DIR, operator_image: str | None = None,
     return files
 
 
+#: The base of the catalog image: operator-framework's opm, which serves the catalog to OLM.
+CATALOG_BASE = "quay.io/operator-framework/opm:v1.54.0"
+#: Where the catalog image keeps its file-based catalog (the label OLM reads names it).
+CONFIGS = "/configs"
+
+
+def catalog(files: dict[str, Any], bundle_image: str) -> dict[str, Any]:
+    """The file-based catalog of this one bundle (``files``, from :func:`build_bundle`, whose
+    image is ``bundle_image``, by digest), as ``opm render`` and ``opm init`` write it: the
+    package (channel ``candidate``, its icon and description), the channel with the bundle as
+    its one entry, and the bundle (its package and version, the API it provides, its
+    manifests as ``olm.bundle.object``, its related images and its own). Returns
+    ``{"catalog/spyre-model-operator/catalog.json": [blobs], "catalog.Dockerfile": text}``."""
+    csv = files[f"manifests/{PACKAGE}.clusterserviceversion.yaml"]
+    spec = csv["spec"]
+    objects = [files[k] for k in sorted(files) if k.startswith("manifests/")]
+    owned = spec["customresourcedefinitions"]["owned"]
+    group = CRD_NAME.split(".", 1)[1]
+    package = {"schema": "olm.package", "name": PACKAGE, "defaultChannel": CHANNEL,
+               "icon": spec["icon"][0],
+               "description": csv["metadata"]["annotations"]["description"]}
+    channel = {"schema": "olm.channel", "package": PACKAGE, "name": CHANNEL,
+               "entries": [{"name": csv["metadata"]["name"]}]}
+    bundle = {
+        "schema": "olm.bundle", "name": csv["metadata"]["name"], "package": PACKAGE,
+        "image": bundle_image,
+        "properties": [
+            {"type": "olm.package", "value": {"packageName": PACKAGE,
+                                              "version": spec["version"]}},
+            *({"type": "olm.gvk", "value": {"group": group, "kind": o["kind"],
+                                            "version": o["version"]}} for o in owned),
+            *({"type": "olm.bundle.object", "value": {"data": base64.b64encode(
+                json.dumps(o, sort_keys=True).encode()).decode()}} for o in objects),
+        ],
+        "relatedImages": [{"name": "", "image": bundle_image}, *spec["relatedImages"]],
+    }
+    return {
+        f"catalog/{PACKAGE}/catalog.json": [package, channel, bundle],
+        "catalog.Dockerfile": catalog_dockerfile(CATALOG_BASE),
+    }
+
+
+def catalog_dockerfile(base: str) -> str:
+    """The catalog image on ``base`` (opm: it serves ``/configs`` to OLM, its cache built at
+    build time; ``scratch``: the catalog's files and label only, which no CatalogSource can
+    serve: what the tests build, opm being neither served nor runnable here)."""
+    text = f"FROM {base}\nCOPY catalog {CONFIGS}\n"
+    if base != "scratch":
+        text += (f'RUN ["/bin/opm", "serve", "{CONFIGS}", "--cache-dir=/tmp/cache", '
+                 '"--cache-only"]\n'
+                 'ENTRYPOINT ["/bin/opm"]\n'
+                 f'CMD ["serve", "{CONFIGS}", "--cache-dir=/tmp/cache"]\n')
+    return text + f"LABEL operators.operatorframework.io.index.configs.v1={CONFIGS}\n"
+
+
 def write_bundle(files: dict[str, Any], out: Path) -> None:
     for rel, content in files.items():
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content if isinstance(content, str)
-                        else yaml.safe_dump(content, sort_keys=False))
+        if isinstance(content, str):
+            path.write_text(content)
+        elif path.suffix == ".json":  # a file-based catalog: one JSON blob after the other
+            path.write_text("".join(json.dumps(b, indent=2) + "\n" for b in content))
+        else:
+            path.write_text(yaml.safe_dump(content, sort_keys=False))
 
 
 def main(argv: list[str] | None = None) -> int:

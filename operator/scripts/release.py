@@ -21,12 +21,16 @@ chart to an OCI registry, the chart pinned to the images' digests.
 3. The chart packaged with ``version``/``appVersion`` = the version, ``image.repository`` +
    ``image.digest`` and ``defaults.engineImage`` (``<registry>/spyre-engine@sha256:...``)
    pinned, and pushed as ``oci://<registry>/charts/spyre-model-operator:<version>``.
-4. ``release-<version>.json`` (refs, digests, chart) in ``--out``.
+4. The OLM bundle (operator/scripts/bundle.py: the CSV naming both images by digest) as
+   ``<registry>/spyre-model-operator-bundle:<version>`` and its file-based catalog as
+   ``<registry>/spyre-model-operator-catalog:<version>`` (on ``--catalog-base``, opm's image,
+   which serves it; ``scratch`` in the tests), the catalog naming the bundle by digest.
+5. ``release-<version>.json`` (refs, digests, chart) in ``--out``.
 
 ``mirror`` copies a release into a site's registry, digests unchanged (``skopeo copy --all
 --preserve-digests``, registry to registry: the index with every platform, the engine's
-compressed layers as they are), and re-publishes the chart with the mirror's repositories
-(same digests) to ``oci://<to>/charts``.
+compressed layers as they are; the bundle and catalog images too), and re-publishes the chart
+with the mirror's repositories (same digests) to ``oci://<to>/charts``.
 
 The version lives in one place, pyproject.toml; ``--version`` defaults to it and must equal it
 (the chart and both packages read it from there: tests/unit/test_version.py).
@@ -60,12 +64,16 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "charts" / "spyre-model-operator"
 CHART_NAME = "spyre-model-operator"
 OPERATOR_NAME = "spyre-model-operator"
 ENGINE_NAME = "spyre-engine"
+#: The OLM bundle (registry+v1) and its file-based catalog (operator/scripts/bundle.py).
+BUNDLE_NAME = f"{OPERATOR_NAME}-bundle"
+CATALOG_NAME = f"{OPERATOR_NAME}-catalog"
 
 sys.path.insert(0, str(ROOT))
 from tests.images import build  # noqa: E402  (the project's image builder)
@@ -88,6 +96,8 @@ class Release:
     engine: str  # repository@sha256:...
     chart: str  # oci://registry/charts/spyre-model-operator
     chart_digest: str
+    bundle: str = ""  # repository@sha256:... (OLM's registry+v1 bundle)
+    catalog: str = ""  # repository@sha256:... (its file-based catalog)
 
     def write(self, out: Path) -> Release:
         """``out``/release-<version>.json; returns itself."""
@@ -296,6 +306,53 @@ def push_engine(local: str, registry: str, version: str, plain_http: bool) -> st
     return f"{repo}@{digest}"
 
 
+# --- OperatorHub: the bundle and its catalog -------------------------------------------------
+
+
+def _bundle_script() -> Any:
+    """bundle.py, beside this script."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import bundle
+
+    return bundle
+
+
+def push_olm(version: str, operator: str, engine: str, registry: str, plain_http: bool,
+             out: Path, catalog_base: str) -> tuple[str, str]:
+    """The OLM bundle of this release (bundle.py: the CSV from the chart, the images by
+    digest) and its file-based catalog as images, both created at the commit's time:
+    ``<registry>/spyre-model-operator-bundle:<version>`` and ``-catalog:<version>`` (the
+    catalog names the bundle by digest). Returns both as repository@digest."""
+    bundle = _bundle_script()
+    _, when = source_revision()
+    files = bundle.build_bundle(operator_image=operator, engine_image=engine, version=version)
+    refs = []
+    for name, dockerfile, content in (
+        (BUNDLE_NAME, "bundle.Dockerfile", files),
+        (CATALOG_NAME, "catalog.Dockerfile", None),
+    ):
+        ctx = out / name
+        shutil.rmtree(ctx, ignore_errors=True)
+        if content is None:  # the catalog names the bundle pushed just before
+            content = bundle.catalog(files, refs[0])
+            content["catalog.Dockerfile"] = bundle.catalog_dockerfile(catalog_base)
+        bundle.write_bundle(content, ctx)
+        local = f"localhost/{name}-release:{version}"
+        scratch = name == BUNDLE_NAME or catalog_base == "scratch"
+        run([*build.buildah_cmd(), "build", "--quiet",
+             "--pull=never" if scratch else "--pull=missing", "--timestamp", str(when),
+             "--label", f"org.opencontainers.image.version={version}",
+             "-f", str(ctx / dockerfile), "-t", local, str(ctx)])  # fmt: skip
+        repo = f"{registry}/{name}"
+        log(f"pushing {repo}:{version}")
+        digest = _digest_of_push(["push", *tls_flag(plain_http), local,
+                                  f"docker://{repo}:{version}"])  # fmt: skip
+        refs.append(f"{repo}@{digest}")
+    return refs[0], refs[1]
+
+
 # --- the chart -----------------------------------------------------------------------------
 
 
@@ -396,7 +453,8 @@ Inspect = Callable[[str], tuple[int, str]]
 def release_refs(registry: str, version: str) -> list[str]:
     """Where a release of ``version`` lives in ``registry``: both images and the chart."""
     return [f"{registry}/{OPERATOR_NAME}:{version}", f"{registry}/{ENGINE_NAME}:{version}",
-            f"{registry}/charts/{CHART_NAME}:{version}"]
+            f"{registry}/charts/{CHART_NAME}:{version}", f"{registry}/{BUNDLE_NAME}:{version}",
+            f"{registry}/{CATALOG_NAME}:{version}"]
 
 
 def _skopeo_inspect(plain_http: bool) -> Inspect:
@@ -433,7 +491,7 @@ def check_unpublished(registry: str, version: str, inspect: Inspect) -> None:
 def release(registry: str, version: str | None, engine_base: str | None, plain_http: bool,
             out: Path, engine_image: str | None = None,
             archs: Sequence[str] = build.OPERATOR_PLATFORMS, allow_dirty: bool = False,
-            replace: bool = False) -> Release:
+            replace: bool = False, catalog_base: str | None = None) -> Release:
     version = check_version(version)
     check_release_inputs(version, allow_dirty)
     registry = registry.rstrip("/")
@@ -445,11 +503,13 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
     engine = push_engine(build_engine(engine_base, engine_image), registry, version, plain_http)
     chart, chart_digest = package_and_push_chart(version, operator, engine, registry,
                                                  plain_http, out)
+    bundle, catalog = push_olm(version, operator, engine, registry, plain_http, out,
+                               catalog_base or _bundle_script().CATALOG_BASE)
     if not allow_dirty:  # a dirty tree's release names no commit to tag
         log(f"tagged {tag_release(version)}: push it with `git push origin "
             f"{tag_name(version)}`")
     return Release(version, registry, operator, platforms, engine, chart,
-                   chart_digest).write(out)
+                   chart_digest, bundle, catalog).write(out)
 
 
 def skopeo_bin() -> str:
@@ -490,9 +550,28 @@ def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path
              f"docker://{image}", f"docker://{dest}/{name}:{version}"])  # fmt: skip
     operator, engine = (f"{dest}/{name}@{digest}" for _, name, digest in copies)
     chart, chart_digest = package_and_push_chart(version, operator, engine, dest, plain_http, out)
-    platforms = index_platforms(run([skopeo, "inspect", "--raw", *(
-        ["--tls-verify=false"] if plain_http else []), f"docker://{operator}"], capture=True))
-    return Release(version, dest, operator, platforms, engine, chart, chart_digest).write(out)
+    verify = ["--tls-verify=false"] if plain_http else []
+    platforms = index_platforms(run([skopeo, "inspect", "--raw", *verify,
+                                     f"docker://{operator}"], capture=True))  # fmt: skip
+    # The bundle and its catalog as they are (the catalog names the bundle in src by digest:
+    # a site maps src to dest with an ImageDigestMirrorSet, docs/openshift.md).
+    olm = []
+    for name in (BUNDLE_NAME, CATALOG_NAME):
+        code, err = _skopeo_inspect(plain_http)(f"{src}/{name}:{version}")
+        if code != 0:
+            if not _ABSENT.search(err):
+                raise SystemExit(f"cannot read {src}/{name}:{version}: {err.strip()[-500:]}")
+            log(f"{src} has no {name}:{version} (a release before the bundle): not copied")
+            olm.append("")
+            continue
+        log(f"copying {src}/{name}:{version} -> {dest}/{name}:{version}")
+        run([skopeo, "copy", "--all", "--preserve-digests", "--quiet", *tls,
+             f"docker://{src}/{name}:{version}", f"docker://{dest}/{name}:{version}"])  # fmt: skip
+        digest = run([skopeo, "inspect", "--format", "{{.Digest}}", *verify,
+                      f"docker://{dest}/{name}:{version}"], capture=True).strip()
+        olm.append(f"{dest}/{name}@{digest}")
+    return Release(version, dest, operator, platforms, engine, chart, chart_digest,
+                   *olm).write(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -517,6 +596,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     eng.add_argument("--engine-image", default=None,
                    help="release this engine image as it is (buildah storage name or "
                         "docker-archive:<path>) instead of building one")  # fmt: skip
+    r.add_argument("--catalog-base", default=None,
+                   help="the catalog image's base: opm, which serves it to OLM (default: "
+                        "bundle.py's CATALOG_BASE); scratch: the catalog's files only (tests)")
     m = sub.add_parser("mirror", help="copy a release into another registry")
     m.add_argument("--from", dest="src", required=True, help="the release's registry/path")
     m.add_argument("--to", dest="dest", required=True, help="the site's registry/path")
@@ -530,7 +612,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         archs = [a.strip().removeprefix("linux/") for a in args.platforms.split(",") if a.strip()]
         base = None if args.cpu_engine else args.engine_base
         rel = release(args.registry, args.version, base, args.plain_http, args.out,
-                      args.engine_image, archs, args.allow_dirty, args.replace)
+                      args.engine_image, archs, args.allow_dirty, args.replace,
+                      args.catalog_base)
     else:
         rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
     print(json.dumps(asdict(rel), indent=2))

@@ -31,12 +31,15 @@ own /metrics: ``spyre_operator_namespace_writes_total``) and logged no ``Forbidd
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from spyre_operator.desired.pod import CACHE_VOLUME
 
 from tests.cluster.controlplane import ControlPlane, wait_until
@@ -70,7 +73,7 @@ def release(control_plane: ControlPlane, released: dict[str, Any], real_node: Re
     mirror = s.mirror_release(control_plane, released, f"{control_plane.registry}/site",
                               tmp_path_factory.mktemp("mirror"))
     # The same images, digests kept: only the repositories differ.
-    for key in ("operator", "engine"):
+    for key in ("operator", "engine", "bundle", "catalog"):
         assert mirror[key].split("@")[1] == released[key].split("@")[1], (mirror, released)
         assert mirror[key].startswith(f"{control_plane.registry}/site/"), mirror
     assert mirror["operator_platforms"] == released["operator_platforms"], mirror
@@ -266,3 +269,50 @@ def test_a_published_version_is_not_released_again(control_plane: ControlPlane,
     assert f"{released['registry']}/spyre-model-operator:{released['version']}" in msg, msg
     assert "building" not in msg and "pushing" not in msg, msg
     print(f"refused in {time.monotonic() - t0:.1f}s")
+
+
+def _blobs(text: str) -> list[dict[str, Any]]:
+    """A file-based catalog's JSON: one object after the other."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        blob, i = decoder.raw_decode(text, i)
+        out.append(blob)
+    return out
+
+
+def test_the_release_holds_an_olm_bundle_and_its_catalog(
+    release: dict[str, Any], released: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 46, 4: ``make release`` pushed the OLM bundle (the CSV naming the release's own
+    images by digest) and a file-based catalog naming that bundle by digest; ``make mirror``
+    copied both, digests kept (checked in ``release``). Read from the mirror, layer by layer."""
+    version, csv_name = released["version"], f"spyre-model-operator.v{released['version']}"
+    files, labels = s.image_files(release["bundle"], tmp_path)
+    assert labels["operators.operatorframework.io.bundle.mediatype.v1"] == "registry+v1"
+    assert labels["operators.operatorframework.io.bundle.package.v1"] == "spyre-model-operator"
+    assert labels["org.opencontainers.image.version"] == version, labels
+    csv = yaml.safe_load(files["manifests/spyre-model-operator.clusterserviceversion.yaml"])
+    assert csv["metadata"]["name"] == csv_name and csv["spec"]["version"] == version
+    assert [i["image"] for i in csv["spec"]["relatedImages"]] == [
+        released["operator"], released["engine"]], csv["spec"]["relatedImages"]
+    assert "manifests/spyremodels.serving.spyre.dev.crd.yaml" in files, sorted(files)
+    annotations = yaml.safe_load(files["metadata/annotations.yaml"])["annotations"]
+    assert annotations["operators.operatorframework.io.bundle.channels.v1"] == "candidate"
+
+    files, labels = s.image_files(release["catalog"], tmp_path)
+    assert labels["operators.operatorframework.io.index.configs.v1"] == "/configs", labels
+    blobs = _blobs(files["configs/spyre-model-operator/catalog.json"].decode())
+    by_schema = {b["schema"]: b for b in blobs}
+    assert len(blobs) == len(by_schema) == 3, [b["schema"] for b in blobs]
+    assert by_schema["olm.package"]["defaultChannel"] == "candidate"
+    assert by_schema["olm.channel"]["entries"] == [{"name": csv_name}]
+    bundle = by_schema["olm.bundle"]
+    assert bundle["name"] == csv_name and bundle["image"] == released["bundle"], bundle["image"]
+    objects = [json.loads(base64.b64decode(p["value"]["data"]))
+               for p in bundle["properties"] if p["type"] == "olm.bundle.object"]
+    assert csv in objects, "the catalog's CSV is not the bundle's"
+    assert {"type": "olm.package", "value": {"packageName": "spyre-model-operator",
+                                             "version": version}} in bundle["properties"]

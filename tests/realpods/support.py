@@ -142,7 +142,8 @@ def release_args(cp: ControlPlane, out: Path,
     # --allow-dirty: a test's release is of the checkout as it is, not a publication;
     # --replace: the registry outlives a run when the cluster does (make cluster-up)
     return ["release", "--registry", f"{cp.registry}/spyre", "--plain-http", "--cpu-engine",
-            "--allow-dirty", "--replace", "--out", str(out), "--platforms", ",".join(platforms)]
+            "--allow-dirty", "--replace", "--out", str(out), "--platforms", ",".join(platforms),
+            "--catalog-base", "scratch"]  # opm's image is not served here
 
 
 class ReleaseAhead:
@@ -233,6 +234,32 @@ def mirror_release(cp: ControlPlane, release: Mapping[str, Any], dest: str, out:
                                "--plain-http", "--out", str(out)], timeout=1800)
     log(f"mirrored {release['registry']} to {dest} in {time.monotonic() - t0:.1f}s")
     return rel
+
+
+def image_files(ref: str, tmp: Path) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The files (path -> bytes, every layer applied in order) and the labels of the image
+    ``ref`` in a plain-HTTP registry, copied with skopeo into ``tmp``: for the small images
+    of a release (its OLM bundle and catalog)."""
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "operator" / "scripts"))
+    import release as release_script
+
+    dest = tmp / ref.replace("/", "_").replace(":", "_").replace("@", "_")
+    subprocess.run([release_script.skopeo_bin(), "copy", "--quiet", "--src-tls-verify=false",
+                    f"docker://{ref}", f"dir:{dest}"], check=True, capture_output=True,
+                   timeout=300)  # fmt: skip
+    manifest = json.loads((dest / "manifest.json").read_text())
+    config = json.loads((dest / manifest["config"]["digest"].split(":", 1)[1]).read_bytes())
+    files: dict[str, bytes] = {}
+    for layer in manifest["layers"]:
+        with tarfile.open(dest / layer["digest"].split(":", 1)[1], mode="r:*") as tar:
+            for member in tar.getmembers():
+                if member.isfile():
+                    data = tar.extractfile(member)
+                    assert data is not None
+                    files[member.name.removeprefix("./")] = data.read()
+    return files, dict((config.get("config") or {}).get("Labels") or {})
 
 
 def _release_script(cp: ControlPlane, args: Sequence[str], timeout: float) -> dict[str, Any]:

@@ -4,6 +4,7 @@ in tests/integration/test_olm_bundle.py."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 from pathlib import Path
@@ -96,3 +97,62 @@ def test_the_bundle_metadata_and_extra_manifests(files: dict[str, Any]) -> None:
     assert crd == yaml.safe_load((ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml").read_text())
     dockerfile = files["bundle.Dockerfile"]
     assert dockerfile.startswith("FROM scratch\n") and "COPY manifests /manifests/" in dockerfile
+
+
+def test_the_catalog_names_the_bundle_by_digest_with_its_own_manifests(
+    files: dict[str, Any],
+) -> None:
+    """Issue 46, 4: the file-based catalog ``make release`` pushes (as ``opm render`` would
+    write it): one package, its channel with the bundle as the one entry, the bundle by
+    digest with its version, the API it provides, its manifests and every image it pulls."""
+    image = "registry.example/spyre/spyre-model-operator-bundle@sha256:" + "c" * 64
+    out = bundle.catalog(files, image)
+    package, channel, entry = out["catalog/spyre-model-operator/catalog.json"]
+    csv = _csv(files)
+    assert package == {"schema": "olm.package", "name": "spyre-model-operator",
+                       "defaultChannel": "candidate", "icon": csv["spec"]["icon"][0],
+                       "description": csv["metadata"]["annotations"]["description"]}
+    assert channel["package"] == entry["package"] == package["name"]
+    assert channel["name"] == package["defaultChannel"]
+    assert channel["entries"] == [{"name": csv["metadata"]["name"]}] and entry["name"] == (
+        csv["metadata"]["name"])
+    assert entry["image"] == image
+    props = entry["properties"]
+    assert {"type": "olm.package", "value": {"packageName": "spyre-model-operator",
+                                             "version": csv["spec"]["version"]}} in props
+    assert {"type": "olm.gvk", "value": {"group": "serving.spyre.dev", "kind": "SpyreModel",
+                                         "version": "v1alpha1"}} in props
+    objects = [json.loads(base64.b64decode(p["value"]["data"]))
+               for p in props if p["type"] == "olm.bundle.object"]
+    assert objects == [files[k] for k in sorted(files) if k.startswith("manifests/")]
+    assert [i["image"] for i in entry["relatedImages"]] == [image, OPERATOR, ENGINE]
+
+
+def test_the_catalog_image_is_served_by_opm_or_holds_its_files_only() -> None:
+    """On opm's image the catalog's cache is built at build time and opm serves it; on
+    scratch (the tests: opm is not served here) only the files and the label OLM reads."""
+    served = bundle.catalog_dockerfile(bundle.CATALOG_BASE)
+    assert served.startswith(f"FROM {bundle.CATALOG_BASE}\n")
+    assert '"--cache-only"' in served and 'ENTRYPOINT ["/bin/opm"]' in served
+    bare = bundle.catalog_dockerfile("scratch")
+    assert "RUN" not in bare and "ENTRYPOINT" not in bare
+    for text in (served, bare):
+        assert "COPY catalog /configs\n" in text
+        assert text.endswith("LABEL operators.operatorframework.io.index.configs.v1=/configs\n")
+
+
+def test_a_written_catalog_is_one_json_blob_after_the_other(
+    files: dict[str, Any], tmp_path: Path
+) -> None:
+    out = bundle.catalog(files, "r.example/b@sha256:" + "d" * 64)
+    bundle.write_bundle(out, tmp_path)
+    text = (tmp_path / "catalog/spyre-model-operator/catalog.json").read_text()
+    decoder, blobs, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        blob, i = decoder.raw_decode(text, i)
+        blobs.append(blob)
+    assert blobs == out["catalog/spyre-model-operator/catalog.json"]
+    assert (tmp_path / "catalog.Dockerfile").read_text() == out["catalog.Dockerfile"]

@@ -117,7 +117,8 @@ def test_a_version_the_registry_has_is_refused_naming_what_is_there() -> None:
         R.check_unpublished("r.example/spyre", "1.2.0", inspect)
     assert asked == R.release_refs("r.example/spyre", "1.2.0")
     assert [r.rsplit("/", 1)[-1] for r in asked] == [
-        "spyre-model-operator:1.2.0", "spyre-engine:1.2.0", "spyre-model-operator:1.2.0"]
+        "spyre-model-operator:1.2.0", "spyre-engine:1.2.0", "spyre-model-operator:1.2.0",
+        "spyre-model-operator-bundle:1.2.0", "spyre-model-operator-catalog:1.2.0"]
 
 
 def test_a_version_the_registry_lacks_is_released() -> None:
