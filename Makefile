@@ -166,14 +166,16 @@ bench-engine: install ## Engine benchmark: warm vs cold start, wrapper overhead,
 # A release: REGISTRY=host[:port]/path (required), VERSION (default and only allowed value:
 # pyproject.toml's), ENGINE_BASE (engine/Containerfile's base; default IBM's spyre-runtime
 # image), CPU_ENGINE=1 (the CPU engine image instead: no cards, as the tests and the demo),
-# PLATFORMS (the operator image's; default amd64,arm64,ppc64le,s390x), PLAIN_HTTP=1 for a
-# registry without TLS. Log in first if it needs it (buildah login / helm registry login).
+# PLATFORMS (the operator image's; default amd64,arm64,ppc64le,s390x), CATALOG_BASE (the OLM
+# catalog image's base; default opm's image), PLAIN_HTTP=1 for a registry without TLS. Log in
+# first if it needs it (buildah login / helm registry login).
 # See README "Get a release".
 REGISTRY ?=
 VERSION ?=
 ENGINE_BASE ?=
 CPU_ENGINE ?=
 PLATFORMS ?=
+CATALOG_BASE ?=
 PLAIN_HTTP ?=
 RELEASE_FLAGS = $(if $(VERSION),--version $(VERSION)) $(if $(PLAIN_HTTP),--plain-http)
 
@@ -181,7 +183,7 @@ release: install binaries images-platforms ## Build, push and pin the images and
 	@test -n "$(REGISTRY)" || { echo "usage: make release REGISTRY=host[:port]/path [VERSION=x.y.z] [ENGINE_BASE=image] [PLAIN_HTTP=1]"; exit 2; }
 	$(PY) operator/scripts/release.py release --registry $(REGISTRY) $(RELEASE_FLAGS) \
 		$(if $(ENGINE_BASE),--engine-base $(ENGINE_BASE)) $(if $(CPU_ENGINE),--cpu-engine) \
-		$(if $(PLATFORMS),--platforms $(PLATFORMS))
+		$(if $(PLATFORMS),--platforms $(PLATFORMS)) $(if $(CATALOG_BASE),--catalog-base $(CATALOG_BASE))
 
 bundle: install binaries-core ## The OLM bundle (ClusterServiceVersion from the chart) in dist/bundle: [OPERATOR_IMAGE=ref@digest] [ENGINE_IMAGE=ref@digest]
 	rm -rf dist/bundle
