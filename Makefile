@@ -34,11 +34,17 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 # torchvision/torchaudio/torchcodec (--excludes): linked against CUDA torch, they break `import
 # transformers` next to the torch vLLM pins; the engine needs none of them. The pins already
 # in requirements.lock are kept where they still fit: LOCK_ARGS=--upgrade for the newest ones.
-lock: install ## Regenerate requirements.lock (make install's versions) from pyproject.toml
+# operator/requirements.lock, what the operator image installs: pyproject.toml's dependencies
+# alone at requirements.lock's versions (what the tests ran), resolved for every platform (the
+# image's four architectures), every file's hash.
+lock: install ## Regenerate requirements.lock (make install's versions) and operator/requirements.lock from pyproject.toml
 	printf 'pip\nuv\n' | $(UV) pip compile pyproject.toml - --extra engine --extra test \
 		--excludes <(printf 'torchvision\ntorchaudio\ntorchcodec\n') \
 		--python-version 3.11 --python-platform x86_64-unknown-linux-gnu --generate-hashes \
 		--custom-compile-command 'make lock' --quiet -o requirements.lock $(LOCK_ARGS)
+	$(UV) pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes \
+		-c <(sed -n 's/^\([A-Za-z0-9_.-]*==[^ ;]*\).*/\1/p' requirements.lock) \
+		--no-annotate --custom-compile-command 'make lock' --quiet -o operator/requirements.lock
 
 binaries: binaries-core ## Build (or reuse) the pinned control-plane binaries, prometheus-adapter and KEDA too (cache outside the repo)
 	tests/cluster/metrics-deps.sh >/dev/null

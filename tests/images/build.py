@@ -90,7 +90,7 @@ SPECS: dict[str, ImageSpec] = {
         name="operator",
         repo=OPERATOR_REPO,
         containerfile="operator/Containerfile",
-        inputs=("pyproject.toml", "operator/spyre_operator"),
+        inputs=("pyproject.toml", "operator/requirements.lock", "operator/spyre_operator"),
         base_arg="PYTHON_IMAGE",
         base="base",
         extra_hashed=("operator/Containerfile.dockerignore",),
@@ -240,11 +240,12 @@ def image_key(name: str, arch: str = HOST_ARCH) -> str:
 
 
 #: What decides whether the operator image builds and starts on every platform: its recipe,
-#: the dependencies it installs (pyproject.toml), each platform's base. Not the operator's own
+#: the dependencies it installs (operator/requirements.lock), each platform's base. Not the operator's own
 #: code (pure Python, the same bytes on every architecture). The four-architecture release test
 #: (tests/integration/test_release_platforms.py) runs once per value of this key.
 PLATFORM_INPUTS = ("operator/Containerfile", "operator/Containerfile.dockerignore",
-                   "pyproject.toml", "operator/scripts/release.py", "tests/images/build.py")
+                   "pyproject.toml", "operator/requirements.lock", "operator/scripts/release.py",
+                   "tests/images/build.py")
 
 
 def platforms_key() -> str:
