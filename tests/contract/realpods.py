@@ -253,6 +253,38 @@ def artifact_host_dir(cp: ControlPlane, kube: Kube, model: dict[str, Any]) -> Pa
     return claim_host_dir(cp, kube, art["claim"]) / path[len("/cache/"):]
 
 
+def cache_files(path: Path, skip: tuple[str, ...] = ("locks",)) -> set[str]:
+    """The files under ``path`` (relative), ``skip``'s directories left out."""
+    out: set[str] = set()
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in skip]
+        out.update(os.path.relpath(os.path.join(root, f), path) for f in files)
+    return out
+
+
+def assert_inductor_served_without_compiling(cp: ControlPlane, ns: str, pod: dict[str, Any],
+                                             art: Path) -> None:
+    """An inductor artifact on the claim (``art``, on the host) holds the compile's graphs,
+    and its serving pod ran inductor on a private copy in its /tmp (the claim is read-only
+    there) to which it added nothing: a cache miss (a compile at start-up or on a request)
+    would have added graphs or kernels to that copy. Nothing was added to the artifact
+    after its Job's manifest either."""
+    from spyre_engine import manifest
+
+    compiled = cache_files(art / "inductor")
+    assert compiled, f"no inductor cache in {art}"
+    found = cp.kubectl(
+        "exec", "-n", ns, pod["metadata"]["name"], "--", "sh", "-c",
+        "cd /tmp && for d in spyre-engine-inductor-*/inductor; do "
+        "(cd $d && find . -type f -not -path './locks/*'); done",
+    ).stdout  # fmt: skip
+    copy = {ln.removeprefix("./") for ln in found.split()}
+    assert copy, "no private inductor cache in the pod's /tmp"
+    added = copy - compiled
+    assert not added, f"serve compiled at start-up: {sorted(added)[:10]}"
+    assert not manifest.compare(art, manifest.verify(art)).unlisted
+
+
 class ChartOperator:
     """The operator as a site runs it: installed by the Helm chart (its image, its RBAC, its
     restricted pod on the real node) into ``<namespace>-op``, watching only ``namespace``,
