@@ -182,12 +182,27 @@ def _hash_update(h: hashlib._Hash, label: str, data: bytes) -> None:  # type: ig
     h.update(data)
 
 
-#: Platforms the operator image is released for (one manifest list); the host's is amd64. The
-#: others are built and run under qemu-user-static (binfmt_misc), from Debian's packages.
+#: Platforms the operator image is released for (one manifest list). The host's is built
+#: natively, the others under qemu-user-static (binfmt_misc), from Debian's packages: a release
+#: runs from an x86, Z, Power or Arm host alike (issue 46, 1).
 OPERATOR_PLATFORMS = ("amd64", "arm64", "ppc64le", "s390x")
-HOST_ARCH = "amd64"
+#: The kernel's machine name (uname -m) -> its OCI architecture.
+MACHINE_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64",
+                "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def host_arch(machine: str | None = None) -> str:
+    """The OCI architecture of this machine (``machine``: uname -m), or its own name when it is
+    none the operator is released for (nothing is then built natively for a release)."""
+    import platform
+
+    m = (machine or platform.machine()).lower()
+    return MACHINE_ARCH.get(m, m)
+
+
+HOST_ARCH = host_arch()
 #: OCI architecture -> qemu's name (its binfmt_misc entry and /usr/lib/binfmt.d file).
-QEMU_ARCH = {"arm64": "aarch64", "ppc64le": "ppc64le", "s390x": "s390x"}
+QEMU_ARCH = {"amd64": "x86_64", "arm64": "aarch64", "ppc64le": "ppc64le", "s390x": "s390x"}
 #: OCI architecture -> Debian's, where they differ (debootstrap --arch).
 DEBIAN_ARCH = {"ppc64le": "ppc64el"}
 
@@ -240,9 +255,10 @@ def image_key(name: str, arch: str = HOST_ARCH) -> str:
 
 
 #: What decides whether the operator image builds and starts on every platform: its recipe,
-#: the dependencies it installs (operator/requirements.lock), each platform's base. Not the operator's own
-#: code (pure Python, the same bytes on every architecture). The four-architecture release test
-#: (tests/integration/test_release_platforms.py) runs once per value of this key.
+#: the dependencies it installs (operator/requirements.lock), each platform's base. Not the
+#: operator's own code (pure Python, the same bytes on every architecture). The
+#: four-architecture release test (tests/integration/test_release_platforms.py) runs once per
+#: value of this key.
 PLATFORM_INPUTS = ("operator/Containerfile", "operator/Containerfile.dockerignore",
                    "pyproject.toml", "operator/requirements.lock", "operator/scripts/release.py",
                    "tests/images/build.py")

@@ -128,3 +128,16 @@ def test_make_test_publishes_the_hosts_operator_image_only() -> None:
     make = subprocess.run(["make", "-n", "test-platforms"], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
     assert "SPYRE_RELEASE_PLATFORMS" in make.stdout and "-m platforms" in make.stdout, make.stdout
+
+
+@pytest.mark.parametrize(("machine", "arch"), [
+    ("x86_64", "amd64"), ("aarch64", "arm64"), ("ppc64le", "ppc64le"), ("s390x", "s390x"),
+    ("S390X", "s390x"), ("riscv64", "riscv64"),
+])  # fmt: skip
+def test_the_host_is_whatever_machine_the_release_runs_on(machine: str, arch: str) -> None:
+    """Issue 46, 1: no host-architecture assumption: the host's platform is built natively
+    and every other released one under qemu, from an x86, Z, Power or Arm host alike."""
+    assert build.host_arch(machine) == arch
+    assert build.HOST_ARCH == build.host_arch()
+    if arch in build.OPERATOR_PLATFORMS:
+        assert set(build.OPERATOR_PLATFORMS) - {arch} <= build.QEMU_ARCH.keys()
