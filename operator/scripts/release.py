@@ -47,7 +47,7 @@ start when that tag names another commit.
 ``--plain-http`` talks HTTP to the registry (a loopback registry, as in the tests); otherwise
 HTTPS with the system's trust store. Log in beforehand when the registry needs it
 (``buildah login`` or ``skopeo login``, and ``helm registry login``). Only the standard
-library, buildah, skopeo and helm.
+library, PyYAML (``mirror`` parses the chart it pulls), buildah, skopeo and helm.
 """
 
 from __future__ import annotations
@@ -522,6 +522,41 @@ def skopeo_bin() -> str:
     return found
 
 
+_REPOSITORY = re.compile(r"[a-z0-9]+(?:[._:/-]+[a-z0-9]+)*")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def pinned_images(values_text: str, src: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The (repository, digest) of the operator image (``image.repository``, ``image.digest``)
+    and of the default engine image (``defaults.engineImage``, ``<repository>@sha256:...``)
+    that a released chart's values.yaml pins: parsed as YAML, each value checked; SystemExit
+    naming what is missing or malformed (a chart from ``src``, a registry: not trusted)."""
+    import yaml
+
+    try:
+        values = yaml.safe_load(values_text)
+    except yaml.YAMLError as e:
+        raise SystemExit(f"the chart in {src}: values.yaml does not parse: {e}") from None
+
+    def field(*path: str) -> str:
+        node: Any = values
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, str) or not node:
+            raise SystemExit(f"the chart in {src} pins no image digests: {'.'.join(path)} "
+                             f"is {node!r}")  # fmt: skip
+        return node
+
+    repo, digest = field("image", "repository"), field("image", "digest")
+    engine = field("defaults", "engineImage")
+    eng_repo, _, eng_digest = engine.partition("@")
+    for what, r, d in (("image", repo, digest), ("defaults.engineImage", eng_repo, eng_digest)):
+        if not (_REPOSITORY.fullmatch(r) and _DIGEST.fullmatch(d)):
+            raise SystemExit(f"the chart in {src} pins {what} as {r}@{d}: not a repository "
+                             "and a sha256 digest")
+    return (repo, digest), (eng_repo, eng_digest)
+
+
 def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path) -> Release:
     """Copy a release from ``src`` to ``dest`` (both ``host[:port]/path``): both images
     registry to registry with ``skopeo copy --all --preserve-digests`` (every platform, the
@@ -537,13 +572,9 @@ def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path
         run([helm, "pull", f"oci://{src}/charts/{CHART_NAME}", "--version", version,
              "--untar", "-d", tmp, *hflags])  # fmt: skip
         values = (Path(tmp) / CHART_NAME / "values.yaml").read_text()
-    op_repo = re.search(r"^  repository: (.*)$", values, re.M)
-    op_digest = re.search(r'^  digest: "?(sha256:[0-9a-f]{64})"?$', values, re.M)
-    eng = re.search(r'^  engineImage: "?([^"\s]+)@(sha256:[0-9a-f]{64})"?$', values, re.M)
-    if not (op_repo and op_digest and eng):
-        raise SystemExit(f"the chart in {src} pins no image digests")
-    copies = [(f"{op_repo.group(1)}@{op_digest.group(1)}", OPERATOR_NAME, op_digest.group(1)),
-              (f"{eng.group(1)}@{eng.group(2)}", ENGINE_NAME, eng.group(2))]
+    (op_repo, op_digest), (eng_repo, eng_digest) = pinned_images(values, src)
+    copies = [(f"{op_repo}@{op_digest}", OPERATOR_NAME, op_digest),
+              (f"{eng_repo}@{eng_digest}", ENGINE_NAME, eng_digest)]
     for image, name, _ in copies:
         log(f"copying {image} -> {dest}/{name}:{version}")
         run([skopeo, "copy", "--all", "--preserve-digests", "--quiet", *tls,

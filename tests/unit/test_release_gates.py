@@ -154,3 +154,35 @@ def test_a_clean_release_tags_its_commit_and_a_tag_elsewhere_refuses_the_version
     _git(repo, "commit", "-q", "-am", "two")
     with pytest.raises(SystemExit, match=r"tag v1\.2\.0 names commit .* not HEAD"):
         R.check_release_inputs("1.2.0", allow_dirty=False, root=repo)
+
+
+OP = "registry.example/spyre/spyre-model-operator"
+ENG = "registry.example/spyre/spyre-engine"
+D1, D2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+def test_mirror_reads_the_pinned_images_from_the_charts_values_as_yaml() -> None:
+    """``make mirror`` takes the images to copy from the chart it pulls (a registry's: not
+    trusted), parsed, not grepped: a decoy line, keys in another order or quoted values
+    change nothing; a value that is not a repository and a digest stops it."""
+    values = (f"# image:\n#  repository: evil.example/x\n"
+              f"defaults:\n  repository: evil.example/y\n"
+              f"  engineImage: \"{ENG}@{D2}\"\n"
+              f"image:\n  digest: '{D1}'\n  pullPolicy: IfNotPresent\n  repository: {OP}\n")
+    assert R.pinned_images(values, "r") == ((OP, D1), (ENG, D2))
+    # the chart as the repository ships it, pinned as release.py pins it
+    chart = (ROOT / "charts" / "spyre-model-operator" / "values.yaml").read_text()
+    with pytest.raises(SystemExit, match=r"image\.digest is ''"):
+        R.pinned_images(chart, "r")
+    for bad, why in (
+        (f"image: {{repository: {OP}, digest: {D1}}}\ndefaults: {{engineImage: {ENG}:latest}}",
+         "pins defaults.engineImage as"),
+        (f"image: {{repository: '{OP} --all', digest: {D1}}}\n"
+         f"defaults: {{engineImage: '{ENG}@{D2}'}}", "pins image as"),
+        (f"image: {{repository: {OP}, digest: sha256:abc}}\n"
+         f"defaults: {{engineImage: '{ENG}@{D2}'}}", "pins image as"),
+        ("image: [1, 2]", r"image\.repository is None"),
+        ("image: {repository: [", "does not parse"),
+    ):
+        with pytest.raises(SystemExit, match=why):
+            R.pinned_images(bad, "r")
