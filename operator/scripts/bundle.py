@@ -268,13 +268,15 @@ CATALOG_BASE = "quay.io/operator-framework/opm:v1.54.0"
 CONFIGS = "/configs"
 
 
-def catalog(files: dict[str, Any], bundle_image: str) -> dict[str, Any]:
+def catalog(files: dict[str, Any], bundle_image: str, base: str = CATALOG_BASE
+            ) -> dict[str, Any]:  # fmt: skip
     """The file-based catalog of this one bundle (``files``, from :func:`build_bundle`, whose
     image is ``bundle_image``, by digest), as ``opm render`` and ``opm init`` write it: the
     package (channel ``candidate``, its icon and description), the channel with the bundle as
     its one entry, and the bundle (its package and version, the API it provides, its
-    manifests as ``olm.bundle.object``, its related images and its own). Returns
-    ``{"catalog/spyre-model-operator/catalog.json": [blobs], "catalog.Dockerfile": text}``."""
+    manifests as ``olm.bundle.object``, its related images and its own), and the image's
+    Containerfile on ``base``. Returns ``{"catalog/spyre-model-operator/catalog.json":
+    [blobs], "catalog.Dockerfile": text}``."""
     csv = files[f"manifests/{PACKAGE}.clusterserviceversion.yaml"]
     spec = csv["spec"]
     objects = [files[k] for k in sorted(files) if k.startswith("manifests/")]
@@ -300,7 +302,7 @@ def catalog(files: dict[str, Any], bundle_image: str) -> dict[str, Any]:
     }
     return {
         f"catalog/{PACKAGE}/catalog.json": [package, channel, bundle],
-        "catalog.Dockerfile": catalog_dockerfile(CATALOG_BASE),
+        "catalog.Dockerfile": catalog_dockerfile(base),
     }
 
 
@@ -315,6 +317,19 @@ def catalog_dockerfile(base: str) -> str:
                  'ENTRYPOINT ["/bin/opm"]\n'
                  f'CMD ["serve", "{CONFIGS}", "--cache-dir=/tmp/cache"]\n')
     return text + f"LABEL operators.operatorframework.io.index.configs.v1={CONFIGS}\n"
+
+
+def read_catalog(text: str) -> list[dict[str, Any]]:
+    """The blobs of a file-based catalog's JSON file (one object after the other), as
+    :func:`write_bundle` writes them."""
+    decoder, blobs, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        blob, i = decoder.raw_decode(text, i)
+        blobs.append(blob)
+    return blobs
 
 
 def write_bundle(files: dict[str, Any], out: Path) -> None:

@@ -327,30 +327,27 @@ def push_olm(version: str, operator: str, engine: str, registry: str, plain_http
     catalog names the bundle by digest). Returns both as repository@digest."""
     bundle = _bundle_script()
     _, when = source_revision()
-    files = bundle.build_bundle(operator_image=operator, engine_image=engine, version=version)
-    refs = []
-    for name, dockerfile, content in (
-        (BUNDLE_NAME, "bundle.Dockerfile", files),
-        (CATALOG_NAME, "catalog.Dockerfile", None),
-    ):
+
+    def build_and_push(name: str, files: dict[str, Any], dockerfile: str, pull: str) -> str:
         ctx = out / name
         shutil.rmtree(ctx, ignore_errors=True)
-        if content is None:  # the catalog names the bundle pushed just before
-            content = bundle.catalog(files, refs[0])
-            content["catalog.Dockerfile"] = bundle.catalog_dockerfile(catalog_base)
-        bundle.write_bundle(content, ctx)
+        bundle.write_bundle(files, ctx)
         local = f"localhost/{name}-release:{version}"
-        scratch = name == BUNDLE_NAME or catalog_base == "scratch"
-        run([*build.buildah_cmd(), "build", "--quiet",
-             "--pull=never" if scratch else "--pull=missing", "--timestamp", str(when),
-             "--label", f"org.opencontainers.image.version={version}",
+        run([*build.buildah_cmd(), "build", "--quiet", f"--pull={pull}", "--timestamp",
+             str(when), "--label", f"org.opencontainers.image.version={version}",
              "-f", str(ctx / dockerfile), "-t", local, str(ctx)])  # fmt: skip
         repo = f"{registry}/{name}"
         log(f"pushing {repo}:{version}")
         digest = _digest_of_push(["push", *tls_flag(plain_http), local,
                                   f"docker://{repo}:{version}"])  # fmt: skip
-        refs.append(f"{repo}@{digest}")
-    return refs[0], refs[1]
+        return f"{repo}@{digest}"
+
+    files = bundle.build_bundle(operator_image=operator, engine_image=engine, version=version)
+    bundle_ref = build_and_push(BUNDLE_NAME, files, "bundle.Dockerfile", "never")  # scratch
+    catalog_ref = build_and_push(CATALOG_NAME, bundle.catalog(files, bundle_ref, catalog_base),
+                                 "catalog.Dockerfile",
+                                 "never" if catalog_base == "scratch" else "missing")
+    return bundle_ref, catalog_ref
 
 
 # --- the chart -----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.node import NODE_NAME, RealNode
 from tests.operator_log import refusals
 from tests.realpods import support as s
+from tests.unit.test_bundle import bundle as bundle_script
 
 from .conftest import assert_no_host_operator
 
@@ -271,18 +272,6 @@ def test_a_published_version_is_not_released_again(control_plane: ControlPlane,
     print(f"refused in {time.monotonic() - t0:.1f}s")
 
 
-def _blobs(text: str) -> list[dict[str, Any]]:
-    """A file-based catalog's JSON: one object after the other."""
-    decoder, out, i = json.JSONDecoder(), [], 0
-    while i < len(text):
-        if text[i].isspace():
-            i += 1
-            continue
-        blob, i = decoder.raw_decode(text, i)
-        out.append(blob)
-    return out
-
-
 def test_the_release_holds_an_olm_bundle_and_its_catalog(
     release: dict[str, Any], released: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -304,7 +293,7 @@ def test_the_release_holds_an_olm_bundle_and_its_catalog(
 
     files, labels = s.image_files(release["catalog"], tmp_path)
     assert labels["operators.operatorframework.io.index.configs.v1"] == "/configs", labels
-    blobs = _blobs(files["configs/spyre-model-operator/catalog.json"].decode())
+    blobs = bundle_script.read_catalog(files["configs/spyre-model-operator/catalog.json"].decode())
     by_schema = {b["schema"]: b for b in blobs}
     assert len(blobs) == len(by_schema) == 3, [b["schema"] for b in blobs]
     assert by_schema["olm.package"]["defaultChannel"] == "candidate"

@@ -144,15 +144,11 @@ def test_the_catalog_image_is_served_by_opm_or_holds_its_files_only() -> None:
 def test_a_written_catalog_is_one_json_blob_after_the_other(
     files: dict[str, Any], tmp_path: Path
 ) -> None:
-    out = bundle.catalog(files, "r.example/b@sha256:" + "d" * 64)
+    out = bundle.catalog(files, "r.example/b@sha256:" + "d" * 64, "scratch")
+    assert out["catalog.Dockerfile"] == bundle.catalog_dockerfile("scratch")
     bundle.write_bundle(out, tmp_path)
     text = (tmp_path / "catalog/spyre-model-operator/catalog.json").read_text()
-    decoder, blobs, i = json.JSONDecoder(), [], 0
-    while i < len(text):
-        if text[i].isspace():
-            i += 1
-            continue
-        blob, i = decoder.raw_decode(text, i)
-        blobs.append(blob)
+    blobs = bundle.read_catalog(text)
+    assert len(blobs) == 3 and text.count('\n{\n  "schema"') == 2  # three objects, not a list
     assert blobs == out["catalog/spyre-model-operator/catalog.json"]
     assert (tmp_path / "catalog.Dockerfile").read_text() == out["catalog.Dockerfile"]
