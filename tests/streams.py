@@ -151,6 +151,39 @@ def _machine(before: tuple[list[int], int | None], after: tuple[list[int], int |
     return line
 
 
+#: Where the real node's pods are accounted (tests/cluster/node.py: its cgroup
+#: ``/spyre-node-<slot>`` in every hierarchy): cgroup v1's cpuacct, or v2's unified one.
+_NODE_CPU = (("cpuacct/spyre-node-*", "cpuacct.usage", 1), ("spyre-node-*", "cpu.stat", 1000))
+
+
+def _node_cpu_ns(root: Path = Path("/sys/fs/cgroup")) -> dict[str, int]:
+    """CPU nanoseconds each running real node's cgroup has used (its pods, kubelet and
+    containerd), by cgroup: sampled while the sessions run, the last sample kept (the node's
+    cgroup goes with the node)."""
+    seen: dict[str, int] = {}
+    for pattern, name, scale in _NODE_CPU:
+        for f in root.glob(f"{pattern}/{name}"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                text = f.read_text()
+                value = (int(text.split("usage_usec", 1)[1].split()[0]) if name == "cpu.stat"
+                         else int(text))
+                seen.setdefault(str(f.parent.name), value * scale)
+    return seen
+
+
+def _cpu_shares(machine_ns: int, sessions: dict[str, float], node_ns: int) -> str:
+    """Where the run's CPU went, in core-minutes: each session's own processes and those it
+    waited for (wait4's rusage), the real node's cgroup, the rest (the control planes, the
+    background build, processes no session reaped)."""
+    if machine_ns <= 0:
+        return ""
+    minutes = {f"{name} session": s / 60 for name, s in sessions.items()}
+    minutes["real node (its cgroup)"] = node_ns / 1e9 / 60
+    rest = machine_ns / 1e9 / 60 - sum(minutes.values())
+    return (f"CPU used over the run: {machine_ns / 1e9 / 60:.2f} core-min: " + ", ".join(
+        f"{name} {m:.2f}" for name, m in minutes.items()) + f", the rest {max(rest, 0):.2f}")
+
+
 def _junit(session: str, stamp: str) -> list[str]:
     """The session's JUnit XML in RUNS_DIR (older ones beyond RUNS_KEPT removed)."""
     try:
@@ -214,16 +247,31 @@ def main(argv: list[str]) -> int:
     took: dict[str, float] = {}
     codes: dict[str, int] = {}
     pending = {"cluster": cluster, "kwok": kwok, "local": local}
+    cpu_s: dict[str, float] = {}
+    node_ns: dict[str, int] = {}
+    node_base = _node_cpu_ns()  # a node already up (its earlier use is not this run's)
+    sampled = 0.0
     while pending:
         for name, proc in list(pending.items()):
-            code = proc.poll()
-            if code is not None:
-                codes[name], took[name] = code, time.monotonic() - start
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                codes[name], took[name] = proc.returncode, time.monotonic() - start
+                cpu_s[name] = usage.ru_utime + usage.ru_stime
                 del pending[name]
+        if time.monotonic() - sampled > 10:
+            node_ns.update(_node_cpu_ns())
+            sampled = time.monotonic()
         time.sleep(1)
     relay.join(timeout=30)
-    machine = _machine(machine_before, (_cpu_times(), _cpu_pressure_us()),
+    machine_after = _cpu_times()
+    machine = _machine(machine_before, (machine_after, _cpu_pressure_us()),
                        time.monotonic() - start)
+    spent = dict(zip(_CPU_FIELDS, (b - a for a, b in zip(machine_before[0], machine_after,
+                                                          strict=False)), strict=False))
+    busy = sum(spent.get(f, 0) for f in ("user", "nice", "system", "irq", "softirq"))
+    cpu = _cpu_shares(int(busy * 1e9 / os.sysconf("SC_CLK_TCK")), cpu_s, sum(
+        max(v - node_base.get(k, 0), 0) for k, v in node_ns.items()))
     background.stop(local_group)  # what a local test left running (an engine) goes with it
     _stop_cluster(kwok_root)
     built = _stop(build, group, log_dir / "build.log", start)
@@ -243,6 +291,8 @@ def main(argv: list[str]) -> int:
         for name in ("cluster", "kwok", "local")), flush=True)
     if machine:
         print(machine, flush=True)
+    if cpu:
+        print(cpu, flush=True)
     slowest = _slowest(stamp)
     if slowest:
         print(slowest, flush=True)

@@ -153,6 +153,39 @@ def test_every_session_reports_and_a_failure_in_any_fails_the_run(tmp_path: Path
         "cluster.xml", "kwok.xml", "local.xml"], list(runs.iterdir())
 
 
+def test_the_run_says_where_its_cpu_went_by_session(tmp_path: Path) -> None:
+    """Issue 43: a run twice as slow is CPU-bound, and what to cut is what uses the CPU: the
+    last lines give each session's core-minutes (its processes and what they waited for), the
+    real node's and the rest. A local test that spins for a second shows in its session's."""
+    spin = ("import subprocess, sys\n\ndef test_u():\n    subprocess.run([sys.executable, '-c', "
+            "'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 1.5: "
+            "pass'], check=True)\n")
+    _tree(tmp_path, "def test_i():\n    pass\n", spin)
+    proc = _run(tmp_path)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    [line] = [ln for ln in out.splitlines() if ln.startswith("CPU used over the run: ")]
+    shares = dict(part.rsplit(" ", 1) for part in line.split(" core-min: ", 1)[1].split(", "))
+    assert set(shares) == {"cluster session", "kwok session", "local session",
+                           "real node (its cgroup)", "the rest"}, line
+    assert float(shares["local session"]) >= 1.5 / 60 - 0.005, line  # its child's spin
+    assert float(shares["local session"]) > float(shares["kwok session"]), line
+
+
+def test_the_real_nodes_cpu_is_read_from_its_cgroup_in_either_hierarchy(tmp_path: Path) -> None:
+    (tmp_path / "cpuacct" / "spyre-node-0").mkdir(parents=True)
+    (tmp_path / "cpuacct" / "spyre-node-0" / "cpuacct.usage").write_text("5000000000\n")
+    (tmp_path / "spyre-node-1").mkdir()
+    (tmp_path / "spyre-node-1" / "cpu.stat").write_text("usage_usec 2000000\nuser_usec 1\n")
+    (tmp_path / "cpuacct" / "other").mkdir()
+    (tmp_path / "cpuacct" / "other" / "cpuacct.usage").write_text("7\n")
+    assert streams._node_cpu_ns(tmp_path) == {"spyre-node-0": 5 * 10**9,
+                                              "spyre-node-1": 2 * 10**9}
+    line = streams._cpu_shares(120 * 10**9, {"local": 30.0}, 60 * 10**9)
+    assert line == ("CPU used over the run: 2.00 core-min: local session 0.50, "
+                    "real node (its cgroup) 1.00, the rest 0.50"), line
+
+
 def test_ctrl_c_stops_every_session_and_prints_every_report(tmp_path: Path) -> None:
     hang = "import time\n\ndef test_hangs():\n    time.sleep(600)\n"
     _tree(tmp_path, hang, hang, hang)
