@@ -72,6 +72,8 @@ CLUSTER_DIRS = ["tests/integration", "tests/contract", "tests/realpods"]
 CLUSTER = ["-m", "integration and node", "--durations=30", *CLUSTER_DIRS]
 KWOK = ["-m", "integration and not node", "--durations=15", *CLUSTER_DIRS]
 LOCAL = ["-m", "not integration", "--durations=15", "tests"]
+SESSIONS = ("cluster", "kwok", "local")
+_ORDER = (*SESSIONS, "build")
 #: pytest's short-summary lines that the run's end repeats for the cluster sessions
 FAILURE_LINES = (b"FAILED ", b"ERROR ")
 #: Where the kwok session's control plane lives (tests/cluster/fixtures.py).
@@ -171,13 +173,15 @@ def _node_cpu_ns(root: Path = Path("/sys/fs/cgroup")) -> dict[str, int]:
     return seen
 
 
-def _cpu_shares(machine_ns: int, sessions: dict[str, float], node_ns: int) -> str:
-    """Where the run's CPU went, in core-minutes: each session's own processes and those it
-    waited for (wait4's rusage), the real node's cgroup, the rest (the control planes, the
-    background build, processes no session reaped)."""
+def _cpu_shares(machine_ns: int, used: dict[str, int], node_ns: int) -> str:
+    """Where the run's CPU went, in core-minutes: each session's (with a cpuacct group
+    everything it started, its control plane and operators included, but the real node's
+    pods; without one, its processes and those it waited for: wait4's rusage), the background
+    build's where counted, the real node's cgroup (its pods, kubelet, containerd), the rest."""
     if machine_ns <= 0:
         return ""
-    minutes = {f"{name} session": s / 60 for name, s in sessions.items()}
+    minutes = {(f"{name} session" if name in SESSIONS else "background build"): ns / 1e9 / 60
+               for name, ns in sorted(used.items(), key=lambda kv: _ORDER.index(kv[0]))}
     minutes["real node (its cgroup)"] = node_ns / 1e9 / 60
     rest = machine_ns / 1e9 / 60 - sum(minutes.values())
     return (f"CPU used over the run: {machine_ns / 1e9 / 60:.2f} core-min: " + ", ".join(
@@ -227,18 +231,22 @@ def main(argv: list[str]) -> int:
     group = background.cgroup()
     if group is not None:  # for the sessions' tests that wait for the build (background.needed)
         os.environ[background.ENV] = str(group)
-    build = _background_build(log_dir / "build.log", group)
+    # where each one's CPU is counted, all it starts included (None: wait4's rusage only)
+    acct = {name: background.accounting(f"acct-{name}") for name in (*SESSIONS, "build")}
+    build = _background_build(log_dir / "build.log", group, acct["build"])
     local_group = background.cgroup(name="local", shares=LOCAL_SHARES)
     with open(logs["local"], "wb") as out:
         niced = ["nice", "-n", str(LOCAL_NICENESS), *_pytest([*LOCAL, *_junit("local", stamp)])]
-        local = subprocess.Popen(background.wrap(niced, local_group), stdout=out,
+        local = subprocess.Popen(background.wrap(niced, local_group, acct["local"]), stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=_env("local"))
     with open(logs["kwok"], "wb") as out:
-        kwok = subprocess.Popen(_pytest([*KWOK, *_junit("kwok", stamp)]), stdout=out,
+        kwok = subprocess.Popen(background.wrap(_pytest([*KWOK, *_junit("kwok", stamp)]),
+                                                acct["kwok"]), stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**_env("kwok"), KWOK_ROOT_ENV: str(kwok_root)})
-    cluster = subprocess.Popen(_pytest([*CLUSTER, *_junit("cluster", stamp)]),
+    cluster = subprocess.Popen(background.wrap(_pytest([*CLUSTER, *_junit("cluster", stamp)]),
+                                               acct["cluster"]),
                                env=_env("cluster"), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     cluster_failures: list[bytes] = []
@@ -247,7 +255,7 @@ def main(argv: list[str]) -> int:
     took: dict[str, float] = {}
     codes: dict[str, int] = {}
     pending = {"cluster": cluster, "kwok": kwok, "local": local}
-    cpu_s: dict[str, float] = {}
+    cpu_ns: dict[str, int] = {}
     node_ns: dict[str, int] = {}
     node_base = _node_cpu_ns()  # a node already up (its earlier use is not this run's)
     sampled = 0.0
@@ -257,7 +265,7 @@ def main(argv: list[str]) -> int:
             if pid:
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 codes[name], took[name] = proc.returncode, time.monotonic() - start
-                cpu_s[name] = usage.ru_utime + usage.ru_stime
+                cpu_ns[name] = int((usage.ru_utime + usage.ru_stime) * 1e9)
                 del pending[name]
         if time.monotonic() - sampled > 10:
             node_ns.update(_node_cpu_ns())
@@ -270,11 +278,15 @@ def main(argv: list[str]) -> int:
     spent = dict(zip(_CPU_FIELDS, (b - a for a, b in zip(machine_before[0], machine_after,
                                                           strict=False)), strict=False))
     busy = sum(spent.get(f, 0) for f in ("user", "nice", "system", "irq", "softirq"))
-    cpu = _cpu_shares(int(busy * 1e9 / os.sysconf("SC_CLK_TCK")), cpu_s, sum(
-        max(v - node_base.get(k, 0), 0) for k, v in node_ns.items()))
     background.stop(local_group)  # what a local test left running (an engine) goes with it
     _stop_cluster(kwok_root)
     built = _stop(build, group, log_dir / "build.log", start)
+    for name, g in acct.items():  # a counted group's figure replaces the session's rusage
+        if (used := background.usage_ns(g)) is not None:
+            cpu_ns[name] = used
+        background.release(g)
+    cpu = _cpu_shares(int(busy * 1e9 / os.sysconf("SC_CLK_TCK")), cpu_ns, sum(
+        max(v - node_base.get(k, 0), 0) for k, v in node_ns.items()))
     sys.stdout.flush()
     failures = list(cluster_failures)
     for name, title in (("kwok", "kwok tests (the control plane without the real node"),
@@ -345,7 +357,8 @@ def _stop_cluster(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _background_build(log: Path, group: Path | None) -> subprocess.Popen[bytes] | None:
+def _background_build(log: Path, group: Path | None,
+                      acct: Path | None = None) -> subprocess.Popen[bytes] | None:
     command = shlex.split(os.environ.get("SPYRE_BACKGROUND_BUILD", BACKGROUND_BUILD))
     if not command:
         return None
@@ -356,7 +369,7 @@ def _background_build(log: Path, group: Path | None) -> subprocess.Popen[bytes] 
         idle_io = ["ionice", "-c", "3"] if shutil.which("ionice") else []
         # idle CPU: a cgroup (nice alone weighs nothing against other sessions: background.py)
         niced = ["nice", "-n", str(BACKGROUND_NICENESS), *idle_io, *command]
-        return subprocess.Popen(background.wrap(niced, group),
+        return subprocess.Popen(background.wrap(niced, group, acct),
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 

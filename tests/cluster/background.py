@@ -86,11 +86,60 @@ def _set_weight(group: Path, shares: int) -> None:
         (group / "cpu.weight").write_text(str(max(1, shares * 100 // 1024)))
 
 
-def wrap(command: list[str], group: Path | None) -> list[str]:
-    """``command`` started inside ``group`` (as is when None)."""
-    if group is None:
+def wrap(command: list[str], *groups: Path | None) -> list[str]:
+    """``command`` started inside each of ``groups`` (one per hierarchy; None: left out)."""
+    procs = [str(g / "cgroup.procs") for g in groups if g is not None]
+    if not procs:
         return command
-    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), *command]
+    script = 'for g in "$@"; do [ "$g" = -- ] && break; echo $$ > "$g" || exit 1; done; ' \
+        'while [ "$1" != -- ]; do shift; done; shift; exec "$@"'
+    return ["sh", "-c", script, "sh", *procs, "--", *command]
+
+
+def accounting(name: str, root: Path = CGROUP_ROOT) -> Path | None:
+    """A group of cgroup v1's ``cpuacct`` hierarchy, when it is one of its own (as on this
+    project's machines): it counts the CPU of everything started in it, whatever its session,
+    and changes nobody's share of the CPU. None elsewhere (cpuacct mounted with cpu, or v2:
+    a group there would be a scheduling group too)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers.split(",") == ["cpuacct"] and (root / "cpuacct" / "cpuacct.usage").exists():
+            group = root / "cpuacct" / path.lstrip("/") / f"spyre-{name}-{os.getpid()}"
+            try:
+                group.mkdir(exist_ok=True)
+            except OSError:
+                return None
+            return group
+    return None
+
+
+def usage_ns(group: Path | None) -> int | None:
+    """CPU nanoseconds used in ``group`` and below (cpuacct.usage, or v2's cpu.stat)."""
+    if group is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        if (group / "cpuacct.usage").exists():
+            return int((group / "cpuacct.usage").read_text())
+        stat = (group / "cpu.stat").read_text()
+        return int(stat.split("usage_usec", 1)[1].split()[0]) * 1000
+    return None
+
+
+def release(group: Path | None) -> None:
+    """An accounting group removed, what still runs in it (a control plane left up on
+    purpose) moved back to its parent first: nothing is killed."""
+    if group is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (group.parent / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        group.rmdir()
 
 
 def stop(group: Path | None) -> None:
