@@ -12,6 +12,7 @@ for cluster DNS. Standard library only.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -31,7 +32,10 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             pass
 
 
-UDP_IDLE_SECONDS = 30.0  # a client's upstream socket is closed after this long unused
+#: A client's upstream socket is closed after this long unused. A resolver asks from a new port
+#: per lookup and gets its answer within milliseconds: every lookup of the last this-many
+#: seconds holds a socket (at 30 s, thousands under a test's steady traffic).
+UDP_IDLE_SECONDS = float(os.environ.get("SPYRE_UDP_IDLE_SECONDS", "5"))
 
 
 class _UdpUpstream(asyncio.DatagramProtocol):
@@ -57,6 +61,10 @@ class _UdpListener(asyncio.DatagramProtocol):
         self.target = target
         self.transport: asyncio.DatagramTransport | None = None
         self.upstreams: dict[tuple[str, int], _UdpUpstream] = {}
+        #: a client's upstream socket being opened: the datagrams that come meanwhile (a
+        #: resolver's A and AAAA, back to back) wait for it instead of each opening one (the
+        #: one a second replaced in the table was never closed: thousands of sockets)
+        self.opening: dict[tuple[str, int], asyncio.Future[_UdpUpstream]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -64,16 +72,24 @@ class _UdpListener(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         asyncio.ensure_future(self._relay(data, addr))
 
+    async def _open(self, client: tuple[str, int]) -> _UdpUpstream:
+        assert self.transport is not None
+        listener = self.transport
+        try:
+            _, up = await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: _UdpUpstream(listener, client), remote_addr=self.target)
+        finally:
+            del self.opening[client]
+        self.upstreams[client] = up
+        return up
+
     async def _relay(self, data: bytes, client: tuple[str, int]) -> None:
-        loop = asyncio.get_running_loop()
         up = self.upstreams.get(client)
         if up is None or up.transport is None or up.transport.is_closing():
-            assert self.transport is not None
-            listener = self.transport
-            _, up = await loop.create_datagram_endpoint(
-                lambda: _UdpUpstream(listener, client), remote_addr=self.target)
-            self.upstreams[client] = up
-        up.used = loop.time()
+            if client not in self.opening:
+                self.opening[client] = asyncio.ensure_future(self._open(client))
+            up = await self.opening[client]
+        up.used = asyncio.get_running_loop().time()
         assert up.transport is not None
         up.transport.sendto(data)
 
