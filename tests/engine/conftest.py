@@ -24,22 +24,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-granite", arch="granite")
 
 
-@pytest.fixture(scope="session")
-def inductor_artifact(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-                      ) -> tuple[Path, Path]:
-    """The real compile path, once per session (an inductor compile is the engine tests'
-    costliest step: test_inductor_readonly and test_precompile share it): vLLM starts with the
-    shape and the plugin warms up into the artifact; (artifact, termination log). A test that
-    changes the artifact puts it back as it was."""
-    tmp = tmp_path_factory.mktemp("inductor")
-    art, term = tmp / "art", tmp / "term"
-    proc = run_engine("precompile", "--model", str(tiny_model), "--artifact-dir", str(art),
-                      "--backend", "inductor", "--termination-log", str(term), *SHAPE,
-                      timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return art, term
-
-
 def run_engine(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run ``spyre-engine ARGS`` to completion (precompile, or a serve that refuses)."""
     return subprocess.run(

@@ -92,32 +92,6 @@ def test_concurrent_precompiles_keep_every_entry(tiny_model: Path, tmp_path: Pat
     assert not list(art.glob(".catalog-*.tmp"))
 
 
-@pytest.mark.slow
-def test_inductor_precompile_compiles_into_the_artifact(inductor_artifact: tuple[Path, Path],
-                                                        tiny_model: Path) -> None:
-    art, term = inductor_artifact
-    summary = parse_termination_message(term.read_text())
-    assert isinstance(summary, PrecompileSummary)
-    assert summary.compile_seconds > 1
-    assert summary.size_bytes > 1_000_000  # inductor's graphs and generated code
-    assert any((art / "inductor").rglob("*")), "no inductor cache in the artifact"
-    assert len(catalog.read_catalog(art)) == 1
-    # Everything the compile left is in the manifest (dead sockets removed first), and intact.
-    doc = manifest.verify(art)
-    assert any(f["path"].startswith("inductor/") for f in doc["files"])
-    assert not manifest.compare(art, doc).unlisted
-    # The reference answers were recorded on eager after the compile (not by the compiler under
-    # check), and the manifest covers them.
-    refs, ref_doc = answers.read(art) or ([], {})
-    assert len(refs) == len(answers.DEFAULT_PROMPTS) + 2, ref_doc  # + long and prefix
-    assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in refs), refs
-    assert ref_doc["source"] == "eager" and ref_doc["recordedWith"]["backend"] == "eager", ref_doc
-    # ... from these files (a restart on them need not check again: answers.passed_before)
-    assert ref_doc["weights"] == answers.weights_fingerprint(tiny_model), ref_doc.get("weights")
-    assert answers.REFERENCE_FILENAME in {f["path"] for f in doc["files"]}
-    assert summary.references is not None and summary.references["prompts"] == len(refs)
-
-
 @pytest.mark.parametrize(("backend", "recorded_on"), [
     ("sendnn", "sendnn"), ("inductor", "eager"), ("sendnn_compile_only", "eager"),
     ("eager", "eager")])  # fmt: skip
@@ -134,13 +108,14 @@ def test_each_backend_records_its_references_on(backend: str, recorded_on: str |
 
 
 @pytest.mark.slow
-def test_a_compile_only_artifact_gets_references_from_eager_that_inductor_answers_within(
-    inductor_artifact: tuple[Path, Path], tiny_model: Path, tmp_path: Path,
+def test_a_compile_only_artifact_gets_references_from_a_second_eager_vllm(
+    tiny_model: Path, tmp_path: Path,
 ) -> None:
     """sendnn_compile_only runs no model, so its precompile answers the prompts on a second,
     eager vLLM of the same shape (a real one here; the compile itself needs torch_sendnn). It
-    writes nothing into the artifact, and a compiled backend's answers (inductor's, standing in
-    for the cards') pass against what eager recorded."""
+    writes nothing into the artifact. (That a compiled backend's answers pass against eager's:
+    the real node's inductor pods, tests/realpods/test_output_check.py; an inductor compile
+    here as well cost the local session ~3 minutes, issue 43.)"""
     art = tmp_path / "art"
     art.mkdir()
     settings = PrecompileSettings(model=str(tiny_model), artifact_dir=art,
@@ -153,9 +128,6 @@ def test_a_compile_only_artifact_gets_references_from_eager_that_inductor_answer
     eager, _ = answers.read(tmp_path) or ([], {})
     assert len(eager) == len(answers.DEFAULT_PROMPTS) + 2
     assert all(len(a.token_ids) == len(a.logprobs) > 0 for a in eager), eager
-    compiled, _ = answers.read(inductor_artifact[0]) or ([], {})
-    verdict = answers.judge(eager, compiled, float(doc["tolerance"]))  # type: ignore[arg-type]
-    assert verdict.ok, verdict
 
 
 def _post(url: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -173,8 +145,7 @@ def _post_raw(url: str, data: bytes) -> tuple[int, dict[str, object]]:
 
 @pytest.mark.slow
 def test_an_engine_answering_as_its_artifacts_reference_serves_and_one_that_does_not_stops(
-    inductor_artifact: tuple[Path, Path], tiny_model: Path,
-    start_engine: Callable[..., EngineProcess], tmp_path: Path,
+    tiny_model: Path, start_engine: Callable[..., EngineProcess], tmp_path: Path,
 ) -> None:
     """Issue 30, on the engine: the artifact's own answers pass the check before Ready; the
     output check's key is refused to the public; reference answers the engine does not give
@@ -182,8 +153,9 @@ def test_an_engine_answering_as_its_artifacts_reference_serves_and_one_that_does
     first diverging prompt and position, before it ever turned Ready. An engine told the
     artifact passed before (the operator's SPYRE_ENGINE_OUTPUT_VERIFIED) on the very files the
     answers were recorded from asks nothing: it turns Ready on those same answers."""
-    art, _ = inductor_artifact
-    serve = ["--model", str(tiny_model), "--artifact-dir", str(art), "--backend", "inductor",
+    art = tmp_path / "art"  # eager (inductor's: the real node's output-check test)
+    precompile_eager(tiny_model, art, "--reference-answers", "record")
+    serve = ["--model", str(tiny_model), "--artifact-dir", str(art), "--backend", "eager",
              *SHAPE]
     engine = start_engine(*serve)
     engine.wait_started(STARTUP_TIMEOUT)
