@@ -72,7 +72,12 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
     cannot work. ``scc_probe`` answers ``--pod-user auto`` (default: ask the API server)."""
     import re
 
-    from .api.v1alpha1 import EXTENDED_RESOURCE_PATTERN, NodeSelector, Toleration
+    from .api.v1alpha1 import (
+        DNS_SUBDOMAIN_PATTERN,
+        EXTENDED_RESOURCE_PATTERN,
+        NodeSelector,
+        Toleration,
+    )
     from .desired.site import SiteDefaults
     from .podsecurity import platform_assigns_user, scc_api_served
 
@@ -83,11 +88,19 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
             f"--default-card-resource {args.default_card_resource!r}: not an extended "
             "resource name, e.g. ibm.com/spyre_vf"
         )
+    if args.default_device_class and not re.match(
+        DNS_SUBDOMAIN_PATTERN, args.default_device_class
+    ):
+        raise ValueError(
+            f"--default-device-class {args.default_device_class!r}: not a DeviceClass name, "
+            "e.g. spyre-standard-vf"
+        )
     given = {
         "engine_image": args.default_engine_image,
         "image_pull_secrets": tuple(dict.fromkeys(args.default_image_pull_secret)),
         "service_account_name": args.default_service_account,
         "resource_name": args.default_card_resource,
+        "device_class_name": args.default_device_class,
         "scheduler_name": args.default_scheduler_name,
         "serving_node_selector": _json_flag(
             "--default-serving-node-selector", args.default_serving_node_selector, NodeSelector
@@ -269,6 +282,14 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
         default=None,
         metavar="RESOURCE",
         help="accelerator.resourceName (built in: ibm.com/spyre_vf)",
+    )
+    g.add_argument(
+        "--default-device-class",
+        default=None,
+        metavar="NAME",
+        help="accelerator.deviceClassName of models that name neither a card resource nor a "
+        "DeviceClass: their cards are claimed through DRA (e.g. spyre-standard-vf; built in: "
+        "none, the card resource)",
     )
     g.add_argument(
         "--default-scheduler-name",

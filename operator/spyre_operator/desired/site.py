@@ -42,7 +42,10 @@ class SiteDefaults:
     #: ServiceAccount of the precompile and serving pods; "" is the namespace's default.
     service_account_name: str = ""
     resource_name: str = BUILTIN_RESOURCE_NAME
-    #: "" is the cluster's default scheduler.
+    #: The DeviceClass of models that name neither a card resource nor a class (DRA); "" is
+    #: none: they request the extended resource ``resource_name``.
+    device_class_name: str = ""
+    #: "" is the cluster's default scheduler. Not applied to DRA pods (see resolve_site).
     scheduler_name: str = BUILTIN_SCHEDULER_NAME
     serving_node_selector: Mapping[str, str] = field(default_factory=dict)
     serving_tolerations: tuple[Toleration, ...] = ()
@@ -77,6 +80,7 @@ class SiteDefaults:
         return SiteDefaults(
             engine_image=self.engine_image,
             resource_name=self.resource_name,
+            device_class_name=self.device_class_name,
             scheduler_name=self.scheduler_name,
             # Not a default of a spec field but how every pod must look to be admitted here.
             platform_assigns_user=self.platform_assigns_user,
@@ -111,6 +115,7 @@ ENGINE_IMAGE = "engine.image"
 IMAGE_PULL_SECRETS = "engine.imagePullSecrets"
 SERVICE_ACCOUNT_NAME = "engine.serviceAccountName"
 RESOURCE_NAME = "accelerator.resourceName"
+DEVICE_CLASS_NAME = "accelerator.deviceClassName"
 SCHEDULER_NAME = "accelerator.schedulerName"
 SERVING_NODE_SELECTOR = "accelerator.nodeSelector"
 SERVING_TOLERATIONS = "accelerator.tolerations"
@@ -131,15 +136,29 @@ def resolve_site(spec: SpyreModelSpec, site: SiteDefaults) -> tuple[SpyreModelSp
 
     The cache's StorageClass is not filled in here: it matters only when the PVC is created
     (an existing PVC keeps its class), which decide_cache knows.
+
+    Cards come one way: a model naming neither a resource nor a DeviceClass takes the site's
+    DeviceClass if it has one, else its resource. A model on a DeviceClass (its own or the
+    site's) that leaves schedulerName unset goes to the cluster's default scheduler, not the
+    site's: with DRA, IBM's Spyre Operator deploys no spyre-scheduler and kube-scheduler
+    allocates the claims.
     """
+    acc = spec.accelerator
+    dra = acc.device_class_name is not None or (
+        acc.resource_name is None and bool(site.device_class_name)
+    )
+    resource = None if dra else site.resource_name
+    scheduler = "" if dra else site.scheduler_name
     # (section of the spec, field, its path in status.effective.fromDefaults, the default)
     defaults: tuple[tuple[str, str, str, Any], ...] = (
         ("engine", "image", ENGINE_IMAGE, site.engine_image),
         ("engine", "image_pull_secrets", IMAGE_PULL_SECRETS, list(site.image_pull_secrets)),
         # None when there is no default: an empty name would enter every served-spec annotation.
         ("engine", "service_account_name", SERVICE_ACCOUNT_NAME, site.service_account_name or None),
-        ("accelerator", "resource_name", RESOURCE_NAME, site.resource_name),
-        ("accelerator", "scheduler_name", SCHEDULER_NAME, site.scheduler_name),
+        ("accelerator", "resource_name", RESOURCE_NAME, resource),
+        ("accelerator", "device_class_name", DEVICE_CLASS_NAME,
+         site.device_class_name if dra else None),
+        ("accelerator", "scheduler_name", SCHEDULER_NAME, scheduler),
         ("accelerator", "node_selector", SERVING_NODE_SELECTOR, dict(site.serving_node_selector)),
         ("accelerator", "tolerations", SERVING_TOLERATIONS, list(site.serving_tolerations)),
         ("precompile", "node_selector", PRECOMPILE_NODE_SELECTOR,
@@ -149,6 +168,8 @@ def resolve_site(spec: SpyreModelSpec, site: SiteDefaults) -> tuple[SpyreModelSp
     used: list[str] = []
     changes: dict[str, dict[str, Any]] = {}
     for section, attr, path, value in defaults:
+        if value is None and path in (RESOURCE_NAME, DEVICE_CLASS_NAME):
+            continue  # the other way of asking for cards is in use
         if getattr(getattr(spec, section), attr) is None:
             _unset(changes.setdefault(section, {}), used, path, attr, value)
     # A number without a built-in value: followed only when the operator has one (otherwise
@@ -178,6 +199,7 @@ def effective_status(
         "imagePullSecrets": list(spec.engine.image_pull_secrets or []),
         "serviceAccountName": spec.engine.service_account_name or None,
         "resourceName": spec.accelerator.resource_name,
+        "deviceClassName": spec.accelerator.device_class_name,
         "schedulerName": spec.accelerator.scheduler_name,
         "storageClassName": storage_class,
         "fromDefaults": list(from_defaults),

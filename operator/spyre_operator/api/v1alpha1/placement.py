@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from .common import (
     DNS_SUBDOMAIN_PATTERN,
@@ -140,6 +140,18 @@ class Toleration(ApiModel):
 class AcceleratorSpec(ApiModel):
     """Which Spyre cards the pods request and where they may run."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.resourceName) && has(self.deviceClassName))",
+                    "set accelerator.resourceName (the device plugin's extended resource) or "
+                    "accelerator.deviceClassName (a DRA DeviceClass), not both",
+                )
+            ]
+        }
+    )
+
     resource_name: str | None = Field(
         default=None,
         description=(
@@ -162,12 +174,26 @@ class AcceleratorSpec(ApiModel):
             ]
         },
     )
+    device_class_name: str | None = Field(
+        default=None,
+        description=(
+            "DeviceClass of Spyre cards under Dynamic Resource Allocation (IBM's Spyre "
+            "Operator in DRA mode: spyre-pf, spyre-standard-vf, spyre-privileged-vf), instead "
+            "of an extended resource: the operator makes a ResourceClaimTemplate asking for "
+            "the model's cards of this class and its pods on the cards claim from it; they "
+            "are placed by the cluster's default scheduler unless schedulerName is set. "
+            "Unset: the operator's default (chart defaults.deviceClassName) if it has one and "
+            "resourceName is unset, else the extended resource."
+        ),
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+    )
     scheduler_name: str | None = Field(
         default=None,
         description=(
             "Pod scheduler of pods on the cards; \"\" means the cluster's default scheduler. "
             "Unset: the operator's default (chart defaults.schedulerName, built in "
-            "spyre-scheduler)."
+            "spyre-scheduler); with a deviceClassName, the cluster's default scheduler."
         ),
         max_length=253,
     )

@@ -239,6 +239,10 @@ class EffectiveStatus(ApiModel):
     resource_name: str | None = Field(
         default=None, description="The extended resource the pods request cards as."
     )
+    device_class_name: str | None = Field(
+        default=None,
+        description="The DeviceClass the pods claim cards of through DRA (instead of a resource).",
+    )
     scheduler_name: str | None = Field(
         default=None,
         description="The scheduler of pods on the cards (empty: the cluster's default).",
