@@ -46,7 +46,7 @@ def answer(
     who = f"{namespace}/{name}" if name and namespace else (name or "the model")
     conds = ((model or {}).get("status") or {}).get("conditions")
     progressing = C.find(conds, C.PROGRESSING)
-    if progressing is not None and progressing.get("reason") == C.INSUFFICIENT_CAPACITY:
+    if progressing is not None and progressing.get("reason") in C.NO_CARD_REASONS:
         # Not the scheduler's message: it describes the cluster's nodes, which a client of
         # the model has no business reading (status has it for the model's owners).
         kind, retry = "insufficient_capacity", RETRY_AFTER_NO_CAPACITY
@@ -85,7 +85,7 @@ def starting(model: Mapping[str, Any]) -> bool:
         return False
     conds = status.get("conditions")
     progressing = C.find(conds, C.PROGRESSING)
-    if progressing is not None and progressing.get("reason") == C.INSUFFICIENT_CAPACITY:
+    if progressing is not None and progressing.get("reason") in C.NO_CARD_REASONS:
         return False
     degraded = C.find(conds, C.DEGRADED)
     return not (degraded is not None and degraded.get("status") == C.TRUE)

@@ -154,6 +154,14 @@ WAITING_REASONS = frozenset({WAITING_FOR_COMPILE_SLOT, WAITING_FOR_ROLLOUT_SLOT}
 #: Progressing: replicas are missing because no node has the cards (or CPU, memory) they
 #: need; the model keeps serving on the others.
 INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+#: Progressing: replicas claiming their cards through DRA (accelerator.deviceClassName) wait
+#: for a node because their claim cannot be allocated (the scheduler's message says why).
+DEVICES_UNAVAILABLE = "DevicesUnavailable"
+#: Degraded (and Progressing while pods wait): accelerator.deviceClassName names a DeviceClass
+#: the cluster does not have; no pod can claim cards of it.
+DEVICE_CLASS_NOT_FOUND = "DeviceClassNotFound"
+#: Reasons of replicas that wait for cards: a scale-to-zero model woken now would not start.
+NO_CARD_REASONS = frozenset({INSUFFICIENT_CAPACITY, DEVICES_UNAVAILABLE, DEVICE_CLASS_NOT_FOUND})
 #: Progressing: serving pods wait for a scheduler that has not looked at them (no PodScheduled
 #: condition after SCHEDULER_SILENCE_SECONDS): accelerator.schedulerName names a scheduler that
 #: is not installed or not running (e.g. spyre-scheduler without IBM's Spyre Operator).
@@ -211,6 +219,7 @@ ROUTING_REASONS = frozenset(
 WARNING_REASONS = frozenset(
     {
         SCHEDULER_NOT_RUNNING,
+        DEVICE_CLASS_NOT_FOUND,
         CLAIM_LOST,
         CLAIM_NOT_FOUND,
         CLAIM_TERMINATING,

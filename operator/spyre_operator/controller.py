@@ -10,8 +10,9 @@ watches, level-based decisions, one in-flight reconcile per model.
 The Controller owns the shared infrastructure (client, caches, apply layer, queue, clock) and
 the workers, and runs the reconcile of one model; the jobs of a reconcile are collaborators
 with names and their own state (control/): ``router`` (which models an event concerns),
-``observer`` (the observed state), ``budgets`` (compile and rollout slots), ``writer`` (the
-writes of a decision), ``status`` (failures, install conflicts, the status last written),
+``observer`` (the observed state; ``devices``: a model's DRA claims), ``budgets`` (compile
+and rollout slots), ``writer`` (the writes of a decision), ``status`` (failures, install
+conflicts, the status last written),
 ``claims`` (claims left behind) and ``gc`` (the artifact GC, control/gc.py, deciding with
 decide/gc.py). This module re-exports
 what importers take from here.
@@ -62,6 +63,7 @@ from .control.common import (
     uid_of,
     unexpected,
 )
+from .control.devices import DeviceObserver
 from .control.event_routing import Router
 from .control.execute import Writer
 from .control.gc import GarbageCollector
@@ -170,6 +172,7 @@ class Controller:
         self.budgets = Budgets(self, max_concurrent_compiles, max_concurrent_rollouts,
                                compiles_per_namespace, rollouts_per_namespace)
         self.observer = Observer(self)
+        self.devices = DeviceObserver(self)
         self.router = Router(self)
         self.claims = ClaimReleaser(self)
         #: Artifact GC of the managed cache claims (its own state; reads self.caches).
@@ -278,6 +281,7 @@ class Controller:
         for a slot."""
         self.status.forget(key)
         self.observer.forget(key)
+        self.devices.forget(key)
         self.budgets.stop_waiting(key)
 
     async def reconcile_key(self, key: ModelKey) -> Decision | None:
@@ -315,6 +319,8 @@ class Controller:
         )
         if short:
             obs.server_pods = await self.observer.recent_server_pods(key)
+        if plan is not None:
+            await self.devices.observe(key, obs, plan, listed=short)
         if plan is not None and obs.canary_deployment is not None:
             # Both at once: a pod that does not answer costs one timeout, not two.
             obs.canary_reports, obs.served_reports = await asyncio.gather(

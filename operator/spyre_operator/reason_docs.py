@@ -85,6 +85,22 @@ REASONS: dict[str, Reason] = {
                "the scheduler's; the others serve and `Ready` stays True"),
         todo="free or add cards, or lower `replicas`",
     ),
+    C.DEVICES_UNAVAILABLE: Reason(
+        where="Progressing=True",
+        means=("the model's cards come through DRA (`accelerator.deviceClassName`) and some "
+               "replicas wait for a node because their ResourceClaim cannot be allocated: no "
+               "node offers enough free devices of the class; the message is the scheduler's; "
+               "the others serve and `Ready` stays True"),
+        todo=("free or add devices of the class (`kubectl get resourceslices`), or lower "
+              "`replicas` or `tensorParallelSize`"),
+    ),
+    C.DEVICE_CLASS_NOT_FOUND: Reason(
+        where="Degraded=True; Progressing=True while pods wait",
+        means=("`accelerator.deviceClassName` (or the chart's `defaults.deviceClassName`) names "
+               "a DeviceClass the cluster does not have; the message names it"),
+        todo=("fix the name (`kubectl get deviceclasses`; IBM's Spyre Operator in DRA mode makes "
+              "`spyre-pf`, `spyre-standard-vf`, `spyre-privileged-vf`) or turn DRA on there"),
+    ),
     C.SCHEDULER_NOT_RUNNING: Reason(
         where="Progressing=True",
         means=("serving pods have waited 60 s (the operator's "

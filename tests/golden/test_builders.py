@@ -13,6 +13,7 @@ import pytest
 import yaml
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.desired.deployment import build_canary_deployment, build_deployment
+from spyre_operator.desired.devices import build_cards_template
 from spyre_operator.desired.inference_pool import build_inference_pool
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
@@ -25,7 +26,7 @@ from spyre_operator.desired.scaletozero import (
 from spyre_operator.desired.service import build_pdb, build_service
 from spyre_operator.desired.verified import build_verified_configmap
 
-from ..unit.samples import ALL, SITE, UNDER_SITE
+from ..unit.samples import ALL, ON_DEVICE_CLASS, SITE, UNDER_SITE
 
 DATA = Path(__file__).parent / "data"
 
@@ -55,6 +56,13 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
             ("job", lambda p: build_precompile_job(p, [p.owner])),
             ("deployment", lambda p: build_deployment(p, p.key)),
             ("service", build_service),
+        )}
+    if sample in ON_DEVICE_CLASS:
+        plan = plan_model(sample, "team-a", f"uid-{sample}", spec)
+        return {k: build(plan).to_dict() for k, build in (
+            ("job", lambda p: build_precompile_job(p, [p.owner])),
+            ("deployment", lambda p: build_deployment(p, p.key)),
+            ("cardstemplate", build_cards_template),
         )}
     plan = plan_model(sample, "team-a", f"uid-{sample}", spec)
     objs: dict[str, Any] = {
@@ -97,8 +105,8 @@ def render(sample: str, spec_doc: dict[str, Any]) -> dict[str, Any]:
 
 
 KINDS = ("job", "deployment", "service", "pdb", "pvc", "inferencepool", "engineservice",
-         "httpscaledobject", "scaledobject", "canary", "outputcheck")
-SAMPLES = {**ALL, **UNDER_SITE}
+         "httpscaledobject", "scaledobject", "canary", "outputcheck", "cardstemplate")
+SAMPLES = {**ALL, **UNDER_SITE, **ON_DEVICE_CLASS}
 
 
 def _cases() -> list[tuple[str, str]]:

@@ -49,6 +49,15 @@ SITE = SiteDefaults(
 )
 #: Samples planned under SITE (golden files <name>.<kind>.yaml).
 UNDER_SITE = {"generate-site": GENERATE}
+#: Samples whose cards are claimed through DRA (accelerator.deviceClassName): the pods on the
+#: cards (here the servers and, onCards, the precompile Job) and the ResourceClaimTemplate.
+ON_DEVICE_CLASS = {
+    "generate-dra": {
+        **GENERATE_TP4,
+        "accelerator": {"deviceClassName": "spyre-standard-vf", "nodeSelector": {"pool": "spyre"}},
+        "precompile": {**GENERATE_TP4["precompile"], "onCards": True},
+    },
+}
 
 
 def model(name: str, spec: dict[str, Any], *, ns: str = "ns", uid: str | None = None,

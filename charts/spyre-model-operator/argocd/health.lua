@@ -40,6 +40,7 @@ local failure_reasons = {
   InsufficientCacheSpace = true,
   EngineImageNotAllowed = true,
   SchedulerNotRunning = true,
+  DeviceClassNotFound = true,
 }
 
 local function describe(c)

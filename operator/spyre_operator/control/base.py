@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .budgets import Budgets
     from .claims import ClaimReleaser
     from .common import Caches, ModelKey, Stats
+    from .devices import DeviceObserver
     from .event_routing import Router
     from .execute import Writer
     from .gc import GarbageCollector
@@ -50,6 +51,7 @@ class ControllerParts(Protocol):
     writer: Writer
     status: StatusReporter
     observer: Observer
+    devices: DeviceObserver
     router: Router
     claims: ClaimReleaser
     gc: GarbageCollector

@@ -222,6 +222,16 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
             # A canary's window starts again when its pod turns Ready again (decide/canary.py).
             out["readySince"] = c.get("lastTransitionTime")
     spec = pod.get("spec") or {}
+    # DRA: the templates the pod's claims were made from (a template in use is not deleted)
+    # and its claims (the devices allocated to them: status.devices, DevicesUnavailable).
+    templates = [c["resourceClaimTemplateName"] for c in spec.get("resourceClaims") or []
+                 if c.get("resourceClaimTemplateName")]  # fmt: skip
+    if templates:
+        out["claimTemplates"] = templates
+    claims = [c["resourceClaimName"] for c in (pod.get("status") or {}).get(
+        "resourceClaimStatuses") or [] if c.get("resourceClaimName")]  # fmt: skip
+    if claims:
+        out["claims"] = claims
     if not spec.get("nodeName") and not any(c.get("type") == "PodScheduled" for c in conds):
         # No scheduler has looked at it yet (each writes PodScheduled when it tries).
         out["unscheduledSince"] = meta.get("creationTimestamp")

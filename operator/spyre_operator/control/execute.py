@@ -106,6 +106,8 @@ class Writer:
                 return obs.canary_deployment
             if obj.kind == "Service" and obj.metadata.name in other_services:
                 return other_services[obj.metadata.name]
+            if obj.kind == "ResourceClaimTemplate":
+                return obs.cards_templates.get(obj.metadata.name)
             return live_by_kind.get(obj.kind)
 
         await self._find_unwatched_foreign(ns, name, obs, d)

@@ -18,6 +18,7 @@ from ..api.v1alpha1 import SpyreModelSpec
 from ..desired import names
 from ..desired.autoscaling import build_hpa, wants_hpa
 from ..desired.deployment import build_deployment, served_spec_json
+from ..desired.devices import ResourceClaimTemplate
 from ..desired.inference_pool import InferencePool, inference_pool_name
 from ..desired.networkpolicy import build_network_policy, wants_network_policy
 from ..desired.plan import ModelPlan, plan_model, with_live_claim
@@ -31,6 +32,7 @@ from .artifact import decide_artifact
 from .cache import decide_cache
 from .cache_status import decide_cache_status
 from .canary import decide_canary
+from .devices import decide_devices
 from .inference_pool import decide_routing
 from .observed import DEFAULT_POLICY, Decision, Observed, Policy, parse_time
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
@@ -147,6 +149,9 @@ def decide(
         dep = build_deployment(serving.plan, serving.key,
                                verified=reads_verified(obs, obs.deployment, serving.key))
         d.apply.append(mark_rolled_out(dep, obs.deployment))
+    devices = decide_devices(plan, serving.plan, obs)
+    d.apply += devices.apply  # before the pods that claim from them are created
+    d.delete += [(ResourceClaimTemplate, n) for n in devices.delete]
     if canary.deployment is not None:
         d.apply.append(canary.deployment)
     elif canary.delete:
@@ -212,6 +217,8 @@ def decide(
         status["cache"] = cache_status
     if canary.status:
         status["canary"] = canary.status
+    if devices.status:
+        status["devices"] = devices.status
     s2z = _scale_to_zero_status(plan, zero, old_status, now)
     if s2z:
         status["scaleToZero"] = s2z

@@ -28,6 +28,7 @@ from ..desired.plan import ModelPlan
 from ..desired.verified import reads_verified
 from .artifact import ArtifactOutcome
 from .baseline import compare
+from .devices import unschedulable_reason
 from .observed import (
     CANARY_PROMOTE_ANNOTATION,
     READY,
@@ -174,7 +175,7 @@ def decide_canary(
             f"{previous_key} serves meanwhile" + (f"; {out.problem[1]}" if out.problem else "")
             + (f"; {waits}" if waits else "")
         )  # fmt: skip
-        reason = C.INSUFFICIENT_CAPACITY if waits and not out.problem else C.CANARY_RUNNING
+        reason = unschedulable_reason(plan, obs) if waits and not out.problem else C.CANARY_RUNNING
         out.cond = C.Cond(C.PROGRESSING, C.TRUE, reason, doing + until)
         out.status["message"] = doing[:1024]
         out.requeue_after = _seconds_until(now, deadline)

@@ -140,6 +140,10 @@ class Observed:
     #: <model>-output-check (desired/verified.py)
     verified_configmap: dict[str, Any] | None = None
     server_pods: list[dict[str, Any]] = field(default_factory=list)
+    #: DRA (accelerator.deviceClassName): the model's ResourceClaimTemplates by name, and
+    #: whether its DeviceClass exists (None: not known, or not looked at).
+    cards_templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    device_class_found: bool | None = None
     #: A running canary's pods (by name): the count each says it judged, or why it could not
     #: be read (canary_report.py).
     canary_reports: dict[str, CanaryReport | str] = field(default_factory=dict)

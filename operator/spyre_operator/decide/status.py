@@ -16,6 +16,7 @@ from ..desired.scaletozero import wants_scale_to_zero
 from ..desired.service import wants_pdb
 from .artifact import ArtifactOutcome
 from .cache import CacheOutcome
+from .devices import device_class_problem, unschedulable_reason
 from .observed import (
     COMPILING,
     DEFAULT_POLICY,
@@ -162,6 +163,7 @@ def _degraded(
         f.engine_failure or ("", None),
         f.canary_problem or ("", None),
         (C.ROLLOUT_STALLED, f.roll.stall),
+        (C.DEVICE_CLASS_NOT_FOUND, device_class_problem(plan, obs)),
     ):
         if message:
             return C.Cond(C.DEGRADED, C.TRUE, reason, message)
@@ -303,7 +305,7 @@ def _progressing(
     unschedulable = unschedulable_of(obs.server_pods)
     if unschedulable:
         return C.Cond(
-            C.PROGRESSING, C.TRUE, C.INSUFFICIENT_CAPACITY, f"{available}; {unschedulable}"
+            C.PROGRESSING, C.TRUE, unschedulable_reason(plan, obs), f"{available}; {unschedulable}"
         )
     return C.Cond(
         C.PROGRESSING,

@@ -24,6 +24,7 @@ from lightkube.resources.apps_v1 import Deployment
 
 from ..api.v1alpha1 import API_KEY_ENV, CanarySpec, SpyreModelSpec
 from . import names
+from .devices import container_claims, pod_claims
 from .job import TERMINATION_LOG
 from .owners import controller_ref
 from .plan import ENDPOINT_GRACE_SECONDS, ModelPlan
@@ -209,7 +210,9 @@ def build_deployment(
         args=serve_args(plan, key, canary),
         env=env,
         ports=container_ports(spec),
-        resources=resources(spec.serving.resources, card_requests(spec, on_cards)),
+        resources=resources(
+            spec.serving.resources, card_requests(spec, on_cards), container_claims(plan, on_cards)
+        ),
         volumeMounts=mounts,
         securityContext=container_security_context(),
         startupProbe=_probe(
@@ -263,6 +266,7 @@ def build_deployment(
                     serviceAccountName=spec.engine.service_account_name or None,
                     automountServiceAccountToken=False,
                     affinity=cache_affinity(plan),
+                    resourceClaims=pod_claims(plan, on_cards) or None,
                     **placement(spec, on_cards=on_cards),
                 ),
             ),

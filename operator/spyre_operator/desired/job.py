@@ -12,6 +12,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.batch_v1 import Job
 
 from . import names
+from .devices import container_claims, pod_claims
 from .key import compile_env
 from .owners import shared_refs
 from .plan import ModelPlan, OwnerRef
@@ -96,7 +97,7 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
             *(["--reference-answers", "off"] if spec.serving.output_check == "Off" else []),
         ],  # fmt: skip
         env=env,
-        resources=resources(spec.precompile.resources, cards),
+        resources=resources(spec.precompile.resources, cards, container_claims(plan, on_cards)),
         volumeMounts=mounts,
         securityContext=container_security_context(),
         terminationMessagePath=TERMINATION_LOG,
@@ -120,6 +121,7 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
             serviceAccountName=plan.spec.engine.service_account_name or None,
             automountServiceAccountToken=False,
             affinity=cache_affinity(plan),
+            resourceClaims=pod_claims(plan, on_cards) or None,
             **placement_fields,
         ),
     )

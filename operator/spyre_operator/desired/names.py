@@ -17,6 +17,8 @@ CLAIM_LABEL = f"{GROUP}/cache-claim"
 COMPONENT_PRECOMPILE = "precompile"
 COMPONENT_SERVER = "server"
 COMPONENT_CACHE = "cache"
+#: A model's ResourceClaimTemplates (DRA: desired/devices.py).
+COMPONENT_CARDS = "cards"
 
 #: Annotation on a Job with the full artifact key (labels hold only the short key).
 ARTIFACT_KEY_ANNOTATION = f"{GROUP}/artifact-key"
@@ -161,6 +163,22 @@ STARTING_FIELD = "starting"
 def starting_path(namespace: str, model: str) -> str:
     """The responder's path that says whether ``namespace/model`` is starting."""
     return f"{STARTING_PATH}/{namespace}/{model}"
+
+
+#: Infix of a model's ResourceClaimTemplate names: ``<model>-cards-<hash of its request>``.
+CARDS_INFIX = "-cards-"
+_CARDS_HASH_LEN = 8
+
+
+def cards_template_name(model: str, device_class: str, count: int) -> str:
+    """The ResourceClaimTemplate asking for ``count`` cards of ``device_class`` for ``model``.
+
+    A template's spec is immutable, so what it asks for is in its name: another class or
+    count is another template, created beside the one the serving pods were made from
+    (they keep their claims; the unused one is deleted once no pod refers to it).
+    """
+    digest = hashlib.sha256(f"{device_class}/{count}".encode()).hexdigest()[:_CARDS_HASH_LEN]
+    return _suffixed(model, CARDS_INFIX + digest)
 
 
 def mirror_slice_name(model: str) -> str:

@@ -18,6 +18,7 @@ from lightkube.models.core_v1 import (
     PodAffinity,
     PodAffinityTerm,
     PodSecurityContext,
+    ResourceClaim,
     ResourceRequirements,
     SeccompProfile,
     SecretKeySelector,
@@ -31,6 +32,7 @@ from lightkube.models.meta_v1 import LabelSelector
 from ..api.v1alpha1 import ResourceRequirements as ApiResources
 from ..api.v1alpha1 import SpyreModelSpec
 from . import names
+from .devices import card_count, device_class
 from .key import engine_cpus
 from .plan import CACHE_MOUNT, HF_CACHE_DIR, MODEL_MOUNT, ModelPlan
 from .site import BUILTIN_RESOURCE_NAME, SiteDefaults
@@ -128,13 +130,14 @@ def precompile_backend(spec: SpyreModelSpec) -> str:
 
 
 def card_requests(spec: SpyreModelSpec, on_cards: bool) -> dict[str, int]:
-    """The Spyre card request of a pod (none for a pod that does not use cards)."""
-    if not on_cards:
+    """The Spyre card request of a pod as an extended resource (none for a pod that does not
+    use cards, or that claims them through DRA: devices.pod_claims)."""
+    if not on_cards or device_class(spec) is not None:
         return {}
-    # plan_model resolved the shape: tensorParallelSize is set (1 only for a bare spec), and
-    # the card resource (the operator's default if unset; the built-in one for a bare spec).
+    # plan_model resolved the card resource (the operator's default if unset; the built-in
+    # one for a bare spec).
     resource = spec.accelerator.resource_name or BUILTIN_RESOURCE_NAME
-    return {resource: spec.compile.tensor_parallel_size or 1}
+    return {resource: card_count(spec)}
 
 
 def shape_args(plan: ModelPlan, backend: str) -> list[str]:
@@ -163,6 +166,8 @@ def shape_args(plan: ModelPlan, backend: str) -> list[str]:
 def flex_device(resource_name: str) -> str:
     """The Spyre runtime's FLEX_DEVICE for the card resource a pod requests: ``VF`` for virtual
     functions (ibm.com/spyre_vf), else ``PF`` (ibm.com/spyre_pf, its tiers, ibm.com/aiu_pf).
+    The same for a DeviceClass: ``VF`` for IBM's spyre-standard-vf and spyre-privileged-vf,
+    else ``PF`` (spyre-pf, and the driver's catch-all class spyre.ibm.com).
 
     As upstream pairs them: IBM's spyre-operator runs its integration workloads with
     ``ibm.com/spyre_vf`` + ``FLEX_DEVICE=VF`` and ``ibm.com/spyre_pf`` + ``FLEX_DEVICE=PF``
@@ -173,7 +178,7 @@ def flex_device(resource_name: str) -> str:
     plugin's own init container. Compiling with ``sendnn_compile_only``, the plugin sets
     ``FLEX_DEVICE=COMPILE`` itself (sendnn_inference/platform.py), so only serving pods get it.
     """
-    name = resource_name.rpartition("/")[2].lower()
+    name = resource_name.rpartition("/")[2].lower().replace("-", "_")
     return "VF" if name.endswith("_vf") or "_vf_" in name else "PF"
 
 
@@ -212,7 +217,8 @@ def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
     environment it had, rather than roll at the upgrade and again at the switch.
     """
     on_cards = backend == CARD_BACKEND
-    flex = plan.spec.accelerator.resource_name or BUILTIN_RESOURCE_NAME
+    acc = plan.spec.accelerator
+    flex = acc.device_class_name or acc.resource_name or BUILTIN_RESOURCE_NAME
     return [
         *model_config_env(plan.spec),
         *(thread_env(plan.spec) if key == plan.key else []),
@@ -312,14 +318,19 @@ def user_env(entries: list) -> list[EnvVar]:  # type: ignore[type-arg]
     ]
 
 
-def resources(api: ApiResources | None, cards: dict[str, int]) -> ResourceRequirements:
-    """Container resources with the Spyre cards added to requests and limits."""
+def resources(
+    api: ApiResources | None, cards: dict[str, int], claims: list[ResourceClaim] | None = None
+) -> ResourceRequirements:
+    """Container resources with the Spyre cards added to requests and limits (an extended
+    resource) or as the pod's claims (DRA)."""
     requests = {k: str(v) for k, v in ((api.requests if api else None) or {}).items()}
     limits = {k: str(v) for k, v in ((api.limits if api else None) or {}).items()}
     for name, count in cards.items():
         requests[name] = str(count)
         limits[name] = str(count)
-    return ResourceRequirements(requests=requests or None, limits=limits or None)
+    return ResourceRequirements(
+        requests=requests or None, limits=limits or None, claims=claims or None
+    )
 
 
 def volumes(plan: ModelPlan, *, read_only: bool) -> tuple[list[Volume], list[VolumeMount]]:

@@ -90,6 +90,7 @@ from .spyremodel_spec import (  # noqa: F401 - re-exported
     SpyreModelSpec,
 )
 from .status import (  # noqa: F401 - re-exported
+    AllocatedDevice,
     ArtifactStatus,
     CachedArtifact,
     CacheStatus,

@@ -410,6 +410,15 @@ class OutputCheckStatus(ApiModel):
         default=None, description="Failed: the first divergence; Unchecked: why.")
 
 
+class AllocatedDevice(ApiModel):
+    """A device allocated to a serving pod's ResourceClaim (DRA)."""
+
+    pod: str = Field(description="The serving pod.")
+    driver: str = Field(description="The DRA driver, e.g. spyre.ibm.com.")
+    pool: str = Field(description="The driver's pool (IBM's driver: one per node).")
+    device: str = Field(description="The device in the pool, e.g. 0000-1a-00-1.")
+
+
 class SpyreModelStatus(ApiModel):
     """Observed state of a SpyreModel."""
 
@@ -477,6 +486,14 @@ class SpyreModelStatus(ApiModel):
     )
     scale_to_zero: ScaleToZeroStatus | None = Field(
         default=None, description="Only with autoscaling.minReplicas 0: last use and time at zero."
+    )
+    devices: list[AllocatedDevice] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "Only with accelerator.deviceClassName: the devices allocated to the serving pods' "
+            "ResourceClaims, by pod name (at most 16)."
+        ),
     )
     conditions: list[Condition] | None = Field(
         default=None,
