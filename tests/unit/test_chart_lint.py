@@ -37,6 +37,7 @@ VALUE_SETS: dict[str, list[str]] = {
         "--set", "defaults.imagePullSecrets={registry-pull,mirror-pull}",
         "--set", "defaults.serviceAccountName=spyre-engine",
         "--set", "defaults.cardResource=ibm.com/spyre_pf",
+        "--set", "defaults.deviceClassName=spyre-standard-vf",
         "--set", "defaults.schedulerName=",
         "--set", "defaults.serving.nodeSelector.pool=spyre",
         "--set", "defaults.serving.tolerations[0].key=ibm.com/spyre",
@@ -119,7 +120,8 @@ def test_rbac_is_least_privilege(name: str) -> None:
             assert "*" not in r[field], r
         assert "secrets" not in r["resources"]
         assert not {"escalate", "bind", "impersonate"} & set(r["verbs"])
-    # The operator never reads single objects: it lists and watches (kopf) and lists pods.
+    # The operator lists and watches (kopf) and lists pods; the single objects it reads are a
+    # DRA model's (its pods' ResourceClaims, its DeviceClass), never a Secret.
     verbs = {(g, res, v) for r in rules for g in r["apiGroups"] for res in r["resources"]
              for v in r["verbs"]}
     assert ("", "secrets", "get") not in verbs
@@ -184,6 +186,26 @@ def test_the_operator_watches_endpointslices_only_with_scale_to_zero() -> None:
     handlers.register_mirror_slice_handlers()
     handlers.register_mirror_slice_handlers()  # once
     assert watched()
+
+
+@needs_helm
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_dra_rights_are_the_verbs_its_code_uses(name: str) -> None:
+    """Issue 46, 5: a DRA model's ResourceClaimTemplates are listed (no watch), applied and
+    deleted (control/devices.py, decide/devices.py), its pods' ResourceClaims read by name;
+    only the cluster scope may read DeviceClasses (cluster-scoped: a namespaced install gets
+    no cluster-wide read for it)."""
+    docs = render(*VALUE_SETS[name])
+    dra = {(res, v) for r in _rules(docs) if r["apiGroups"] == ["resource.k8s.io"]
+           for res in r["resources"] for v in r["verbs"]}
+    expected = {("resourceclaimtemplates", v) for v in ("list", "create", "patch", "delete")}
+    expected.add(("resourceclaims", "get"))
+    if name != "namespaced":
+        expected.add(("deviceclasses", "get"))
+    assert dra == expected
+    roles = [d for d in docs if d["kind"] == "Role"
+             for r in d["rules"] if "deviceclasses" in r["resources"]]
+    assert not roles, "a Role cannot grant a cluster-scoped resource"
 
 
 @needs_helm
@@ -488,6 +510,7 @@ def test_site_defaults_reach_the_operator() -> None:
         image_pull_secrets=("registry-pull", "mirror-pull"),
         service_account_name="spyre-engine",
         resource_name="ibm.com/spyre_pf",
+        device_class_name="spyre-standard-vf",
         scheduler_name="",
         serving_node_selector={"pool": "spyre"},
         serving_tolerations=(
@@ -515,6 +538,7 @@ def test_without_site_values_the_operator_keeps_its_builtin_defaults() -> None:
     (["--default-precompile-tolerations", '{"key": "cpu-only"}'],
      "--default-precompile-tolerations"),
     (["--default-card-resource", "spyre_vf"], "not an extended resource name"),
+    (["--default-device-class", "Spyre_VF"], "not a DeviceClass name"),
     (["--default-engine-image", "docker.io/x/e:1", "--allowed-engine-image", "quay.io/y/*"],
      "every model leaving engine.image unset would be refused"),
 ])

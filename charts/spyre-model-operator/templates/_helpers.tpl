@@ -163,6 +163,16 @@ object does not exist yet.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# DRA (accelerator.deviceClassName, desired/devices.py): a model's ResourceClaimTemplates are
+# listed by its label (control/devices.py; no watch), server-side applied, and deleted once
+# no spec of the model wants one and no pod of it was made from it (decide/devices.py).
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["list", "create", "patch", "delete"]
+# Its serving pods' ResourceClaims, read by name: the devices allocated (status.devices).
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims"]
+  verbs: ["get"]
 # spec.routing.inferencePool (optional.py, desired/inference_pool.py): InferencePools are listed and
 # watched (the CRD may be absent), server-side applied, deleted when routing is removed.
 - apiGroups: ["inference.networking.k8s.io"]
