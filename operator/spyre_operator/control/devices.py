@@ -11,7 +11,14 @@ from typing import Any
 from lightkube import ApiError
 
 from ..desired import names
-from ..desired.devices import DeviceClass, ResourceClaim, ResourceClaimTemplate, device_class
+from ..desired.devices import (
+    RESOURCE_GROUP,
+    RESOURCE_VERSION,
+    DeviceClass,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    device_class,
+)
 from ..desired.plan import ModelPlan
 from ..reconcile import Observed
 from .base import ControllerParts
@@ -55,7 +62,10 @@ class DeviceObserver:
             names.COMPONENT: names.COMPONENT_CARDS,
         }
         async for t in self.c.client.list(ResourceClaimTemplate, namespace=ns, labels=labels):
-            live = t.to_dict()
+            # A list's items carry no apiVersion and kind; without them the applied object
+            # never matched the live one and was written at every reconcile.
+            live = {**t.to_dict(), "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+                    "kind": "ResourceClaimTemplate"}
             refs = live["metadata"].get("ownerReferences") or []
             if any(r.get("uid") == uid for r in refs):  # a label is a claim; the owner decides
                 obs.cards_templates[live["metadata"]["name"]] = live
