@@ -111,8 +111,13 @@ def dra_operator(control_plane: ControlPlane, dra_ns: str, devices: None, crd: P
 
 
 @pytest.fixture
-def kube(control_plane: ControlPlane, dra_ns: str) -> Kube:
-    return Kube(control_plane, dra_ns)
+def kube(control_plane: ControlPlane, dra_ns: str) -> Iterator[Kube]:
+    """dra_ns; after each test its models are gone and their pods with them (they hold the
+    node's two matching devices: a failed test must not fail the next ones)."""
+    k = Kube(control_plane, dra_ns)
+    yield k
+    k.kubectl("delete", "spyremodels", "--all", "--wait=true", "--timeout=60s", check=False)
+    k.wait(lambda: not k.items("pods", f"{names.COMPONENT}=server"), 60, "the pods gone")
 
 
 def _pods(kube: Kube, model: str) -> list[dict[str, Any]]:
@@ -177,7 +182,6 @@ def test_a_model_on_a_class_is_served_through_claims_of_its_devices(
     writes = dra_operator.namespace_writes(kube.ns)
     reconcile_now(kube, dra_operator, "vf")
     assert dra_operator.namespace_writes(kube.ns) == writes, dra_operator.log_tail(10)
-    kube.kubectl("delete", "spyremodel", "vf", "--wait=true", "--timeout=60s")
 
 
 def test_more_cards_than_the_class_offers_is_devices_unavailable_with_the_schedulers_message(
@@ -201,7 +205,6 @@ def test_more_cards_than_the_class_offers_is_devices_unavailable_with_the_schedu
     assert message in cond["message"], (message, cond)
     assert kube.condition("big", C.READY)["status"] == "False"
     assert not [d for p in _pods(kube, "big") for d in _allocated(kube, p)]
-    kube.kubectl("delete", "spyremodel", "big", "--wait=true", "--timeout=60s")
 
 
 def test_a_class_that_does_not_exist_is_named(
@@ -214,7 +217,6 @@ def test_a_class_that_does_not_exist_is_named(
     kube.wait(lambda: [e for e in kube.items("events") if e["involvedObject"]["name"] == "nope"
                        and e["reason"] == C.DEVICE_CLASS_NOT_FOUND and e["type"] == "Warning"],
               30, "the Warning Event")
-    kube.kubectl("delete", "spyremodel", "nope", "--wait=true", "--timeout=60s")
 
 
 def test_a_new_card_count_makes_a_new_template_and_the_old_one_goes_when_unused(
@@ -240,4 +242,3 @@ def test_a_new_card_count_makes_a_new_template_and_the_old_one_goes_when_unused(
         return bool(pods) and all(len(_allocated(kube, p)) == 2 for p in pods)
 
     kube.wait(two_on_the_new_pod, 60, "two devices on the new pod")
-    kube.kubectl("delete", "spyremodel", "grow", "--wait=true", "--timeout=60s")
