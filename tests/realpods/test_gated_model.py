@@ -109,8 +109,11 @@ def test_the_job_downloads_with_the_token_and_the_pods_hold_none(
                    if e["name"] == "HF_HUB_OFFLINE"]  # fmt: skip
         assert offline and offline[0].get("value") == "1", offline
 
-    # It serves the downloaded model.
-    answer = env.client.complete(support.service_url(env.cp, env.ns, "gated"))
+    # It serves the downloaded model (once kube-proxy routes the Service: a request right
+    # after Ready was refused in one run).
+    url = support.service_url(env.cp, env.ns, "gated")
+    env.client.wait_routed(url)
+    answer = env.client.complete(url)
     assert answer.get("status") == 200, answer
 
 
