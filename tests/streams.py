@@ -155,7 +155,7 @@ def _machine(before: tuple[list[int], int | None], after: tuple[list[int], int |
 
 #: Where the real node's pods are accounted (tests/cluster/node.py: its cgroup
 #: ``/spyre-node-<slot>`` in every hierarchy): cgroup v1's cpuacct, or v2's unified one.
-_NODE_CPU = (("cpuacct/spyre-node-*", "cpuacct.usage", 1), ("spyre-node-*", "cpu.stat", 1000))
+_NODE_GROUPS = ("cpuacct/spyre-node-*", "spyre-node-*")
 
 
 def _node_cpu_ns(root: Path = Path("/sys/fs/cgroup")) -> dict[str, int]:
@@ -163,13 +163,10 @@ def _node_cpu_ns(root: Path = Path("/sys/fs/cgroup")) -> dict[str, int]:
     containerd), by cgroup: sampled while the sessions run, the last sample kept (the node's
     cgroup goes with the node)."""
     seen: dict[str, int] = {}
-    for pattern, name, scale in _NODE_CPU:
-        for f in root.glob(f"{pattern}/{name}"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                text = f.read_text()
-                value = (int(text.split("usage_usec", 1)[1].split()[0]) if name == "cpu.stat"
-                         else int(text))
-                seen.setdefault(str(f.parent.name), value * scale)
+    for pattern in _NODE_GROUPS:
+        for group in root.glob(pattern):
+            if (used := background.usage_ns(group)) is not None:
+                seen.setdefault(group.name, used)
     return seen
 
 

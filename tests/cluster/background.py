@@ -29,15 +29,20 @@ ENV = "SPYRE_BACKGROUND_CGROUP"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def _own_cpu_cgroup(root: Path) -> Path | None:
-    """This process's cgroup that has the ``cpu`` controller (v1 or v2), or None."""
+def _own_cgroups() -> list[tuple[str, str]]:
+    """This process's cgroups: (controllers, path relative to the hierarchy's root), as
+    /proc/self/cgroup lists them (v2's one with controllers "")."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
+        return []
+    return [(controllers, path.lstrip("/"))
+            for _, controllers, path in (line.split(":", 2) for line in lines)]  # fmt: skip
+
+
+def _own_cpu_cgroup(root: Path) -> Path | None:
+    """This process's cgroup that has the ``cpu`` controller (v1 or v2), or None."""
+    for controllers, rel in _own_cgroups():
         if "cpu" in controllers.split(","):  # v1: the cpu hierarchy (maybe "cpu,cpuacct")
             for mount in (root / controllers, root / "cpu", root / "cpu,cpuacct"):
                 if (mount / "cpu.shares").exists() or (mount / rel / "cpu.shares").exists():
@@ -101,14 +106,9 @@ def accounting(name: str, root: Path = CGROUP_ROOT) -> Path | None:
     project's machines): it counts the CPU of everything started in it, whatever its session,
     and changes nobody's share of the CPU. None elsewhere (cpuacct mounted with cpu, or v2:
     a group there would be a scheduling group too)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    for controllers, rel in _own_cgroups():
         if controllers.split(",") == ["cpuacct"] and (root / "cpuacct" / "cpuacct.usage").exists():
-            group = root / "cpuacct" / path.lstrip("/") / f"spyre-{name}-{os.getpid()}"
+            group = root / "cpuacct" / rel / f"spyre-{name}-{os.getpid()}"
             try:
                 group.mkdir(exist_ok=True)
             except OSError:
