@@ -123,11 +123,9 @@ def test_layer_onto_the_cpu_engine_image_passes_its_base_check(
     ctr = build.buildah("from", "--pull=never", tag, capture=True)
     try:
         # the entrypoint, as the operator's pods start it: only the sub-command given
-        ran = subprocess.run(
-            [*build.buildah_cmd(), "run", "--isolation", "chroot", "--env", "HOME=/tmp", ctr,
-             "--", "/usr/local/bin/spyre-engine-entrypoint", "check-base"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        ran = build.run_in(
+            ctr, ["/usr/local/bin/spyre-engine-entrypoint", "check-base"], env={"HOME": "/tmp"}
+        )
         assert ran.returncode == 0, ran.stderr
         lines = ran.stdout.splitlines()
         plugin = compat.SUPPORTED["sendnn-inference"]
