@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -34,6 +33,14 @@ from spyre_engine.launch import (
     vllm_command,
 )
 from spyre_engine.metrics import EngineMetrics
+from spyre_engine.proxy import (
+    ABORT_GRACE,
+    BUSY_RETRY_AFTER_SECONDS,
+    InFlight,
+    Vllm,
+    json_error,
+    max_in_flight,
+)
 from spyre_engine.settings import ServeSettings
 from spyre_engine.summary import (
     REASON_CANARY_FAILED,
@@ -45,55 +52,10 @@ from spyre_engine.summary import (
 
 log = logging.getLogger(__name__)
 
-# Headers that describe one hop, not the message (RFC 9110 7.6.1), plus the ones we recompute.
-_HOP_HEADERS = frozenset(
-    h.lower()
-    for h in (
-        "Connection",
-        "Keep-Alive",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "TE",
-        "Trailer",
-        "Transfer-Encoding",
-        "Upgrade",
-        "Host",
-        "Content-Length",
-    )
-)
-
-DRAIN_ERROR_EVENT = (
-    b"data: "
-    + json.dumps(
-        {
-            "error": {
-                "message": "The server is shutting down and the drain deadline passed",
-                "type": "ServiceUnavailableError",
-                "code": 503,
-            }
-        }
-    ).encode()
-    + b"\n\ndata: [DONE]\n\n"
-)
-
-ENGINE_ERROR_EVENT = (
-    b"data: "
-    + json.dumps(
-        {
-            "error": {
-                "message": "The engine ended the stream",
-                "type": "InternalServerError",
-                "code": 500,
-            }
-        }
-    ).encode()
-    + b"\n\ndata: [DONE]\n\n"
-)
-
-# After the drain deadline: time for aborted streams to get their error event out, for vLLM to
-# stop its engine core and workers after SIGTERM (its --shutdown-timeout, then SIGKILL to the
-# group), and for the HTTP server to close connections. Their sum bounds the exit.
-ABORT_GRACE = 2.0
+# After the drain deadline: time for aborted streams to get their error event out (ABORT_GRACE,
+# proxy.py), for vLLM to stop its engine core and workers after SIGTERM (its --shutdown-timeout,
+# then SIGKILL to the group), and for the HTTP server to close connections. Their sum bounds
+# the exit.
 CHILD_STOP_GRACE = STOP_GRACE
 HTTP_STOP_GRACE = 1.0
 # Exit even if something above hangs (drain + 38 s); the operator allows drain timeout + 40 s
@@ -109,42 +71,9 @@ STARTUP_REPORT_SECONDS = 30.0
 CANARY_UNREADY_SECONDS = 15.0
 
 
-def _json_error(
-    status: int, message: str, kind: str, close: bool = False, retry_after: int | None = None
-) -> web.Response:
-    headers = {"Connection": "close"} if close else {}
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status, headers=headers or None)
-
-
-#: A client past the in-flight cap is asked to try again this soon (a request takes seconds).
-BUSY_RETRY_AFTER_SECONDS = 1
-
-
-def max_in_flight(settings: ServeSettings) -> int:
-    """The in-flight cap: --max-in-flight, else 8 batches' worth of --max-num-seqs (vLLM
-    queues what does not fit a batch), at least 64."""
-    if settings.max_in_flight is not None:
-        return settings.max_in_flight
-    return max(64, 8 * settings.max_num_seqs)
-
-
-@dataclass(eq=False)
-class Flight:
-    """One proxied request, so the drain can wait for it or abort it."""
-
-    pump: asyncio.Task[web.StreamResponse] | None = None
-    response: web.StreamResponse | None = None
-    streaming: bool = False
-    at_event_boundary: bool = True
-    aborted: bool = False
-    started: float = field(default_factory=time.monotonic)
-
-
 class EngineServer:
-    """The front: probes, proxy, metrics and the drain state machine."""
+    """The front: probes, metrics, the canary's judging and the shutdown state machine; which
+    requests go through (the requests in flight and vLLM's own API: proxy.py)."""
 
     def __init__(
         self,
@@ -206,8 +135,8 @@ class EngineServer:
         self.started = False
         self.draining = False
         self.engine_failed: str | None = None
-        self.flights: set[Flight] = set()
-        self._flights_changed = asyncio.Event()
+        self.in_flight = InFlight(settings, metrics, self.upstream)
+        self.vllm = Vllm(self.upstream)
         self._shutdown = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -225,6 +154,7 @@ class EngineServer:
             timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
             auto_decompress=False,
         )
+        self.in_flight.session = self.vllm.session = self._session
         await self._start_http()
         env = plugin_env(self.settings, require_precompiled=True)
         cmd = vllm_command(
@@ -241,7 +171,8 @@ class EngineServer:
         watcher = asyncio.create_task(self._watch_child(spawned))
         await self._shutdown.wait()
         watcher.cancel()
-        await self._drain()
+        graceful = not self.engine_failed or self.drain_on_failure
+        await self.in_flight.drain(self.settings.drain_timeout if graceful else 0.0)
         await loop.run_in_executor(None, self.child.stop, CHILD_STOP_GRACE)
         log.info("vLLM stopped (exit code %s)", self.child.proc.returncode)
         await self._stop_http()
@@ -266,21 +197,8 @@ class EngineServer:
         self.draining = True
         self.metrics.draining.set(1)
         self.metrics.ready.set(0)
-        self._arm_hard_exit()
+        arm_hard_exit(self.settings.drain_timeout + HARD_EXIT_AFTER_DEADLINE, lambda: self.child)
         self._shutdown.set()
-
-    def _arm_hard_exit(self) -> None:
-        """Last resort: kill the vLLM group and exit 0 if the orderly path hangs."""
-
-        def hard_exit() -> None:
-            log.error("Shutdown did not finish in time; exiting hard")
-            if self.child is not None:
-                self.child.signal_group(signal.SIGKILL)
-            os._exit(0)
-
-        timer = threading.Timer(self.settings.drain_timeout + HARD_EXIT_AFTER_DEADLINE, hard_exit)
-        timer.daemon = True
-        timer.start()
 
     async def _watch_child(self, spawned: float) -> None:
         """Mark started when vLLM is healthy; trigger shutdown (exit 1) if vLLM dies."""
@@ -313,7 +231,7 @@ class EngineServer:
                         self.metrics.startup_phase_seconds.labels("total").set(
                             now - self.process_started
                         )
-                        self.latency_at_ready = await self._vllm_latency() or canary.Latency()
+                        self.latency_at_ready = await self.vllm.latency() or canary.Latency()
                         self.started = True
                         self.metrics.ready.set(1)
                         if self.canary is not None:
@@ -342,25 +260,11 @@ class EngineServer:
         False once the engine is stopping with OutputMismatch (enforce)."""
         if self.references is None:
             return True
-        assert self._session is not None
-        session = self._session
-        headers = {"Content-Type": "application/json"}
-        if os.environ.get("VLLM_API_KEY"):
-            headers["Authorization"] = f"Bearer {os.environ['VLLM_API_KEY']}"
-
-        async def post(body: dict[str, object]) -> dict[str, object]:
-            async with session.post(self.upstream + "/v1/completions", json=body,
-                                    headers=headers) as resp:
-                data = await resp.read()
-                if resp.status != 200:
-                    raise ValueError(f"HTTP {resp.status}: {data[:300]!r}")
-                out: dict[str, object] = json.loads(data)
-                return out
-
         t0 = time.monotonic()
         try:
-            verdict = await answers.check(post, served_name(self.settings, self.model_path),
-                                          self.references, self.tolerance, inject=self.inject)
+            verdict = await answers.check(
+                self.vllm.complete, served_name(self.settings, self.model_path), self.references,
+                self.tolerance, inject=self.inject)
         except (ValueError, aiohttp.ClientError, OSError) as exc:
             self._fail(f"checking the answers against the artifact's reference failed: {exc}")
             return False
@@ -385,30 +289,6 @@ class EngineServer:
         self.draining = True
         self.metrics.ready.set(0)
         self._shutdown.set()
-
-    async def _drain(self) -> None:
-        """Wait for in-flight requests until the deadline, then abort the rest."""
-        loop = asyncio.get_running_loop()
-        graceful = not self.engine_failed or self.drain_on_failure
-        deadline = loop.time() + (self.settings.drain_timeout if graceful else 0.0)
-        while self.flights and loop.time() < deadline:
-            self._flights_changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._flights_changed.wait(), deadline - loop.time())
-        if not self.flights:
-            log.info("Drained: no request in flight")
-            return
-        log.warning("Drain deadline passed; aborting %d request(s)", len(self.flights))
-        for flight in list(self.flights):
-            flight.aborted = True
-            self.metrics.aborted_at_deadline.inc()
-            if flight.pump is not None and not flight.pump.done():
-                flight.pump.cancel()
-        end = loop.time() + ABORT_GRACE
-        while self.flights and loop.time() < end:
-            self._flights_changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._flights_changed.wait(), end - loop.time())
 
     # ------------------------------------------------------------------- HTTP
 
@@ -475,31 +355,9 @@ class EngineServer:
         """What this pod served since Ready (canary.served_report); 503 before Ready."""
         if not self.started:
             return web.json_response({"served": False}, status=503)
-        now = await self._vllm_latency()
+        now = await self.vllm.latency()
         latency = None if now is None else now.since(self.latency_at_ready)
         return web.json_response(canary.served_report(self.served, latency))
-
-    async def _vllm_metrics(self) -> bytes | None:
-        """vLLM's /metrics text now, or None when it does not answer."""
-        if self._session is None:
-            return None
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            async with self._session.get(
-                self.upstream + "/metrics", timeout=aiohttp.ClientTimeout(total=5)
-            ) as resp:
-                if resp.status == 200:
-                    return await resp.read()
-        return None
-
-    async def _vllm_latency(self) -> canary.Latency | None:
-        """vLLM's latency histograms now (its /metrics), or None when unread."""
-        body = await self._vllm_metrics()
-        if body is None:
-            return None
-        try:
-            return canary.vllm_latency(body.decode(errors="replace"))
-        except ValueError:
-            return None
 
     async def liveness_probe(self, request: web.Request) -> web.Response:
         """200 while healthy (also while loading and draining); 503 if vLLM died or hangs."""
@@ -531,7 +389,7 @@ class EngineServer:
         """vLLM's series (when it is up) followed by ``spyre_engine_*``."""
         parts: list[bytes] = []
         if self.started and self.child is not None and self.child.alive():
-            body = await self._vllm_metrics()
+            body = await self.vllm.metrics()
             if body is not None:
                 parts.append(body if body.endswith(b"\n") else body + b"\n")
         parts.append(self.metrics.render())
@@ -545,36 +403,36 @@ class EngineServer:
         counted (``spyre_engine_requests_total``) and judged by a canary."""
         if self.draining:
             self.metrics.rejected_draining.inc()
-            return _json_error(
+            return json_error(
                 503, "The server is shutting down", "ServiceUnavailableError", close=True
             )
         # Client routes only (guard.py): vLLM's control routes never face clients.
         why = guard.route_refusal(request.method, request.raw_path) or guard.auth_refusal(
             request.raw_path, request.headers.get("Authorization"), self.api_key)
         if why is not None:
-            return _json_error(why.status, why.message, why.type)
+            return json_error(why.status, why.message, why.type)
         if (request.content_length or 0) > self.max_body:
-            return _json_error(
+            return json_error(
                 413, f"the request body ({request.content_length} bytes) is larger than this "
                 f"model's context could hold ({self.max_body} bytes at most)",
                 "RequestEntityTooLarge", close=True)
         if not self.started:
-            return _json_error(503, "The model is still loading", "ServiceUnavailableError")
-        if len(self.flights) >= self.max_in_flight:
+            return json_error(503, "The model is still loading", "ServiceUnavailableError")
+        if len(self.in_flight) >= self.max_in_flight:
             # At once, unread: a flood of clients cannot queue without bound in this pod.
-            return _json_error(
-                429, f"this pod has {len(self.flights)} requests in flight, its limit "
+            return json_error(
+                429, f"this pod has {len(self.in_flight)} requests in flight, its limit "
                 f"(serving.maxInFlight); retry in {BUSY_RETRY_AFTER_SECONDS}s",
                 "TooManyRequests", retry_after=BUSY_RETRY_AFTER_SECONDS)
         if not canary.is_inference(request.method, request.path):
-            return await self._in_flight(request)
+            return await self.in_flight.handle(request)
         t0 = time.monotonic()
         if self.faults.fails_next():
-            resp: web.StreamResponse = _json_error(
+            resp: web.StreamResponse = json_error(
                 500, "injected fault (--fault-error-ratio)", "InternalServerError"
             )
         else:
-            resp = await self._in_flight(request)
+            resp = await self.in_flight.handle(request)
         self._answered(resp.status, time.monotonic() - t0)
         return resp
 
@@ -608,92 +466,18 @@ class EngineServer:
 
         asyncio.get_running_loop().call_later(CANARY_UNREADY_SECONDS, stop)
 
-    async def _in_flight(self, request: web.Request) -> web.StreamResponse:
-        flight = Flight()
-        self.flights.add(flight)
-        self.metrics.inflight.inc()
-        try:
-            try:
-                body = await asyncio.wait_for(request.read(), self.settings.body_timeout)
-            except TimeoutError:
-                return _json_error(
-                    408, f"the request body was not sent within {self.settings.body_timeout:g}s",
-                    "RequestTimeout", close=True)
-            # Parsed, not byte-matched (guard.py): the output check's key in any spelling is
-            # refused (the injector raises inside vLLM's worker on a malformed expectation, and
-            # vLLM treats that as fatal), a prompt that mentions it is served.
-            why = guard.body_refusal(body) if request.method == "POST" else None
-            if why is not None:
-                return _json_error(why.status, why.message, why.type)
-            flight.pump = asyncio.create_task(self._forward(request, body, flight))
-            try:
-                return await flight.pump
-            except asyncio.CancelledError:
-                if not flight.aborted:
-                    flight.pump.cancel()
-                    raise
-                return await self._aborted(flight)
-        finally:
-            self.flights.discard(flight)
-            self.metrics.inflight.dec()
-            self._flights_changed.set()
+def arm_hard_exit(seconds: float, child: Callable[[], Child | None]) -> None:
+    """Last resort: kill the vLLM group and exit 0 if the orderly path hangs ``seconds``."""
 
-    async def _forward(
-        self, request: web.Request, body: bytes, flight: Flight
-    ) -> web.StreamResponse:
-        assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-        url = self.upstream + str(request.rel_url)
-        try:
-            upstream = await self._session.request(
-                request.method, url, headers=headers, data=body, allow_redirects=False
-            )
-        except (aiohttp.ClientError, OSError) as exc:
-            return _json_error(502, f"vLLM is unreachable: {exc}", "BadGateway")
-        async with upstream:
-            out_headers = {
-                k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS
-            }
-            if "text/event-stream" not in upstream.headers.get("Content-Type", ""):
-                data = await upstream.read()
-                return web.Response(status=upstream.status, body=data, headers=out_headers)
-            resp = web.StreamResponse(status=upstream.status, headers=out_headers)
-            flight.response = resp
-            flight.streaming = True
-            await resp.prepare(request)
-            try:
-                async for chunk in upstream.content.iter_any():
-                    flight.at_event_boundary = False
-                    await resp.write(chunk)
-                    flight.at_event_boundary = chunk.endswith(b"\n\n")
-                await resp.write_eof()
-            except ConnectionResetError:
-                # The client went away; closing the upstream response aborts it in vLLM.
-                log.info("Client disconnected from a stream")
-            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
-                # vLLM went away mid-stream: end the stream properly rather than truncate it.
-                log.warning("vLLM ended a stream abruptly: %r", exc)
-                with contextlib.suppress(Exception):
-                    prefix = b"" if flight.at_event_boundary else b"\n\n"
-                    await asyncio.wait_for(resp.write(prefix + ENGINE_ERROR_EVENT), 1.0)
-                    await asyncio.wait_for(resp.write_eof(), 1.0)
-            return resp
+    def hard_exit() -> None:
+        log.error("Shutdown did not finish in time; exiting hard")
+        if (running := child()) is not None:
+            running.signal_group(signal.SIGKILL)
+        os._exit(0)
 
-    async def _aborted(self, flight: Flight) -> web.StreamResponse:
-        """Finish a request cut by the drain deadline: an error event + [DONE], or a 503."""
-        resp = flight.response
-        if resp is None or not resp.prepared:
-            return _json_error(
-                503,
-                "The server is shutting down and the drain deadline passed",
-                "ServiceUnavailableError",
-                close=True,
-            )
-        with contextlib.suppress(Exception):
-            prefix = b"" if flight.at_event_boundary else b"\n\n"
-            await asyncio.wait_for(resp.write(prefix + DRAIN_ERROR_EVENT), ABORT_GRACE / 2)
-            await asyncio.wait_for(resp.write_eof(), ABORT_GRACE / 2)
-        return resp
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True
+    timer.start()
 
 
 def artifact_labels(settings: ServeSettings, model_path: str) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """No module over 800 lines and no class over 400 in the operator and the engine (issue 49, 7):
 a module or class that grows past them is split by concern, as api/v1alpha1/ (a 1,913-line
-module) and the GC's collector and reports (a 543-line class) were.
+module), the GC's collector and reports (a 543-line class) and the engine's front (a 551-line
+class: the proxy's requests in flight and vLLM's own API went to proxy.py) were.
 
 ``KNOWN`` lists what is over today, each with the size it may not exceed: it can shrink, not
 grow, and a new one fails here.
@@ -15,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [ROOT / "operator" / "spyre_operator", ROOT / "engine" / "spyre_engine"]
 MAX_MODULE_LINES = 800
 MAX_CLASS_LINES = 400
-#: Not split yet: the engine's front (probes, the proxy, the canary's judging, the drain).
-KNOWN = {"engine/spyre_engine/serve.py::EngineServer": 560}
+KNOWN: dict[str, int] = {}
 
 
 def _sizes() -> dict[str, int]:
