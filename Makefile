@@ -60,6 +60,7 @@ binaries-core: node-deps
 	tests/cluster/registry-deps.sh >/dev/null
 	tests/cluster/helm3-deps.sh >/dev/null
 	tests/cluster/crds.sh >/dev/null
+	tests/cluster/dra-deps.sh >/dev/null
 
 cluster-up: install binaries ## Start the local control plane (SPYRE_REAL_NODE=1: with the real node)
 	$(CLUSTER) up

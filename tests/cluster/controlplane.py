@@ -595,10 +595,11 @@ class ControlPlane:
 
     def _down(self) -> list[str]:
         """Stop everything; returns what the real node left behind (empty: nothing)."""
-        from tests.cluster import keda, metrics
+        from tests.cluster import dradriver, keda, metrics
 
         metrics.stop_leftovers(self.state_dir)
         keda.stop_leftovers(self.state_dir)
+        dradriver.stop_leftovers(self.state_dir)
         leaks = self.node._down(delete_node=False)
         for c in reversed(COMPONENTS):
             self._stop(c)

@@ -24,6 +24,7 @@ from spyre_operator import conditions as C
 from spyre_operator.desired import names
 
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.dradriver import DRIVER, STANDARD_VF
 from tests.unit.test_chart_lint import needs_helm, render
 
 from .conftest import Kube, OperatorProcess, reconcile_now, settle_writes
@@ -31,13 +32,6 @@ from .test_operator import spec
 
 pytestmark = [pytest.mark.integration, needs_helm, pytest.mark.usefixtures("no_host_operator")]
 
-DRIVER = "spyre.ibm.com"
-#: IBM's spyre-standard-vf selector (its Spyre Operator's DRA mode), verbatim.
-STANDARD_VF = (
-    'device.attributes["spyre.ibm.com"].pciFunctionIndex != 1 && '
-    '!(device.attributes["spyre.ibm.com"].pciFunctionIndex == 0 && '
-    'device.attributes["spyre.ibm.com"].vfEnabled == true)'
-)
 #: A class of this module's own (the cluster is shared with other modules).
 CLASS = f"spyre-standard-vf-{uuid.uuid4().hex[:5]}"
 NODE = "spyre-node-0"
