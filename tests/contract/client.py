@@ -13,8 +13,8 @@ Modes (every result is one JSON line on stdout, or in ``--out``):
 ``steady URL BODY``
     POSTs one after another until stdin is closed (``kubectl exec -i``); one line per request
     with its start and end (``time.time()``), when its name was resolved and its connection
-    made (``resolved``, ``connected``), status, and error (a reset, a refused
-    connection, a timeout).
+    made (``resolved``, ``connected``), the address it connected to (``addr``), status, and
+    error (a reset, a refused connection, a timeout).
 ``many URL BODY --count N``
     N POSTs at once (threads); prints ``{"results": [...]}``, each as ``once`` prints it.
 ``stream URL BODY``
@@ -50,6 +50,7 @@ def _post(
     addrs = [str(a[4][0]) for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
     phases["resolved"] = time.time()
     for i, addr in enumerate(addrs):
+        phases["addr"] = addr  # the Service address a failure reached (the report's timeline)
         conn = http.client.HTTPConnection(addr, port, timeout=timeout)
         try:
             conn.connect()

@@ -16,6 +16,7 @@ engine image built by ``tests/images`` (real vLLM + the Spyre plugin, CPU backen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.node import RealNode
@@ -170,10 +172,105 @@ class StreamCall:
         return json.loads(self.lines[-1])  # type: ignore[no-any-return]
 
 
+def _pod_line(pod: dict[str, Any]) -> str:
+    md, st = pod.get("metadata") or {}, pod.get("status") or {}
+    ready = next((c.get("status") for c in st.get("conditions") or []
+                  if c.get("type") == "Ready"), "?")  # fmt: skip
+    states = ",".join(next(iter(c.get("state") or {"?": 0}))
+                      for c in st.get("containerStatuses") or [])  # fmt: skip
+    gone = " deleting" if md.get("deletionTimestamp") else ""
+    return (f"pod {md.get('name')} ip={st.get('podIP')} {st.get('phase')} ready={ready} "
+            f"containers={states or '-'}{gone}")
+
+
+def _slice_line(es: dict[str, Any]) -> str:
+    eps = []
+    for ep in es.get("endpoints") or []:
+        c = ep.get("conditions") or {}
+        flags = "".join(f for f, k in (("R", "ready"), ("S", "serving"), ("T", "terminating"))
+                        if c.get(k))  # fmt: skip
+        eps.append(f"{','.join(ep.get('addresses') or [])}[{flags or '-'}]"
+                   f"({(ep.get('targetRef') or {}).get('name')})")
+    svc = ((es.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")
+    return f"slice of {svc}: {' '.join(eps) or 'no endpoints'}"
+
+
+class Timeline:
+    """What the control plane said about a namespace's pods and EndpointSlices, with the
+    time each change arrived (``kubectl get -w``): a request that failed during a roll is
+    explained by the endpoints and pods of the seconds around it (:meth:`around`)."""
+
+    KINDS = {"pods": _pod_line, "endpointslices": _slice_line, "services": lambda s: (
+        f"service {s['metadata']['name']} clusterIP={(s.get('spec') or {}).get('clusterIP')}")}
+
+    def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self.events: list[tuple[float, str]] = []
+        self.procs = []
+        for kind, line in self.KINDS.items():
+            proc = subprocess.Popen(
+                [str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "get", kind,
+                 "-n", namespace, "-w", "--output-watch-events", "-o", "json"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+            self.procs.append(proc)
+            threading.Thread(target=self._read, args=(proc, line), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[str], line: Callable[[dict[str, Any]], str]) -> None:
+        decoder, buf = json.JSONDecoder(), ""
+        assert proc.stdout is not None
+        for chunk in proc.stdout:
+            buf += chunk
+            while buf.strip():
+                try:
+                    event, end = decoder.raw_decode(buf.lstrip())
+                except ValueError:
+                    break  # an event split across lines: read on
+                buf = buf.lstrip()[end:]
+                with contextlib.suppress(Exception):
+                    self.events.append(
+                        (time.time(), f"{event.get('type')} {line(event.get('object') or {})}"))
+
+    def around(self, t0: float, t1: float, before: float = 15.0, after: float = 3.0) -> str:
+        return "\n".join(f"  {t - t0:+7.2f}s {what}" for t, what in list(self.events)
+                         if t0 - before <= t <= t1 + after)  # fmt: skip
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait(10)
+
+
+def node_network(cp: ControlPlane, service: str) -> str:
+    """The real node's view, for a request that failed to connect: the pod bridge's neighbour
+    table (a FAILED entry is an address nothing answered for), the Service's NAT rules
+    (kube-proxy's endpoints) and kube-proxy's last log lines."""
+    from tests.cluster.node import BRIDGE
+
+    pid = cp.node.pid()
+    if pid is None:
+        return "(the node is not running)"
+    net = ["nsenter", f"--net=/proc/{pid}/ns/net", "--"]
+    out = []
+    for what, argv in (("neighbours", [*net, "ip", "neigh", "show", "dev", BRIDGE]),
+                       ("NAT rules", [*net, "iptables-save", "-t", "nat"])):  # fmt: skip
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        lines = r.stdout.splitlines()
+        if what == "NAT rules":  # the Service's chains only (its name is in their comments)
+            lines = [ln for ln in lines if service in ln]
+        out.append(f"{what}:\n  " + "\n  ".join(lines[-40:] or [r.stderr.strip()]))
+    log = cp.logs / "node-kube-proxy.log"
+    if log.exists():
+        out.append("kube-proxy:\n  " + "\n  ".join(log.read_text(errors="replace")
+                                                   .splitlines()[-15:]))  # fmt: skip
+    return "\n".join(out)
+
+
 class Steady:
-    """A client sending completions through a Service one after another, the whole time."""
+    """A client sending completions through a Service one after another, the whole time;
+    a :class:`Timeline` of the namespace beside it explains a failed request (:meth:`explain`)."""
 
     def __init__(self, client: Client, url: str, max_tokens: int = 4, pause: float = 0.1) -> None:
+        self.cp, self.service = client.cp, urlsplit(url).hostname.split(".")[0]  # type: ignore[union-attr]
+        self.timeline = Timeline(client.cp, client.ns)
         self.proc = client.start("steady", f"{url}/v1/completions", completion_body(max_tokens),
                                  "--timeout", "60", "--pause", str(pause))  # fmt: skip
         self._results: list[dict[str, Any]] = []
@@ -207,7 +304,19 @@ class Steady:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.t.join(10)
+        self.timeline.stop()
         return self.results()
+
+    def explain(self, bad: list[dict[str, Any]], limit: int = 3) -> str:
+        """The first failed requests, each with the namespace's timeline around it (times
+        relative to the request's start)."""
+        out = []
+        for r in bad[:limit]:
+            out.append(f"{json.dumps({k: v for k, v in r.items() if k != 'body'})[:600]}\n"
+                       f"{self.timeline.around(r['t0'], r.get('t1', r['t0']))}")
+        if any(r.get("error") for r in bad):  # a transport failure: what the node saw
+            out.append(node_network(self.cp, self.service))
+        return "\n".join(out)
 
 
 def failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

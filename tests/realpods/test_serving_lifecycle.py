@@ -206,7 +206,7 @@ def test_an_engine_upgrade_through_the_default_image_loses_no_request(
     assert C.SERVING_PREVIOUS_ARTIFACT in seen["reasons"], seen
     assert not seen["not_ready"], seen
     assert n > 3, "the client sent no requests during the switch"
-    assert not failures(results), _explain(failures(results))
+    assert not failures(results), _explain(failures(results), steady)
     status = env.kube.model(MODEL)["status"]
     assert status["effective"]["engineImage"] == upgraded, status["effective"]
     images = {c["image"] for p in server_pods(env.kube, MODEL)
@@ -214,11 +214,11 @@ def test_an_engine_upgrade_through_the_default_image_loses_no_request(
     assert images == {upgraded}, images
 
 
-def _explain(bad: list[dict[str, Any]]) -> str:
+def _explain(bad: list[dict[str, Any]], steady: Steady) -> str:
     draining = [r for r in bad if "shutting down" in r.get("body", "")]
     why = (" (a request reached a terminating pod after its engine stopped accepting: the pod "
            "was still a Service endpoint in kube-proxy's rules)") if draining else ""
-    return f"{len(bad)} requests failed{why}: {bad[:5]}"
+    return f"{len(bad)} requests failed{why}:\n{steady.explain(bad)}"
 
 
 # --------------------------------------------------------------------------- 2. maxSurge 0
@@ -383,7 +383,7 @@ def test_deleting_a_serving_pod_mid_stream(env: RealEnv, served: dict[str, Any])
           f"{sigterm - t_delete:+.2f}s after the delete")
     around = [r for r in results if r["t0"] >= t_delete - 1]
     assert around, "no request through the Service during the deletion"
-    assert not failures(around), _explain(failures(around))
+    assert not failures(around), _explain(failures(around), steady)
     # (The order the control plane saw: the EndpointSlice marked it not ready, then the kubelet
     # sent SIGTERM. Without a preStop delay these are a fraction of a second apart, and
     # kube-proxy may reprogram only after the engine refuses; the requests above are the proof.)
@@ -459,7 +459,7 @@ def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_t
     assert f"True/{C.SERVING_PREVIOUS_ARTIFACT}" in reasons, reasons
     assert all(r.startswith("True/") for r in reasons), reasons
     assert not early_moves, f"pods moved to {new_claim} before its artifact existed: {early_moves}"
-    assert not failures(results), _explain(failures(results))
+    assert not failures(results), _explain(failures(results), steady)
     # After the move: it serves from the new claim.
     r = env.client.complete(url, max_tokens=8)
     assert r["status"] == 200, r
