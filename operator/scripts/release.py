@@ -53,12 +53,15 @@ library, PyYAML (``mirror`` parses the chart it pulls), buildah, skopeo and helm
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import tomllib
 from collections.abc import Callable, Sequence
@@ -378,6 +381,26 @@ def pin_chart(dest: Path, version: str, operator: str, engine: str) -> None:
     values.write_text(text)
 
 
+def reproducible_tgz(path: Path, when: int) -> None:
+    """Rewrite the chart archive ``path`` so that the same chart gives the same bytes: every
+    entry dated ``when`` (the commit's time; helm package dates them now) and owned by 0:0, the
+    entries in helm's order, a gzip header without a date; the file itself dated ``when``, which
+    helm push takes as the OCI manifest's org.opencontainers.image.created (so the chart's
+    digest holds too)."""
+    with tarfile.open(path, "r:gz") as src:
+        entries = [(m, src.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
+                   for m in src.getmembers()]  # fmt: skip
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, data in entries:
+            member.mtime, member.uid, member.gid, member.uname, member.gname = when, 0, 0, "", ""
+            member.pax_headers = {}
+            tar.addfile(member, None if data is None else io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    os.utime(path, (when, when))  # helm push dates the manifest by the file's mtime
+
+
 def package_and_push_chart(version: str, operator: str, engine: str, registry: str,
                            plain_http: bool, out: Path) -> tuple[str, str]:
     helm = helm_bin()
@@ -388,6 +411,7 @@ def package_and_push_chart(version: str, operator: str, engine: str, registry: s
         run([helm, "lint", str(src)])
         run([helm, "package", str(src), "-d", str(out)])
     tgz = out / f"{CHART_NAME}-{version}.tgz"
+    reproducible_tgz(tgz, source_revision()[1])
     ref = f"oci://{registry}/charts"
     log(f"pushing {tgz.name} to {ref}")
     r = subprocess.run([helm, "push", str(tgz), ref, *(["--plain-http"] if plain_http else [])],

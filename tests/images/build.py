@@ -47,6 +47,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Bump when this script changes what it produces (forces every image to rebuild).
 RECIPE_VERSION = "1"
+#: The date of every file in a reproducible image's own layers and of the image itself
+#: (buildah's --timestamp, and SOURCE_DATE_EPOCH in its RUN steps): a constant, so that its
+#: layers are a function of its inputs alone and a rebuild gives the same digest
+#: (tests/integration/test_reproducible.py). 1980-01-01: the earliest date a zip (the
+#: operator's wheel) holds. A release re-dates its images with their commit (release.labelled).
+SOURCE_DATE_EPOCH = 315532800
 
 #: The base: what debootstrap installs. Part of every image's hash.
 BASE_RECIPE: dict[str, object] = {
@@ -83,6 +89,8 @@ class ImageSpec:
     extra_hashed: tuple[str, ...] = ()
     #: --build-arg NAME=VALUE besides the base (hashed: a change rebuilds the image).
     build_args: tuple[tuple[str, str], ...] = ()
+    #: Built bit for bit: dated SOURCE_DATE_EPOCH (buildah --timestamp and the build argument).
+    reproducible: bool = False
 
 
 SPECS: dict[str, ImageSpec] = {
@@ -94,6 +102,7 @@ SPECS: dict[str, ImageSpec] = {
         base_arg="PYTHON_IMAGE",
         base="base",
         extra_hashed=("operator/Containerfile.dockerignore",),
+        reproducible=True,
     ),
     "engine": ImageSpec(
         name="engine",
@@ -245,6 +254,8 @@ def image_key(name: str, arch: str = HOST_ARCH) -> str:
         _hash_update(h, rel, (ROOT / rel).read_bytes())
     if spec.build_args:
         _hash_update(h, "build-args", json.dumps(spec.build_args).encode())
+    if spec.reproducible:
+        _hash_update(h, "dated", str(SOURCE_DATE_EPOCH).encode())
     for rel in spec.inputs:
         for f in _files(rel):
             mode = "x" if os.access(f, os.X_OK) else "-"
@@ -517,7 +528,7 @@ def _make_engine_cpu_base(base: str, ref: str) -> None:
 # --- the images ----------------------------------------------------------------------------
 
 
-def _stage_context(spec: ImageSpec, dest: Path) -> None:
+def stage_context(spec: ImageSpec, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     for rel in (spec.containerfile, *spec.extra_hashed, *spec.inputs):
@@ -547,6 +558,21 @@ def _build_volumes(spec: ImageSpec) -> list[str]:
     return [*out, "--volume", f"{uv_cache}:/var/cache/uv", "--build-arg", "UV_CACHE=/var/cache/uv"]
 
 
+def build_args(spec: ImageSpec, base: str, arch: str, ctx: Path, ref: str,
+               cache: bool = True) -> list[str]:
+    """``buildah build``'s arguments for ``spec`` on ``base`` from the staged context ``ctx``
+    (:func:`stage_context`) as ``ref``; ``cache=False``: no layer reused (a clean rebuild)."""
+    dated = ["--timestamp", str(SOURCE_DATE_EPOCH),
+             "--build-arg", f"SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH}"] if spec.reproducible else []
+    return [
+        "build", "--isolation", "chroot", "--pull=never", "--force-rm",
+        *(["--layers"] if cache else ["--no-cache"]), "--arch", arch, *dated,
+        "--build-arg", f"{spec.base_arg}={base}", *_build_volumes(spec),
+        *(a for k, v in spec.build_args for a in ("--build-arg", f"{k}={v}")),
+        "-f", str(ctx / spec.containerfile), "-t", ref, str(ctx),
+    ]  # fmt: skip
+
+
 def ensure_image(name: str, *, keep_in_storage: bool = True, arch: str = HOST_ARCH) -> Image:
     """Build ``name`` (for ``arch``: the operator only, under qemu) unless its archive exists;
     returns where it is."""
@@ -566,17 +592,11 @@ def ensure_image(name: str, *, keep_in_storage: bool = True, arch: str = HOST_AR
             ensure_binfmt(arch)
         base = ensure_engine_cpu_base() if spec.base == "engine-cpu" else ensure_base(arch)
         ctx = _tmp() / f"ctx-{img.name}"
-        _stage_context(spec, ctx)
+        stage_context(spec, ctx)
         log(f"building {img.ref} from {spec.containerfile} on {base}")
         t0 = time.monotonic()
         try:
-            buildah(
-                "build", "--isolation", "chroot", "--pull=never", "--layers", "--force-rm",
-                "--arch", arch,
-                "--build-arg", f"{spec.base_arg}={base}", *_build_volumes(spec),
-                *(a for k, v in spec.build_args for a in ("--build-arg", f"{k}={v}")),
-                "-f", str(ctx / spec.containerfile), "-t", img.ref, str(ctx),
-            )  # fmt: skip
+            buildah(*build_args(spec, base, arch, ctx, img.ref))
         finally:
             shutil.rmtree(ctx, ignore_errors=True)
         t1 = time.monotonic()

@@ -44,9 +44,11 @@ from spyre_operator.desired.pod import CACHE_VOLUME
 
 from tests.cluster.controlplane import ControlPlane, wait_until
 from tests.cluster.node import NODE_NAME, RealNode
+from tests.images import build
 from tests.operator_log import refusals
 from tests.realpods import support as s
 from tests.unit.test_bundle import bundle as bundle_script
+from tests.unit.test_release_gates import R as release_script
 
 from .conftest import assert_no_host_operator
 
@@ -270,6 +272,22 @@ def test_a_published_version_is_not_released_again(control_plane: ControlPlane,
     assert f"{released['registry']}/spyre-model-operator:{released['version']}" in msg, msg
     assert "building" not in msg and "pushing" not in msg, msg
     print(f"refused in {time.monotonic() - t0:.1f}s")
+
+
+def test_the_release_made_again_from_its_commit_has_its_digests(
+    released: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 48, 1: the session's release, made again from the same commit, gives the same
+    digests: the operator index (the image as built, dated SOURCE_DATE_EPOCH: a clean rebuild
+    is the same image, test_reproducible.py; then labelled and dated by the commit) and the
+    chart (packaged with every entry and the archive dated by the commit). Pushed again to the
+    same tags: the same content, so nothing the release named changes."""
+    registry, version = released["registry"], released["version"]
+    operator, _ = release_script.push_operator(registry, version, True, [build.HOST_ARCH])
+    assert operator == released["operator"], (operator, released["operator"])
+    _, chart_digest = release_script.package_and_push_chart(
+        version, released["operator"], released["engine"], registry, True, tmp_path)
+    assert chart_digest == released["chart_digest"], (chart_digest, released["chart_digest"])
 
 
 def test_the_release_holds_an_olm_bundle_and_its_catalog(

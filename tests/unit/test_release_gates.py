@@ -1,13 +1,17 @@
 """What ``make release`` refuses before it builds anything (issues 47, 6 and 48): a version
 without its CHANGELOG.md section, and a working tree that is not its commit (changes, staged or
 not, or untracked files); ``--allow-dirty`` releases it anyway and the images' revision label
-then says ``<commit>-dirty``. Run on a throwaway git repository, with git itself."""
+then says ``<commit>-dirty``. Run on a throwaway git repository, with git itself. And the chart
+archive a release rewrites so that packaging it again gives the same bytes (issue 48, 1)."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
+import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -186,3 +190,33 @@ def test_mirror_reads_the_pinned_images_from_the_charts_values_as_yaml() -> None
     ):
         with pytest.raises(SystemExit, match=why):
             R.pinned_images(bad, "r")
+
+
+def _chart_tgz(path: Path, mtime: int) -> None:
+    """A chart archive as helm package writes one: entries dated ``mtime``, gzip dated now."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in (("c/Chart.yaml", b"name: c\nversion: 0.1.0\n"),
+                           ("c/values.yaml", b"a: 1\n"), ("c/templates/x.yaml", b"kind: X\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.uid, info.uname = len(data), mtime, 1000, "someone"
+            tar.addfile(info, io.BytesIO(data))
+    os.utime(path, (mtime, mtime))
+
+
+def test_the_chart_archive_is_the_same_bytes_whenever_it_is_packaged(tmp_path: Path) -> None:
+    """Issue 48, 1: helm package dates each entry (and gzip its header) now; the release
+    rewrites the archive dated by the commit, entries in helm's order, and dates the file so
+    (helm push takes it as the manifest's created annotation)."""
+    a, b = tmp_path / "a.tgz", tmp_path / "b.tgz"
+    _chart_tgz(a, 1_700_000_000)
+    _chart_tgz(b, 1_700_000_999)
+    assert a.read_bytes() != b.read_bytes()
+    for p in (a, b):
+        R.reproducible_tgz(p, 1_765_000_000)
+    assert a.read_bytes() == b.read_bytes()
+    assert int(a.stat().st_mtime) == 1_765_000_000
+    with tarfile.open(a) as tar:
+        members = tar.getmembers()
+        assert [m.name for m in members] == ["c/Chart.yaml", "c/values.yaml", "c/templates/x.yaml"]
+        assert {(m.mtime, m.uid, m.uname) for m in members} == {(1_765_000_000, 0, "")}
+        assert tar.extractfile("c/values.yaml").read() == b"a: 1\n"  # type: ignore[union-attr]

@@ -55,7 +55,8 @@ def test_the_image_tests_run_in_the_local_session() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     modules = {line.split("::")[0] for line in r.stdout.splitlines() if "::" in line}
     assert modules == {"tests/integration/test_images.py",
-                       "tests/integration/test_layer_image.py"}, sorted(modules)
+                       "tests/integration/test_layer_image.py",
+                       "tests/integration/test_reproducible.py"}, sorted(modules)
 
 
 def test_the_modules_needing_the_background_build_run_last_in_the_cluster_session() -> None:
