@@ -65,7 +65,7 @@ import tarfile
 import tempfile
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +96,13 @@ class Release:
     registry: str
     operator: str  # repository@sha256:... (a manifest list)
     operator_platforms: list[str]
-    engine: str  # repository@sha256:...
+    engine: str  # repository@sha256:... (one image, or an index with --engine-layer)
     chart: str  # oci://registry/charts/spyre-model-operator
     chart_digest: str
     bundle: str = ""  # repository@sha256:... (OLM's registry+v1 bundle)
     catalog: str = ""  # repository@sha256:... (its file-based catalog)
+    #: the engine index's os/architecture entries (--engine-layer); empty: a single image
+    engine_platforms: list[str] = field(default_factory=list)
 
     def write(self, out: Path) -> Release:
         """``out``/release-<version>.json; returns itself."""
@@ -261,7 +263,14 @@ def push_operator(registry: str, version: str, plain_http: bool,
     returns (repository@digest, platforms)."""
     locals_ = [labelled(build.in_storage(build.ensure_image("operator", arch=a)),
                         OPERATOR_NAME, version) for a in archs]
-    repo = f"{registry}/{OPERATOR_NAME}"
+    return push_index(OPERATOR_NAME, locals_, registry, version, plain_http)
+
+
+def push_index(name: str, locals_: Sequence[str], registry: str, version: str,
+               plain_http: bool) -> tuple[str, list[str]]:
+    """``locals_`` (one image per platform, in buildah's storage) as one image index at
+    ``<registry>/<name>:<version>``; returns (repository@digest, its platforms)."""
+    repo = f"{registry}/{name}"
     lst = f"{repo}:{version}"
     bh = build.buildah_cmd()
     subprocess.run([*bh, "manifest", "rm", lst], capture_output=True)  # an earlier run's list
@@ -295,6 +304,49 @@ def build_engine(base: str | None, image: str | None = None) -> str:
     run([*build.buildah_cmd(), "build", "--layers", "--build-arg", f"BASE={base}",
          "-f", str(ROOT / "engine" / "Containerfile"), "-t", ref, str(ROOT)])  # fmt: skip
     return ref
+
+
+#: The architectures Spyre runs on, an engine layer's platforms (IBM Z, Power, x86).
+ENGINE_PLATFORMS = ("amd64", "s390x", "ppc64le")
+
+
+def parse_engine_layers(specs: Sequence[str]) -> dict[str, str]:
+    """``ARCH=BASE`` per --engine-layer -> {arch: base}: each a platform Spyre runs on, once."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        arch, sep, base = spec.partition("=")
+        arch = arch.strip().removeprefix("linux/")
+        if not sep or not base.strip():
+            raise SystemExit(f"--engine-layer {spec!r}: expected ARCH=BASE, e.g. "
+                             "s390x=registry.example.com/vllm-spyre:2.6.3-s390x")
+        if arch not in ENGINE_PLATFORMS:
+            raise SystemExit(f"--engine-layer {spec!r}: {arch!r} is not a platform Spyre runs "
+                             f"on ({', '.join(ENGINE_PLATFORMS)})")
+        if arch in out:
+            raise SystemExit(f"--engine-layer: {arch} given twice")
+        out[arch] = base.strip()
+    return out
+
+
+def build_engine_layer(arch: str, base: str, python: str) -> str:
+    """engine/Containerfile.layer on ``base`` for ``arch`` (under qemu-user-static unless it is
+    this host's), in buildah's storage; its name."""
+    if arch != build.HOST_ARCH:
+        build.ensure_binfmt(arch)
+    ref = f"localhost/{ENGINE_NAME}-layer-{arch}:release"
+    log(f"building {ref}: engine/Containerfile.layer on {base} ({arch})")
+    run([*build.buildah_cmd(), "build", "--layers", "--arch", arch,
+         "--build-arg", f"BASE={base}", "--build-arg", f"PYTHON={python}",
+         "-f", str(ROOT / "engine" / "Containerfile.layer"), "-t", ref, str(ROOT)])  # fmt: skip
+    return ref
+
+
+def push_engine_index(bases: dict[str, str], python: str, registry: str, version: str,
+                      plain_http: bool) -> tuple[str, list[str]]:
+    """spyre-engine layered onto each architecture's base, pushed as one index."""
+    locals_ = [labelled(build_engine_layer(arch, base, python), ENGINE_NAME, version)
+               for arch, base in bases.items()]
+    return push_index(ENGINE_NAME, locals_, registry, version, plain_http)
 
 
 def push_engine(local: str, registry: str, version: str, plain_http: bool) -> str:
@@ -512,7 +564,9 @@ def check_unpublished(registry: str, version: str, inspect: Inspect) -> None:
 def release(registry: str, version: str | None, engine_base: str | None, plain_http: bool,
             out: Path, engine_image: str | None = None,
             archs: Sequence[str] = build.OPERATOR_PLATFORMS, allow_dirty: bool = False,
-            replace: bool = False, catalog_base: str | None = None) -> Release:
+            replace: bool = False, catalog_base: str | None = None,
+            engine_layers: dict[str, str] | None = None,
+            engine_python: str = "python3") -> Release:
     version = check_version(version)
     check_release_inputs(version, allow_dirty)
     registry = registry.rstrip("/")
@@ -521,7 +575,13 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
     out.mkdir(parents=True, exist_ok=True)
     build.require_tools()
     operator, platforms = push_operator(registry, version, plain_http, archs)
-    engine = push_engine(build_engine(engine_base, engine_image), registry, version, plain_http)
+    engine_platforms: list[str] = []
+    if engine_layers:
+        engine, engine_platforms = push_engine_index(engine_layers, engine_python, registry,
+                                                     version, plain_http)
+    else:
+        engine = push_engine(build_engine(engine_base, engine_image), registry, version,
+                             plain_http)
     chart, chart_digest = package_and_push_chart(version, operator, engine, registry,
                                                  plain_http, out)
     bundle, catalog = push_olm(version, operator, engine, registry, plain_http, out,
@@ -530,7 +590,7 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
         log(f"tagged {tag_release(version)}: push it with `git push origin "
             f"{tag_name(version)}`")
     return Release(version, registry, operator, platforms, engine, chart,
-                   chart_digest, bundle, catalog).write(out)
+                   chart_digest, bundle, catalog, engine_platforms).write(out)
 
 
 def skopeo_bin() -> str:
@@ -645,6 +705,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "release is otherwise refused before anything is built")
     r.add_argument("--platforms", default=",".join(build.OPERATOR_PLATFORMS),
                    help="the operator image's architectures (default: %(default)s)")
+    eng.add_argument("--engine-layer", action="append", default=None, metavar="ARCH=BASE",
+                     help="an engine index: engine/Containerfile.layer on each architecture's "
+                          "vLLM-Spyre base (repeat per architecture: amd64, s390x, ppc64le; "
+                          "foreign ones under qemu-user-static)")
+    r.add_argument("--engine-python", default="python3",
+                   help="with --engine-layer: the bases' interpreter that imports vllm "
+                        "(Containerfile.layer's PYTHON; default: %(default)s)")
     eng.add_argument("--engine-image", default=None,
                    help="release this engine image as it is (buildah storage name or "
                         "docker-archive:<path>) instead of building one")  # fmt: skip
@@ -663,9 +730,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "release":
         archs = [a.strip().removeprefix("linux/") for a in args.platforms.split(",") if a.strip()]
         base = None if args.cpu_engine else args.engine_base
+        layers = parse_engine_layers(args.engine_layer) if args.engine_layer else None
         rel = release(args.registry, args.version, base, args.plain_http, args.out,
                       args.engine_image, archs, args.allow_dirty, args.replace,
-                      args.catalog_base)
+                      args.catalog_base, layers, args.engine_python)
     else:
         rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
     print(json.dumps(asdict(rel), indent=2))
