@@ -335,10 +335,33 @@ def build_engine_layer(arch: str, base: str, python: str) -> str:
         build.ensure_binfmt(arch)
     ref = f"localhost/{ENGINE_NAME}-layer-{arch}:release"
     log(f"building {ref}: engine/Containerfile.layer on {base} ({arch})")
-    run([*build.buildah_cmd(), "build", "--layers", "--arch", arch,
-         "--build-arg", f"BASE={base}", "--build-arg", f"PYTHON={python}",
-         "-f", str(ROOT / "engine" / "Containerfile.layer"), "-t", ref, str(ROOT)])  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="engine-layer-") as tmp:
+        ctx = layer_context(Path(tmp))
+        ca = build.HOST_CA_BUNDLE  # RUN steps only: pip behind a TLS-inspecting proxy
+        volume = ["--volume", f"{ca}:{ca}:ro"] if ca.is_file() else []
+        run([*build.buildah_cmd(), "build", "--isolation", "chroot", "--layers", *volume,
+             "--arch", arch, "--build-arg", f"BASE={base}", "--build-arg", f"PYTHON={python}",
+             "-f", str(ctx / "engine" / "Containerfile.layer"), "-t", ref,
+             str(ctx)])  # fmt: skip
     return ref
+
+
+#: What engine/Containerfile.layer copies (its .dockerignore admits these), and the file.
+LAYER_CONTEXT = ("pyproject.toml", "README.md", "engine/spyre_engine", "engine/senlib.json",
+                 "engine/entrypoint.sh", "engine/Containerfile.layer")  # fmt: skip
+
+
+def layer_context(dest: Path) -> Path:
+    """A build context under ``dest`` holding exactly LAYER_CONTEXT (no caches, no tests)."""
+    ctx = dest / "ctx"
+    for rel in LAYER_CONTEXT:
+        src, to = ROOT / rel, ctx / rel
+        to.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, to, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, to)
+    return ctx
 
 
 def push_engine_index(bases: dict[str, str], python: str, registry: str, version: str,
