@@ -54,7 +54,8 @@ def test_the_image_tests_run_in_the_local_session() -> None:
         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     modules = {line.split("::")[0] for line in r.stdout.splitlines() if "::" in line}
-    assert modules == {"tests/integration/test_images.py",
+    assert modules == {"tests/integration/test_engine_index.py",
+                       "tests/integration/test_images.py",
                        "tests/integration/test_layer_image.py",
                        "tests/integration/test_reproducible.py"}, sorted(modules)
 
