@@ -686,8 +686,10 @@ def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path
     operator, engine = (f"{dest}/{name}@{digest}" for _, name, digest in copies)
     chart, chart_digest = package_and_push_chart(version, operator, engine, dest, plain_http, out)
     verify = ["--tls-verify=false"] if plain_http else []
-    platforms = index_platforms(run([skopeo, "inspect", "--raw", *verify,
-                                     f"docker://{operator}"], capture=True))  # fmt: skip
+    platforms, engine_platforms = (
+        index_platforms(run([skopeo, "inspect", "--raw", *verify, f"docker://{ref}"],
+                            capture=True))
+        for ref in (operator, engine))  # fmt: skip
     # The bundle and its catalog as they are (the catalog names the bundle in src by digest:
     # a site maps src to dest with an ImageDigestMirrorSet, docs/openshift.md).
     olm = []
@@ -705,8 +707,9 @@ def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path
         digest = run([skopeo, "inspect", "--format", "{{.Digest}}", *verify,
                       f"docker://{dest}/{name}:{version}"], capture=True).strip()
         olm.append(f"{dest}/{name}@{digest}")
-    return Release(version, dest, operator, platforms, engine, chart, chart_digest,
-                   *olm).write(out)
+    bundle, catalog = olm
+    return Release(version, dest, operator, platforms, engine, chart, chart_digest, bundle,
+                   catalog, engine_platforms).write(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -80,6 +80,7 @@ def release(control_plane: ControlPlane, released: dict[str, Any], real_node: Re
         assert mirror[key].split("@")[1] == released[key].split("@")[1], (mirror, released)
         assert mirror[key].startswith(f"{control_plane.registry}/site/"), mirror
     assert mirror["operator_platforms"] == released["operator_platforms"], mirror
+    assert mirror["engine_platforms"] == released["engine_platforms"], mirror
     return mirror
 
 

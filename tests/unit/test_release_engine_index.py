@@ -1,11 +1,13 @@
 """``make release --engine-layer ARCH=BASE ...`` (issue 46, 1): the engine as one index,
 spyre-engine layered onto each architecture's own vLLM-Spyre base. Checked here without
 building: the arguments (a platform Spyre runs on, once each, a base each) and what each layer
-build and the index push are asked to do. The builds themselves (stand-in bases per
-architecture, the foreign ones under qemu-user-static) are not tested yet."""
+build and the index push are asked to do, and what a release (or its mirror) records of the
+index. The builds themselves (stand-in bases per architecture, the foreign ones under
+qemu-user-static) run in tests/integration/test_engine_index.py."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -76,3 +78,16 @@ def test_the_cli_hands_the_layers_to_the_release(monkeypatch: pytest.MonkeyPatch
             "--engine-layer", "ppc64le=reg/b:p", "--engine-python", "/opt/vllm/bin/python"])
     assert seen == {"layers": {"amd64": "reg/b:x86", "ppc64le": "reg/b:p"},
                     "python": "/opt/vllm/bin/python"}
+
+
+def test_a_release_records_an_index_platforms_and_a_single_image_none() -> None:
+    """Release.engine_platforms (release and mirror alike, from the registry's manifest):
+    each entry's os/architecture for an index, [] for a single image."""
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+             "manifests": [{"digest": "sha256:" + "a" * 64, "platform": {
+                 "os": "linux", "architecture": a}} for a in ("amd64", "s390x", "ppc64le")]}
+    assert R.index_platforms(json.dumps(index)) == ["linux/amd64", "linux/s390x",
+                                                    "linux/ppc64le"]  # fmt: skip
+    single = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+              "config": {"digest": "sha256:" + "b" * 64}, "layers": []}
+    assert R.index_platforms(json.dumps(single)) == []
