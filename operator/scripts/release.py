@@ -328,18 +328,23 @@ def parse_engine_layers(specs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def build_engine_layer(arch: str, base: str, python: str) -> str:
+def build_engine_layer(arch: str, base: str, python: str, ref: str | None = None,
+                       cache: bool = True) -> str:
     """engine/Containerfile.layer on ``base`` for ``arch`` (under qemu-user-static unless it is
-    this host's), in buildah's storage; its name."""
+    this host's), in buildah's storage as ``ref``; its name. Dated SOURCE_DATE_EPOCH, like the
+    operator image: the same base gives the same layer (``cache=False``: nothing reused)."""
     if arch != build.HOST_ARCH:
         build.ensure_binfmt(arch)
-    ref = f"localhost/{ENGINE_NAME}-layer-{arch}:release"
+    ref = ref or f"localhost/{ENGINE_NAME}-layer-{arch}:release"
     log(f"building {ref}: engine/Containerfile.layer on {base} ({arch})")
     with tempfile.TemporaryDirectory(prefix="engine-layer-") as tmp:
         ctx = layer_context(Path(tmp))
         ca = build.HOST_CA_BUNDLE  # RUN steps only: pip behind a TLS-inspecting proxy
         volume = ["--volume", f"{ca}:{ca}:ro"] if ca.is_file() else []
-        run([*build.buildah_cmd(), "build", "--isolation", "chroot", "--layers", *volume,
+        epoch = str(build.SOURCE_DATE_EPOCH)
+        run([*build.buildah_cmd(), "build", "--isolation", "chroot", *volume,
+             "--layers", *([] if cache else ["--no-cache"]), "--timestamp", epoch,
+             "--build-arg", f"SOURCE_DATE_EPOCH={epoch}",
              "--arch", arch, "--build-arg", f"BASE={base}", "--build-arg", f"PYTHON={python}",
              "-f", str(ctx / "engine" / "Containerfile.layer"), "-t", ref,
              str(ctx)])  # fmt: skip

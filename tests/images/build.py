@@ -566,7 +566,7 @@ def build_args(spec: ImageSpec, base: str, arch: str, ctx: Path, ref: str,
              "--build-arg", f"SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH}"] if spec.reproducible else []
     return [
         "build", "--isolation", "chroot", "--pull=never", "--force-rm",
-        *(["--layers"] if cache else ["--no-cache"]), "--arch", arch, *dated,
+        "--layers", *([] if cache else ["--no-cache"]), "--arch", arch, *dated,
         "--build-arg", f"{spec.base_arg}={base}", *_build_volumes(spec),
         *(a for k, v in spec.build_args for a in ("--build-arg", f"{k}={v}")),
         "-f", str(ctx / spec.containerfile), "-t", ref, str(ctx),

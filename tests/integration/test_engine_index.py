@@ -23,6 +23,7 @@ from spyre_engine import compat
 from tests.images import build
 
 from ..unit.test_release_gates import R
+from .test_reproducible import Built, config_differences, differences
 
 pytestmark = [
     pytest.mark.images,
@@ -62,6 +63,10 @@ def _standin(arch: str) -> str:
     return ref
 
 
+#: {arch: its stand-in base}, as the ``layers`` fixture built them
+STANDINS: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def layers() -> Iterator[dict[str, str]]:
     """{arch: the engine layer on that architecture's stand-in base}, for every ARCHS."""
@@ -69,7 +74,7 @@ def layers() -> Iterator[dict[str, str]]:
     out: dict[str, str] = {}
     try:
         for arch in ARCHS:
-            standin = _standin(arch)
+            standin = STANDINS[arch] = _standin(arch)
             made.append(standin)
             out[arch] = R.build_engine_layer(arch, standin, "/opt/vllm/bin/python")
             made.append(out[arch])
@@ -98,6 +103,26 @@ def test_the_layer_for_each_architecture_starts_spyre_engine(
         assert built == arch
     finally:
         subprocess.run([*build.buildah_cmd(), "rm", ctr], capture_output=True)
+
+
+def test_the_layer_is_rebuilt_bit_for_bit_on_the_same_base(layers: dict[str, str]) -> None:
+    """Issue 48, 1: the engine layer built again on the same base, nothing reused, is the same
+    image (dated SOURCE_DATE_EPOCH, its bytecode hash-checked): a site that rebuilds a release's
+    engine on its base digest gets the release's digest."""
+    arch = build.HOST_ARCH
+    again = R.build_engine_layer(arch, STANDINS[arch], "/opt/vllm/bin/python",
+                                 ref=f"localhost/spyre-engine-layer-again:{uuid.uuid4().hex[:8]}",
+                                 cache=False)  # fmt: skip
+    try:
+        ids = [build.buildah("inspect", "--type", "image", "--format", "{{.FromImageID}}", ref,
+                             capture=True).strip() for ref in (layers[arch], again)]  # fmt: skip
+        if ids[0] != ids[1]:
+            trees = [Built.tree_of(ref) for ref in (layers[arch], again)]
+            diff = config_differences(layers[arch], again) + differences(*trees)
+            raise AssertionError(f"the engine layer built twice differs ({ids}):\n  "
+                                 + "\n  ".join(diff))
+    finally:
+        subprocess.run([*build.buildah_cmd(), "rmi", "-f", again], capture_output=True)
 
 
 @pytest.fixture(scope="module")

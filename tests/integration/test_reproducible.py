@@ -61,6 +61,23 @@ def _tree(root: Path) -> dict[str, str]:
     return out
 
 
+def config_differences(ref_a: str, ref_b: str) -> list[str]:
+    """What differs between two images' OCI configs (created, history, labels, rootfs...)."""
+    a, b = (json.loads(build.buildah("inspect", "--type", "image", r, capture=True))["OCIv1"]
+            for r in (ref_a, ref_b))  # fmt: skip
+
+    def flat(x: object, at: str = "") -> dict[str, str]:
+        if isinstance(x, dict):
+            return {k: v for key, val in x.items() for k, v in flat(val, f"{at}.{key}").items()}
+        if isinstance(x, list):
+            return {k: v for i, val in enumerate(x) for k, v in flat(val, f"{at}[{i}]").items()}
+        return {at: json.dumps(x)}
+
+    fa, fb = flat(a), flat(b)
+    return [f"config{k}: {fa.get(k, '(absent)')} | {fb.get(k, '(absent)')}"
+            for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)]  # fmt: skip
+
+
 def differences(a: dict[str, str], b: dict[str, str], limit: int = 20) -> list[str]:
     """What differs between two trees (:func:`_tree`), path by path."""
     out = [f"{p}: {a.get(p, '(absent)')} | {b.get(p, '(absent)')}"
@@ -81,7 +98,12 @@ class Built:
         self.manifest = index["manifests"][0]["digest"]
 
     def tree(self) -> dict[str, str]:
-        ctr = build.buildah("from", "--pull=never", "--quiet", self.ref, capture=True).strip()
+        return self.tree_of(self.ref)
+
+    @staticmethod
+    def tree_of(ref: str) -> dict[str, str]:
+        """The files of image ``ref`` (:func:`_tree`)."""
+        ctr = build.buildah("from", "--pull=never", "--quiet", ref, capture=True).strip()
         try:
             mnt = build.buildah("mount", ctr, capture=True).strip()
             return _tree(Path(mnt))
@@ -115,7 +137,7 @@ def test_two_clean_builds_of_the_operator_image_are_the_same_image(
 ) -> None:
     a, b = two_builds
     if (a.config, a.manifest) != (b.config, b.manifest):
-        diff = differences(a.tree(), b.tree())
+        diff = config_differences(a.ref, b.ref) + differences(a.tree(), b.tree())
         raise AssertionError(
             f"two builds of the same inputs differ: config {a.config[:19]} vs {b.config[:19]}, "
             f"manifest {a.manifest[:19]} vs {b.manifest[:19]}; the files that differ:\n  "
