@@ -16,11 +16,13 @@ engine image built by ``tests/images`` (real vLLM + the Spyre plugin, CPU backen
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -203,15 +205,19 @@ class Timeline:
     KINDS = {"pods": _pod_line, "endpointslices": _slice_line, "services": lambda s: (
         f"service {s['metadata']['name']} clusterIP={(s.get('spec') or {}).get('clusterIP')}")}
 
+    #: every watch still running, killed at exit if a test never stopped its Timeline
+    live: set[subprocess.Popen[str]] = set()
+
     def __init__(self, cp: ControlPlane, namespace: str) -> None:
         self.events: list[tuple[float, str]] = []
-        self.procs = []
+        self.procs: list[subprocess.Popen[str]] = []
         for kind, line in self.KINDS.items():
             proc = subprocess.Popen(
                 [str(cp.bin_dir / "kubectl"), "--kubeconfig", str(cp.kubeconfig), "get", kind,
                  "-n", namespace, "-w", "--output-watch-events", "-o", "json"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
             self.procs.append(proc)
+            Timeline.live.add(proc)
             threading.Thread(target=self._read, args=(proc, line), daemon=True).start()
 
     def _read(self, proc: subprocess.Popen[str], line: Callable[[dict[str, Any]], str]) -> None:
@@ -237,12 +243,31 @@ class Timeline:
         for proc in self.procs:
             proc.kill()
             proc.wait(10)
+            Timeline.live.discard(proc)
+
+    @staticmethod
+    def _kill_live() -> None:
+        for proc in list(Timeline.live):
+            proc.kill()
+
+
+atexit.register(Timeline._kill_live)
+
+
+def _in_node_net(cp: ControlPlane, *argv: str) -> subprocess.CompletedProcess[str] | None:
+    """``argv`` in the real node's network namespace (None: the node is not running)."""
+    pid = cp.node.pid()
+    if pid is None:
+        return None
+    return subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", *argv],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
 
 
 def node_network(cp: ControlPlane, service: str) -> str:
     """The real node's view, for a request that failed to connect: the pod bridge's neighbour
     table (a FAILED entry is an address nothing answered for), the Service's NAT rules
-    (kube-proxy's endpoints) and kube-proxy's last log lines."""
+    (kube-proxy's endpoints), the conntrack entries not closed cleanly and kube-proxy's last
+    log lines."""
     from tests.cluster.node import BRIDGE
 
     pid = cp.node.pid()
@@ -257,6 +282,12 @@ def node_network(cp: ControlPlane, service: str) -> str:
         if what == "NAT rules":  # the Service's chains only (its name is in their comments)
             lines = [ln for ln in lines if service in ln]
         out.append(f"{what}:\n  " + "\n  ".join(lines[-40:] or [r.stderr.strip()]))
+    listed = _in_node_net(cp, "conntrack", "-L", "-p", "tcp")
+    if listed is not None:  # entries not closed cleanly: where a reused source port would go
+        lines = [ln for ln in listed.stdout.splitlines()
+                 if "TIME_WAIT" not in ln and ("UNREPLIED" in ln or "ESTABLISHED" in ln
+                                               or "SYN_SENT" in ln)]  # fmt: skip
+        out.append("conntrack (not closed):\n  " + "\n  ".join(lines[-30:] or ["(none)"]))
     log = cp.logs / "node-kube-proxy.log"
     if log.exists():
         out.append("kube-proxy:\n  " + "\n  ".join(log.read_text(errors="replace")
@@ -304,6 +335,10 @@ class Steady:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.t.join(10)
+        retried = [r for r in self._results if "connect_retry" in r]
+        if retried:  # answered after all, but the first connect found no host: say what was seen
+            print(f"[steady] {len(retried)} request(s) connected only at the second attempt:\n"
+                  f"{self.explain(retried, limit=2)}", file=sys.stderr)  # fmt: skip
         self.timeline.stop()
         return self.results()
 
@@ -314,13 +349,18 @@ class Steady:
         for r in bad[:limit]:
             out.append(f"{json.dumps({k: v for k, v in r.items() if k != 'body'})[:600]}\n"
                        f"{self.timeline.around(r['t0'], r.get('t1', r['t0']))}")
-        if any(r.get("error") for r in bad):  # a transport failure: what the node saw
+        if any(r.get("error") or r.get("connect_error") for r in bad):  # what the node saw
             out.append(node_network(self.cp, self.service))
         return "\n".join(out)
 
 
 def failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in results if r.get("status") != 200]
+
+
+def connect_retries(results: list[dict[str, Any]]) -> int:
+    """How many requests connected only at the second attempt (client.py's connect_retry)."""
+    return sum("connect_retry" in r for r in results)
 
 
 def longest_gap(results: list[dict[str, Any]]) -> float:

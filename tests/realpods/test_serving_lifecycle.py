@@ -43,6 +43,7 @@ from tests.contract.realpods import (
     RealEnv,
     Steady,
     claim_host_dir,
+    connect_retries,
     describe_pods,
     failures,
     longest_gap,
@@ -201,7 +202,8 @@ def test_an_engine_upgrade_through_the_default_image_loses_no_request(
     finally:
         results = steady.stop()
     print(f"engine upgrade, maxSurge 1: {len(results)} requests, {len(failures(results))} "
-          f"failed, longest gap {longest_gap(results):.1f}s")
+          f"failed ({connect_retries(results)} connected at the second attempt), longest gap "
+          f"{longest_gap(results):.1f}s")
     # The old pod served while the new artifact compiled (the model said so), and kept Ready.
     assert C.SERVING_PREVIOUS_ARTIFACT in seen["reasons"], seen
     assert not seen["not_ready"], seen
@@ -455,7 +457,8 @@ def test_switching_the_cache_claim_serves_from_the_old_claim_until_the_new_has_t
     finally:
         results = steady.stop()
     print(f"claim switch in {time.monotonic() - t0:.0f}s; Ready {reasons}; "
-          f"{len(results)} requests, {len(failures(results))} failed")
+          f"{len(results)} requests, {len(failures(results))} failed, "
+          f"{connect_retries(results)} connected at the second attempt")
     assert f"True/{C.SERVING_PREVIOUS_ARTIFACT}" in reasons, reasons
     assert all(r.startswith("True/") for r in reasons), reasons
     assert not early_moves, f"pods moved to {new_claim} before its artifact existed: {early_moves}"
