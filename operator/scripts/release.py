@@ -25,12 +25,16 @@ chart to an OCI registry, the chart pinned to the images' digests.
    ``<registry>/spyre-model-operator-bundle:<version>`` and its file-based catalog as
    ``<registry>/spyre-model-operator-catalog:<version>`` (on ``--catalog-base``, opm's image,
    which serves it; ``scratch`` in the tests), the catalog naming the bundle by digest.
-5. ``release-<version>.json`` (refs, digests, chart) in ``--out``.
+5. With ``--sign-key`` (release_signing.py): every image and the chart signed with cosign by
+   digest, each image's SBOM (syft, SPDX) attached as a signed attestation, the SBOMs in
+   ``--out`` too.
+6. ``release-<version>.json`` (refs, digests, chart, SBOMs) in ``--out``.
 
 ``mirror`` copies a release into a site's registry, digests unchanged (``skopeo copy --all
 --preserve-digests``, registry to registry: the index with every platform, the engine's
-compressed layers as they are; the bundle and catalog images too), and re-publishes the chart
-with the mirror's repositories (same digests) to ``oci://<to>/charts``.
+compressed layers as they are; the bundle and catalog images too) with their cosign signatures
+and attestations (``cosign copy --only=sig,att``), and re-publishes the chart with the mirror's
+repositories (same digests) to ``oci://<to>/charts``.
 
 The version lives in one place, pyproject.toml; ``--version`` defaults to it and must equal it
 (the chart and both packages read it from there: tests/unit/test_version.py).
@@ -47,7 +51,8 @@ start when that tag names another commit.
 ``--plain-http`` talks HTTP to the registry (a loopback registry, as in the tests); otherwise
 HTTPS with the system's trust store. Log in beforehand when the registry needs it
 (``buildah login`` or ``skopeo login``, and ``helm registry login``). Only the standard
-library, PyYAML (``mirror`` parses the chart it pulls), buildah, skopeo and helm.
+library, PyYAML (``mirror`` parses the chart it pulls), buildah, skopeo, helm, and cosign and
+syft (signing; ``mirror`` copies signatures with cosign).
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ BUNDLE_NAME = f"{OPERATOR_NAME}-bundle"
 CATALOG_NAME = f"{OPERATOR_NAME}-catalog"
 
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import release_signing as signing  # noqa: E402  (beside this file)
+
 from tests.images import build  # noqa: E402  (the project's image builder)
 
 
@@ -103,6 +111,9 @@ class Release:
     catalog: str = ""  # repository@sha256:... (its file-based catalog)
     #: the engine index's os/architecture entries (--engine-layer); empty: a single image
     engine_platforms: list[str] = field(default_factory=list)
+    #: signed with --sign-key: {image (repository@digest, one per platform): its SBOM file in
+    #: the release's directory, attached to it as a signed attestation}; empty: not signed
+    sboms: dict[str, str] = field(default_factory=dict)
 
     def write(self, out: Path) -> Release:
         """``out``/release-<version>.json; returns itself."""
@@ -594,9 +605,11 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
             archs: Sequence[str] = build.OPERATOR_PLATFORMS, allow_dirty: bool = False,
             replace: bool = False, catalog_base: str | None = None,
             engine_layers: dict[str, str] | None = None,
-            engine_python: str = "python3") -> Release:
+            engine_python: str = "python3", sign_key: Path | None = None) -> Release:
     version = check_version(version)
     check_release_inputs(version, allow_dirty)
+    if sign_key is not None:
+        signing.check_key(sign_key)  # before anything is built
     registry = registry.rstrip("/")
     if not replace:
         check_unpublished(registry, version, _skopeo_inspect(plain_http))
@@ -614,11 +627,26 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
                                                  plain_http, out)
     bundle, catalog = push_olm(version, operator, engine, registry, plain_http, out,
                                catalog_base or _bundle_script().CATALOG_BASE)
+    sboms: dict[str, str] = {}
+    if sign_key is not None:
+        log(f"signing the release with {sign_key}: the images, their SBOMs, the chart")
+        sboms = signing.sign_release(
+            {OPERATOR_NAME: operator, ENGINE_NAME: engine, BUNDLE_NAME: bundle,
+             CATALOG_NAME: catalog},
+            {name: signing.platform_images(ref, raw_manifest(ref, plain_http))
+             for name, ref in ((OPERATOR_NAME, operator), (ENGINE_NAME, engine))},
+            f"{chart.removeprefix('oci://')}@{chart_digest}", sign_key, plain_http, out)
     if not allow_dirty:  # a dirty tree's release names no commit to tag
         log(f"tagged {tag_release(version)}: push it with `git push origin "
             f"{tag_name(version)}`")
     return Release(version, registry, operator, platforms, engine, chart,
-                   chart_digest, bundle, catalog, engine_platforms).write(out)
+                   chart_digest, bundle, catalog, engine_platforms, sboms).write(out)
+
+
+def raw_manifest(ref: str, plain_http: bool) -> str:
+    """The manifest (or index) JSON of ``ref`` in its registry."""
+    return run([skopeo_bin(), "inspect", "--raw", *tls_flag(plain_http), f"docker://{ref}"],
+               capture=True)
 
 
 def skopeo_bin() -> str:
@@ -712,6 +740,16 @@ def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path
         digest = run([skopeo, "inspect", "--format", "{{.Digest}}", *verify,
                       f"docker://{dest}/{name}:{version}"], capture=True).strip()
         olm.append(f"{dest}/{name}@{digest}")
+    # Signatures and SBOM attestations follow the images, by digest (none: nothing copied).
+    cosign = signing.Cosign(plain_http)
+    try:
+        for image, name, _ in copies:
+            cosign.copy(image, f"{dest}/{name}")
+        for name, ref in zip((BUNDLE_NAME, CATALOG_NAME), olm, strict=True):
+            if ref:
+                cosign.copy(f"{src}/{name}@{ref.partition('@')[2]}", f"{dest}/{name}")
+    finally:
+        cosign.close()
     bundle, catalog = olm
     return Release(version, dest, operator, platforms, engine, chart, chart_digest, bundle,
                    catalog, engine_platforms).write(out)
@@ -740,6 +778,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="an engine index: engine/Containerfile.layer on each architecture's "
                           "vLLM-Spyre base (repeat per architecture: amd64, s390x, ppc64le; "
                           "foreign ones under qemu-user-static)")
+    r.add_argument("--sign-key", type=Path, default=None,
+                   help="sign the images and the chart with this cosign private key and attach "
+                        "each image's SBOM as a signed attestation (its password in "
+                        "COSIGN_PASSWORD)")
     r.add_argument("--engine-python", default="python3",
                    help="with --engine-layer: the bases' interpreter that imports vllm "
                         "(Containerfile.layer's PYTHON; default: %(default)s)")
@@ -764,7 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         layers = parse_engine_layers(args.engine_layer) if args.engine_layer else None
         rel = release(args.registry, args.version, base, args.plain_http, args.out,
                       args.engine_image, archs, args.allow_dirty, args.replace,
-                      args.catalog_base, layers, args.engine_python)
+                      args.catalog_base, layers, args.engine_python, args.sign_key)
     else:
         rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
     print(json.dumps(asdict(rel), indent=2))

@@ -291,6 +291,47 @@ def test_the_release_made_again_from_its_commit_has_its_digests(
     assert chart_digest == released["chart_digest"], (chart_digest, released["chart_digest"])
 
 
+def _attested(verified: str) -> list[dict[str, Any]]:
+    """The in-toto statements ``cosign verify-attestation`` printed (one DSSE per line)."""
+    return [json.loads(base64.b64decode(json.loads(line)["payload"]))
+            for line in verified.splitlines() if line.strip().startswith("{")]  # fmt: skip
+
+
+def test_the_mirror_holds_the_releases_signatures_and_sboms(
+    control_plane: ControlPlane, release: dict[str, Any], released: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Issue 48, 2-3: ``make release --sign-key`` signed every image and the chart and attached
+    each image's SBOM (syft, SPDX) as a signed attestation; ``make mirror`` copied signatures
+    and attestations with the images. Verified in the mirror as a site does (cosign verify /
+    verify-attestation with the release's public key, offline), and refused with a key that is
+    not the release's."""
+    _, pub = s.release_key(control_plane)
+    cosign = release_script.signing.Cosign(plain_http=True)
+    try:
+        for name in ("operator", "engine", "bundle", "catalog"):
+            assert release[name].startswith(f"{release['registry']}/"), release[name]
+            cosign.verify(release[name], pub)
+        assert released["sboms"], released
+        wanted = {"spyre-model-operator": "kopf", "spyre-engine": "vllm"}
+        for ref in released["sboms"]:
+            mirrored = ref.replace(released["registry"], release["registry"], 1)
+            [statement] = _attested(cosign.verify(mirrored, pub, attestation=True))
+            assert statement["predicateType"] == "https://spdx.dev/Document", statement
+            assert statement["subject"][0]["digest"]["sha256"] == ref.rsplit(":", 1)[1]
+            names = {pkg.get("name") for pkg in statement["predicate"]["packages"]}
+            repo = ref.split("@")[0].rsplit("/", 1)[1]
+            assert wanted[repo] in names, (repo, sorted(names)[:40])
+        # The chart (the release's own: the mirror's is re-pinned to the mirror's names).
+        cosign.verify(f"{released['chart'].removeprefix('oci://')}@{released['chart_digest']}",
+                      pub)
+        _, other = s.new_key_pair(tmp_path / "other", "another site")
+        with pytest.raises(SystemExit, match="no matching signatures"):
+            cosign.verify(release["operator"], other)
+    finally:
+        cosign.close()
+
+
 def test_the_release_holds_an_olm_bundle_and_its_catalog(
     release: dict[str, Any], released: dict[str, Any], tmp_path: Path
 ) -> None:

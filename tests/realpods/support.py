@@ -136,14 +136,52 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
     return refs
 
 
+#: The password of the tests' release signing key (release_key).
+RELEASE_KEY_PASSWORD = "spyre-test-release"
+
+
+def release_key(cp: ControlPlane) -> tuple[Path, Path]:
+    """(private, public) cosign key pair the tests' releases are signed with, made once per
+    cluster (``.cluster/release-key``), as a site makes its own."""
+    d = cp.state_dir / "release-key"
+    key, pub = d / "release.key", d / "release.pub"
+    if key.is_file() and pub.is_file():
+        return key, pub
+    return new_key_pair(d.with_name(d.name + ".new"), RELEASE_KEY_PASSWORD, into=d)
+
+
+def new_key_pair(d: Path, password: str, into: Path | None = None) -> tuple[Path, Path]:
+    """``cosign generate-key-pair`` in ``d`` (moved to ``into``): (release.key, release.pub)."""
+    from tests.unit.test_release_gates import R
+
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    cosign, _ = R.signing.tools()
+    subprocess.run([cosign, "generate-key-pair", "--output-key-prefix", str(d / "release")],
+                   check=True, capture_output=True, stdin=subprocess.DEVNULL,
+                   env={**os.environ, "COSIGN_PASSWORD": password})  # fmt: skip
+    if into is not None:
+        shutil.rmtree(into, ignore_errors=True)
+        os.replace(d, into)
+        d = into
+    return d / "release.key", d / "release.pub"
+
+
+def release_env(cp: ControlPlane) -> dict[str, str]:
+    """release.py's environment in the tests: helm's, and the signing key's password."""
+    return {**helm_env(cp), "COSIGN_PASSWORD": RELEASE_KEY_PASSWORD}
+
+
 def release_args(cp: ControlPlane, out: Path,
                  platforms: Sequence[str] = (HOST_PLATFORM,)) -> list[str]:
-    """release.py's arguments for a test's release of ``platforms`` to the cluster's registry."""
+    """release.py's arguments for a test's release of ``platforms`` to the cluster's registry,
+    signed with the tests' key (:func:`release_key`)."""
     # --allow-dirty: a test's release is of the checkout as it is, not a publication;
     # --replace: the registry outlives a run when the cluster does (make cluster-up)
     return ["release", "--registry", f"{cp.registry}/spyre", "--plain-http", "--cpu-engine",
             "--allow-dirty", "--replace", "--out", str(out), "--platforms", ",".join(platforms),
-            "--catalog-base", "scratch"]  # opm's image is not served here
+            "--catalog-base", "scratch",  # opm's image is not served here
+            "--sign-key", str(release_key(cp)[0])]
 
 
 class ReleaseAhead:
@@ -174,7 +212,7 @@ class ReleaseAhead:
                      str(ROOT / "operator" / "scripts" / "release.py"),
                      *release_args(self._cp, self._out)],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    env=helm_env(self._cp), start_new_session=True)  # fmt: skip
+                    env=release_env(self._cp), start_new_session=True)  # fmt: skip
             out, err = self._proc.communicate()
             if self._proc.returncode != 0:
                 raise RuntimeError(f"release.py release failed (exit {self._proc.returncode})"
@@ -266,7 +304,7 @@ def _release_script(cp: ControlPlane, args: Sequence[str], timeout: float) -> di
     """operator/scripts/release.py ``args`` with helm's environment; its JSON (the release)."""
     res = subprocess.run(
         [sys.executable, str(ROOT / "operator" / "scripts" / "release.py"), *args],
-        capture_output=True, text=True, env=helm_env(cp), timeout=timeout)
+        capture_output=True, text=True, env=release_env(cp), timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"release.py {args[0]} failed:\n{res.stderr[-4000:]}")
     rel: dict[str, Any] = json.loads(res.stdout)

@@ -70,14 +70,14 @@ def test_the_cli_hands_the_layers_to_the_release(monkeypatch: pytest.MonkeyPatch
     seen: dict[str, Any] = {}
 
     def release(*args: Any) -> Any:
-        seen["layers"], seen["python"] = args[-2], args[-1]
+        seen["layers"], seen["python"], seen["key"] = args[-3], args[-2], args[-1]
         return R.Release("1.2.0", "reg", "op@x", [], "eng@y", "oci://c", "sha256:z")
 
     monkeypatch.setattr(R, "release", release)
     R.main(["release", "--registry", "reg", "--engine-layer", "amd64=reg/b:x86",
             "--engine-layer", "ppc64le=reg/b:p", "--engine-python", "/opt/vllm/bin/python"])
     assert seen == {"layers": {"amd64": "reg/b:x86", "ppc64le": "reg/b:p"},
-                    "python": "/opt/vllm/bin/python"}
+                    "python": "/opt/vllm/bin/python", "key": None}
 
 
 def test_a_release_records_an_index_platforms_and_a_single_image_none() -> None:
