@@ -30,6 +30,8 @@ from spyre_engine import compat
 
 from tests.images import build
 
+from ..unit.test_release_gates import R
+
 pytestmark = [
     pytest.mark.images,
     pytest.mark.slow,
@@ -44,9 +46,6 @@ ROOT = build.ROOT
 #: The version the messages name (pyproject.toml's, the one place it is set).
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 LAYER = "engine/Containerfile.layer"
-#: What the layer's COPY instructions read from the context (its dockerignore admits these).
-CONTEXT = ("pyproject.toml", "README.md", "engine/spyre_engine", "engine/senlib.json",
-           "engine/entrypoint.sh", LAYER)  # fmt: skip
 
 
 def _engine_image() -> build.Image | None:
@@ -78,16 +77,9 @@ def engine_base() -> Iterator[str]:
 
 @pytest.fixture
 def context(tmp_path: Path) -> Path:
-    """A build context holding exactly what the layer copies (the repository root, trimmed)."""
-    ctx = tmp_path / "ctx"
-    for rel in CONTEXT:
-        src, dest = ROOT / rel, ctx / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, dest)
-    return ctx
+    """A build context holding exactly what the layer copies (the repository root, trimmed):
+    the one a release builds from (release.layer_context)."""
+    return R.layer_context(tmp_path)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
