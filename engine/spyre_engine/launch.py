@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
+from spyre_engine.ports import free_port
 from spyre_engine.settings import COMPILE_ONLY_BACKEND, SENDNN_BACKENDS, EngineSettings
 
 log = logging.getLogger(__name__)
@@ -241,13 +242,6 @@ def _download_error(ref: str, exc: Exception) -> ModelNotFound:
         else ("download failed", "see the message; the compile is retried with back-off")
     )
     return ModelDownloadFailed(f"hf://{ref}: {label}: {remedy}; {first} {detail}".strip())
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def plugin_env(

@@ -27,7 +27,6 @@ from spyre_engine.launch import (
     PRECOMPILE_STOP_GRACE,
     Child,
     ModelNotFound,
-    free_port,
     model_revision,
     package_versions,
     plugin_env,
@@ -35,6 +34,7 @@ from spyre_engine.launch import (
     served_name,
     vllm_command,
 )
+from spyre_engine.ports import free_port
 from spyre_engine.settings import COMPILE_ONLY_BACKEND, PrecompileSettings
 from spyre_engine.summary import (
     REASON_CATALOG_ERROR,

@@ -27,12 +27,12 @@ from spyre_engine import answers, canary, guard
 from spyre_engine.launch import (
     STOP_GRACE,
     Child,
-    free_port,
     plugin_env,
     served_name,
     vllm_command,
 )
 from spyre_engine.metrics import EngineMetrics
+from spyre_engine.ports import free_port
 from spyre_engine.proxy import (
     ABORT_GRACE,
     BUSY_RETRY_AFTER_SECONDS,

@@ -44,10 +44,8 @@ import fcntl
 import hashlib
 import json
 import os
-import random
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -173,43 +171,10 @@ def registry_bin() -> Path:
             / "registry")
 
 
-#: Where ports that carry UDP are picked: below the kernel's ephemeral range (32768-60999 by
-#: default), so no client's transient socket takes one between the pick and the bind.
-UDP_PORT_RANGE = (20000, 32767)
-
-
-def free_ports(n: int, udp: bool = False) -> list[int]:
-    """``n`` ports free on 127.0.0.1 (TCP; with ``udp``, TCP and UDP alike, picked outside the
-    ephemeral range). CoreDNS once failed to start on a port picked TCP-free from the
-    ephemeral range: "listen udp 127.0.0.1:34703: bind: address already in use"."""
-    socks: list[socket.socket] = []
-    try:
-        if not udp:
-            for _ in range(n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind(("127.0.0.1", 0))
-                socks.append(s)
-            return [s.getsockname()[1] for s in socks]
-        ports: list[int] = []
-        rng = random.Random()
-        while len(ports) < n:
-            port = rng.randint(*UDP_PORT_RANGE)
-            pair = [socket.socket(socket.AF_INET, kind)
-                    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM)]  # fmt: skip
-            try:
-                for s in pair:
-                    s.bind(("127.0.0.1", port))
-            except OSError:
-                for s in pair:
-                    s.close()
-                continue
-            socks += pair
-            ports.append(port)
-        return ports
-    finally:
-        for s in socks:
-            s.close()
-
+# Ports are picked outside the kernel's ephemeral range (spyre_engine.testing.process explains
+# why): one implementation for the cluster, the operators and the engines the tests start.
+from spyre_engine.testing.process import PICK_RANGE as PICK_RANGE  # noqa: E402
+from spyre_engine.testing.process import free_ports as free_ports  # noqa: E402
 
 #: Held while a control plane starts (any root): its ports are picked free and then bound by
 #: its components seconds later, and two clusters starting at once (``make test``'s cluster

@@ -24,6 +24,7 @@ from lightkube.models.authorization_v1 import SubjectAccessReviewStatus
 from lightkube.models.meta_v1 import Status
 from lightkube.resources.authentication_v1 import TokenReview
 from lightkube.resources.authorization_v1 import SubjectAccessReview
+from spyre_engine.testing.process import free_port
 from spyre_operator import metrics, metrics_auth
 from spyre_operator.metrics_auth import MAX_WAITING, MetricsAuth, bearer_token
 
@@ -170,12 +171,6 @@ def _cert(d: Path, cn: str) -> None:
     (d / "tls.crt.new").replace(d / "tls.crt")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, ca: Path | None, token: str | None = None) -> tuple[int, str]:
     ctx = ssl.create_default_context(cafile=str(ca)) if ca else None
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}
@@ -205,7 +200,7 @@ def test_metrics_over_https_with_a_token_and_a_renewed_certificate_loaded(
     monkeypatch.setattr(metrics, "TLS_RELOAD_SECONDS", 0.05)
     certs = tmp_path / "tls"
     _cert(certs, "first")
-    port = _free_port()
+    port = free_port()
     url = f"https://127.0.0.1:{port}/metrics"
 
     async def run() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,10 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-
-def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Ports picked outside the kernel's ephemeral range (spyre_engine.ports says why).
+from spyre_engine.ports import PICK_RANGE as PICK_RANGE  # noqa: E402
+from spyre_engine.ports import free_port as free_port  # noqa: E402
+from spyre_engine.ports import free_ports as free_ports  # noqa: E402
 
 
 def engine_command(*args: str) -> list[str]:
