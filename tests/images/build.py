@@ -117,6 +117,7 @@ SPECS: dict[str, ImageSpec] = {
             # copied by the production and the CPU build alike, used by production only
             "engine/upstream-constraints.txt",
             "engine/upstream-overrides.txt",
+            "engine/lock_pick.py",  # picks uv's pin and hashes from requirements.lock
         ),
         base_arg="BASE",
         base="engine-cpu",
