@@ -48,9 +48,10 @@ from tests.images import build
 from tests.operator_log import refusals
 from tests.realpods import support as s
 from tests.unit.test_bundle import bundle as bundle_script
-from tests.unit.test_release_gates import R as release_script
 
 from .conftest import assert_no_host_operator
+
+release_script = s.release_script()
 
 pytestmark = [pytest.mark.integration, pytest.mark.realpods, pytest.mark.slow,
               pytest.mark.usefixtures("no_host_operator"),

@@ -21,9 +21,11 @@ from packaging.specifiers import SpecifierSet
 from spyre_engine import compat
 
 from tests.images import build
+from tests.scripts import script
 
-from ..unit.test_release_gates import R
 from .test_reproducible import Built, config_differences, differences
+
+R = script("release")
 
 pytestmark = [
     pytest.mark.images,

@@ -29,8 +29,9 @@ import pytest
 from spyre_engine import compat
 
 from tests.images import build
+from tests.scripts import script
 
-from ..unit.test_release_gates import R
+R = script("release")
 
 pytestmark = [
     pytest.mark.images,

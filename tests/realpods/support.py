@@ -136,6 +136,13 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
     return refs
 
 
+def release_script() -> Any:
+    """operator/scripts/release.py as a module (tests/scripts.py)."""
+    from tests.scripts import script
+
+    return script("release")
+
+
 #: The password of the tests' release signing key (release_key).
 RELEASE_KEY_PASSWORD = "spyre-test-release"
 
@@ -152,11 +159,9 @@ def release_key(cp: ControlPlane) -> tuple[Path, Path]:
 
 def new_key_pair(d: Path, password: str, into: Path | None = None) -> tuple[Path, Path]:
     """``cosign generate-key-pair`` in ``d`` (moved to ``into``): (release.key, release.pub)."""
-    from tests.unit.test_release_gates import R
-
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    cosign, _ = R.signing.tools()
+    cosign, _ = release_script().signing.tools()
     subprocess.run([cosign, "generate-key-pair", "--output-key-prefix", str(d / "release")],
                    check=True, capture_output=True, stdin=subprocess.DEVNULL,
                    env={**os.environ, "COSIGN_PASSWORD": password})  # fmt: skip
@@ -280,11 +285,8 @@ def image_files(ref: str, tmp: Path) -> tuple[dict[str, bytes], dict[str, str]]:
     of a release (its OLM bundle and catalog)."""
     import tarfile
 
-    sys.path.insert(0, str(ROOT / "operator" / "scripts"))
-    import release as release_script
-
     dest = tmp / ref.replace("/", "_").replace(":", "_").replace("@", "_")
-    subprocess.run([release_script.skopeo_bin(), "copy", "--quiet", "--src-tls-verify=false",
+    subprocess.run([release_script().skopeo_bin(), "copy", "--quiet", "--src-tls-verify=false",
                     f"docker://{ref}", f"dir:{dest}"], check=True, capture_output=True,
                    timeout=300)  # fmt: skip
     manifest = json.loads((dest / "manifest.json").read_text())

@@ -5,7 +5,6 @@ in tests/integration/test_olm_bundle.py."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -13,14 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.scripts import script
+
 from .test_chart_lint import CHART, helm, needs_helm, operator_container
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "bundle", ROOT / "operator" / "scripts" / "bundle.py")
-assert _spec and _spec.loader
-bundle = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bundle)
+bundle = script("bundle")
 
 pytestmark = needs_helm
 

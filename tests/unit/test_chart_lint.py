@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -555,16 +554,12 @@ def test_the_readmes_site_values_render_and_reach_the_operator(tmp_path: Path) -
     """README, "Install the operator with Helm": the values file for a Spyre site is valid
     (schema, lint) on a release's chart (operator/scripts/release.py pins both images by
     digest into a copy of the chart) and its defaults become the operator's."""
-    import importlib.util
     import re
     import shutil
 
-    spec = importlib.util.spec_from_file_location(
-        "release_script", ROOT / "operator" / "scripts" / "release.py")
-    assert spec and spec.loader
-    release = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = release  # its dataclasses look their module up
-    spec.loader.exec_module(release)
+    from tests.scripts import script
+
+    release = script("release")
     chart = tmp_path / "spyre-model-operator"
     shutil.copytree(CHART, chart)
     operator = "registry.example.com/spyre/spyre-model-operator@sha256:" + "a" * 64

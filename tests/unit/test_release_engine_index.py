@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from .test_release_gates import R
+from tests.scripts import script
+
+R = script("release")
 
 
 def test_each_architecture_spyre_runs_on_takes_its_own_base() -> None:

@@ -6,33 +6,21 @@ archive a release rewrites so that packaging it again gives the same bytes (issu
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.scripts import script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _release_script() -> ModuleType:
-    # operator/ is no package (it would shadow the stdlib's operator): loaded by path
-    spec = importlib.util.spec_from_file_location(
-        "release_gates_script", ROOT / "operator" / "scripts" / "release.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-R = _release_script()
+R = script("release")
 CHANGELOG = "# Changelog\n\n## [Unreleased]\n\n## [1.2.0]\n\n- first\n"
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_release_gates import R
+from tests.scripts import script
+
+R = script("release")
 
 S = R.signing
 DIGEST = "sha256:" + "a" * 64
