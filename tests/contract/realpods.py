@@ -207,8 +207,25 @@ class Timeline:
 
     #: every watch still running, killed at exit if a test never stopped its Timeline
     live: set[subprocess.Popen[str]] = set()
+    #: the running Timelines by (kubeconfig, namespace), each with its number of users
+    #: (:meth:`shared`): several Steadys at once on one namespace (the autoscaling tests) share
+    #: one set of watches instead of starting three kubectl processes each.
+    _shared: dict[tuple[str, str], list[Any]] = {}  # noqa: RUF012 - shared on purpose
+
+    @classmethod
+    def shared(cls, cp: ControlPlane, namespace: str) -> Timeline:
+        """The namespace's running Timeline, or a new one; each call needs a :meth:`stop`."""
+        key = (str(cp.kubeconfig), namespace)
+        entry = cls._shared.get(key)
+        if entry is None:
+            entry = cls._shared[key] = [cls(cp, namespace), 0]
+            entry[0]._key = key
+        entry[1] += 1
+        timeline: Timeline = entry[0]
+        return timeline
 
     def __init__(self, cp: ControlPlane, namespace: str) -> None:
+        self._key: tuple[str, str] | None = None
         self.events: list[tuple[float, str]] = []
         self.procs: list[subprocess.Popen[str]] = []
         for kind, line in self.KINDS.items():
@@ -240,6 +257,13 @@ class Timeline:
                          if t0 - before <= t <= t1 + after)  # fmt: skip
 
     def stop(self) -> None:
+        """Stop the watches (of a shared Timeline: once its last user stopped it)."""
+        entry = Timeline._shared.get(self._key) if self._key else None
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del Timeline._shared[self._key]  # type: ignore[arg-type]
         for proc in self.procs:
             proc.kill()
             proc.wait(10)
@@ -301,7 +325,8 @@ class Steady:
 
     def __init__(self, client: Client, url: str, max_tokens: int = 4, pause: float = 0.1) -> None:
         self.cp, self.service = client.cp, urlsplit(url).hostname.split(".")[0]  # type: ignore[union-attr]
-        self.timeline = Timeline(client.cp, client.ns)
+        self.timeline = Timeline.shared(client.cp, client.ns)
+        self._timeline_stopped = False
         self.proc = client.start("steady", f"{url}/v1/completions", completion_body(max_tokens),
                                  "--timeout", "60", "--pause", str(pause))  # fmt: skip
         self._results: list[dict[str, Any]] = []
@@ -339,7 +364,9 @@ class Steady:
         if retried:  # answered after all, but the first connect found no host: say what was seen
             print(f"[steady] {len(retried)} request(s) connected only at the second attempt:\n"
                   f"{self.explain(retried, limit=2)}", file=sys.stderr)  # fmt: skip
-        self.timeline.stop()
+        if not self._timeline_stopped:  # a shared Timeline counts its users' stops
+            self._timeline_stopped = True
+            self.timeline.stop()
         return self.results()
 
     def explain(self, bad: list[dict[str, Any]], limit: int = 3) -> str:
