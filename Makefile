@@ -187,13 +187,13 @@ CATALOG_BASE ?=
 PLAIN_HTTP ?=
 RELEASE_FLAGS = $(if $(VERSION),--version $(VERSION)) $(if $(PLAIN_HTTP),--plain-http)
 
-release: install binaries images-platforms ## Build, push and pin the images and push the chart: REGISTRY=host/path [VERSION=] [SIGN_KEY=] [PLAIN_HTTP=1]
-	@test -n "$(REGISTRY)" || { echo "usage: make release REGISTRY=host[:port]/path [VERSION=x.y.z] [ENGINE_BASE=image | ENGINE_LAYERS=\"amd64=base s390x=base ppc64le=base\" [ENGINE_PYTHON=/opt/vllm/bin/python]] [SIGN_KEY=cosign.key] [PLAIN_HTTP=1]"; exit 2; }
+release: install binaries images-platforms ## Build, push and pin the images and push the chart: REGISTRY=host/path [VERSION=] [SIGN_KEY=] [SOURCE=] [PLAIN_HTTP=1]
+	@test -n "$(REGISTRY)" || { echo "usage: make release REGISTRY=host[:port]/path [VERSION=x.y.z] [ENGINE_BASE=image | ENGINE_LAYERS=\"amd64=base s390x=base ppc64le=base\" [ENGINE_PYTHON=/opt/vllm/bin/python]] [SIGN_KEY=cosign.key] [SOURCE=https://host/repo] [PLAIN_HTTP=1]"; exit 2; }
 	$(PY) operator/scripts/release.py release --registry $(REGISTRY) $(RELEASE_FLAGS) \
 		$(if $(ENGINE_BASE),--engine-base $(ENGINE_BASE)) $(if $(CPU_ENGINE),--cpu-engine) \
 		$(if $(PLATFORMS),--platforms $(PLATFORMS)) $(if $(CATALOG_BASE),--catalog-base $(CATALOG_BASE)) \
 		$(foreach l,$(ENGINE_LAYERS),--engine-layer $(l)) $(if $(ENGINE_PYTHON),--engine-python $(ENGINE_PYTHON)) \
-		$(if $(SIGN_KEY),--sign-key $(SIGN_KEY))
+		$(if $(SIGN_KEY),--sign-key $(SIGN_KEY)) $(if $(SOURCE),--source $(SOURCE))
 
 bundle: install binaries-core ## The OLM bundle (ClusterServiceVersion from the chart) in dist/bundle: [OPERATOR_IMAGE=ref@digest] [ENGINE_IMAGE=ref@digest]
 	rm -rf dist/bundle

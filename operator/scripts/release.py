@@ -244,8 +244,71 @@ def tag_release(version: str, root: Path = ROOT) -> str:
     return tag
 
 
+#: The repository the images name as their source (``--source``): wins over git's origin.
+SOURCE_ENV = "SPYRE_RELEASE_SOURCE"
+
+
+_URL_PATH = re.compile(r"[A-Za-z0-9._~-]+(?:/[A-Za-z0-9._~-]+)*")
+_HOST = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+
+
+def public_url(remote: str) -> str | None:
+    """A git remote as the https URL a reader can open, credentials dropped: ``https://`` and
+    ``http://`` as they are, ``ssh://[user@]host[:port]/path``, ``git://host/path`` and
+    scp-like ``user@host:path`` as ``https://host/path`` (no ``.git``); None for anything
+    else (a local path, ``file://``, a host without a domain, odd characters): no source is
+    better than a wrong one."""
+    from urllib.parse import urlsplit
+
+    remote = remote.strip()
+    if "://" not in remote:  # scp-like: [user@]host:path
+        head, sep, path = remote.partition(":")
+        remote = f"ssh://{head}/{path}" if sep and "/" not in head else ""
+    try:
+        u = urlsplit(remote)
+        host, port = u.hostname or "", u.port
+    except ValueError:
+        return None
+    path = u.path.strip("/").removesuffix(".git")
+    if (u.scheme not in ("https", "http", "ssh", "git") or not _HOST.fullmatch(host)
+            or not _URL_PATH.fullmatch(path) or u.query or u.fragment):
+        return None
+    if u.scheme in ("https", "http"):
+        return f"{u.scheme}://{host}{f':{port}' if port else ''}/{path}"
+    return f"https://{host}/{path}"
+
+
+def source_url(root: Path = ROOT) -> str | None:
+    """Where the release's source lives: ``$SPYRE_RELEASE_SOURCE`` (``--source``), else git's
+    ``origin`` (:func:`public_url`); None when neither names a public repository."""
+    given = os.environ.get(SOURCE_ENV, "").strip()
+    if given:
+        url = public_url(given)
+        if url is None:
+            raise SystemExit(f"--source {given!r}: not an http(s), ssh or git URL")
+        return url
+    r = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"],
+                       capture_output=True, text=True)  # fmt: skip
+    return public_url(r.stdout) if r.returncode == 0 else None
+
+
+def release_labels(version: str, commit: str, when: int, source: str | None) -> dict[str, str]:
+    """The OCI labels of a release's images: version, revision (the commit, ``-dirty`` for a
+    dirty tree), created (the commit's time, so a commit gives one image) and, when known,
+    source (:func:`source_url`; left out rather than made up)."""
+    import datetime
+
+    created = datetime.datetime.fromtimestamp(when, datetime.UTC)
+    labels = {"org.opencontainers.image.version": version,
+              "org.opencontainers.image.revision": commit,
+              "org.opencontainers.image.created": created.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if source:
+        labels["org.opencontainers.image.source"] = source
+    return labels
+
+
 def labelled(local: str, name: str, version: str) -> str:
-    """``local`` with the release's OCI labels (version, source revision), created at the
+    """``local`` with the release's OCI labels (:func:`release_labels`), created at the
     commit's time so that the same commit gives the same image: a new image (a new config
     digest, the same layers). Also what keeps a release apart from the test images it is built
     from: containerd's CRI image store lost track of an image imported under one name once the
@@ -257,10 +320,9 @@ def labelled(local: str, name: str, version: str) -> str:
     arch = run([*bh, "inspect", "--format", "{{.OCIv1.Architecture}}", ctr], capture=True)
     ref = f"localhost/{name}-release-{arch}:{version}"
     try:
-        run([*bh, "config", "--label", f"org.opencontainers.image.version={version}",
-             "--label", f"org.opencontainers.image.revision={commit}",
-             "--label", "org.opencontainers.image.source=https://github.com/spyre-model-operator/"
-             "spyre-model-operator", ctr])  # fmt: skip
+        labels = release_labels(version, commit, when, source_url())
+        run([*bh, "config", *(a for k, v in labels.items() for a in ("--label", f"{k}={v}")),
+             ctr])  # fmt: skip
         run([*bh, "commit", "--quiet", "--timestamp", str(when), ctr, ref])
     finally:
         subprocess.run([*bh, "rm", ctr], capture_output=True)
@@ -788,6 +850,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     eng.add_argument("--engine-image", default=None,
                    help="release this engine image as it is (buildah storage name or "
                         "docker-archive:<path>) instead of building one")  # fmt: skip
+    r.add_argument("--source", default=None,
+                   help="the source repository the images name (org.opencontainers.image."
+                        "source; default: git's origin as an https URL, left out if none)")
     r.add_argument("--catalog-base", default=None,
                    help="the catalog image's base: opm, which serves it to OLM (default: "
                         "bundle.py's CATALOG_BASE); scratch: the catalog's files only (tests)")
@@ -801,6 +866,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="where the chart package and release-<version>.json go")
     args = ap.parse_args(argv)
     if args.command == "release":
+        if args.source:
+            os.environ[SOURCE_ENV] = args.source
+            source_url()  # refused before anything is built
         archs = [a.strip().removeprefix("linux/") for a in args.platforms.split(",") if a.strip()]
         base = None if args.cpu_engine else args.engine_base
         layers = parse_engine_layers(args.engine_layer) if args.engine_layer else None

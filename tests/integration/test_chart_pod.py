@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -277,14 +278,25 @@ def test_a_published_version_is_not_released_again(control_plane: ControlPlane,
 
 
 def test_the_release_made_again_from_its_commit_has_its_digests(
-    released: dict[str, Any], tmp_path: Path
+    released: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 48, 1: the session's release, made again from the same commit, gives the same
     digests: the operator index (the image as built, dated SOURCE_DATE_EPOCH: a clean rebuild
     is the same image, test_reproducible.py; then labelled and dated by the commit) and the
     chart (packaged with every entry and the archive dated by the commit). Pushed again to the
-    same tags: the same content, so nothing the release named changes."""
+    same tags: the same content, so nothing the release named changes. Issue 48, 4: its
+    labels name the version, the commit, the commit's time and the source it was given."""
     registry, version = released["registry"], released["version"]
+    config = json.loads(subprocess.run(
+        [release_script.skopeo_bin(), "inspect", "--config", "--tls-verify=false",
+         f"docker://{released['operator']}"], check=True, capture_output=True, text=True,
+        timeout=120).stdout)  # fmt: skip
+    commit, when = release_script.source_revision()
+    labels = config["config"]["Labels"]
+    wanted = release_script.release_labels(version, commit, when, s.RELEASE_SOURCE)
+    assert {k: labels.get(k) for k in wanted} == wanted, labels
+    assert config["created"].startswith(labels["org.opencontainers.image.created"][:-1]), config
+    monkeypatch.setenv(release_script.SOURCE_ENV, s.RELEASE_SOURCE)  # as release_args gives it
     operator, _ = release_script.push_operator(registry, version, True, [build.HOST_ARCH])
     assert operator == released["operator"], (operator, released["operator"])
     _, chart_digest = release_script.package_and_push_chart(

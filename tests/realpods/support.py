@@ -177,6 +177,11 @@ def release_env(cp: ControlPlane) -> dict[str, str]:
     return {**helm_env(cp), "COSIGN_PASSWORD": RELEASE_KEY_PASSWORD}
 
 
+#: The source repository the tests' releases name (release.py ``--source``): a test clone's
+#: origin is a local path, which names no source.
+RELEASE_SOURCE = "https://git.example.test/spyre/spyre-model-operator"
+
+
 def release_args(cp: ControlPlane, out: Path,
                  platforms: Sequence[str] = (HOST_PLATFORM,)) -> list[str]:
     """release.py's arguments for a test's release of ``platforms`` to the cluster's registry,
@@ -186,7 +191,7 @@ def release_args(cp: ControlPlane, out: Path,
     return ["release", "--registry", f"{cp.registry}/spyre", "--plain-http", "--cpu-engine",
             "--allow-dirty", "--replace", "--out", str(out), "--platforms", ",".join(platforms),
             "--catalog-base", "scratch",  # opm's image is not served here
-            "--sign-key", str(release_key(cp)[0])]
+            "--sign-key", str(release_key(cp)[0]), "--source", RELEASE_SOURCE]
 
 
 class ReleaseAhead:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.scripts import script
 
@@ -208,3 +211,52 @@ def test_the_chart_archive_is_the_same_bytes_whenever_it_is_packaged(tmp_path: P
         assert [m.name for m in members] == ["c/Chart.yaml", "c/values.yaml", "c/templates/x.yaml"]
         assert {(m.mtime, m.uid, m.uname) for m in members} == {(1_765_000_000, 0, "")}
         assert tar.extractfile("c/values.yaml").read() == b"a: 1\n"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("remote", "url"), [
+    ("https://user:token@github.com/acme/spyre.git", "https://github.com/acme/spyre"),
+    ("git@github.com:acme/spyre.git", "https://github.com/acme/spyre"),
+    ("ssh://git@gitlab.example.com:2222/a/b.git", "https://gitlab.example.com/a/b"),
+    ("git://git.example.org/a/b", "https://git.example.org/a/b"),
+    ("http://git.example.org:8080/a", "http://git.example.org:8080/a"),
+    ("/work/main", None), ("file:///srv/git/spyre", None), ("../spyre", None),
+    ("C:\\src\\spyre", None), ("https://github.com/", None), ("https://localhost/a", None),
+    ("https://h.example:99999/a", None), ("https://h.example/a b", None),
+    ("https://h.example/a?x=1", None), ("https://h.example/a#frag", None), ("", None),
+])  # fmt: skip
+def test_a_remote_becomes_the_https_url_a_reader_opens_or_nothing(remote: str,
+                                                                 url: str | None) -> None:
+    """Issue 48, 4: the images' source label is a repository a reader can open, credentials
+    dropped; a local path names no source (a test clone's origin): left out, not made up."""
+    assert R.public_url(remote) == url
+
+
+@given(st.one_of(st.text(max_size=80), st.from_regex(
+    r"(https?|ssh|git|file)://([a-z:@]{0,12}@)?[a-z0-9.:\[\]-]{0,20}/\S{0,30}", fullmatch=True)))
+def test_any_remote_gives_an_url_without_credentials_or_nothing(remote: str) -> None:
+    url = R.public_url(remote)
+    assert url is None or (re.fullmatch(r"https?://[A-Za-z0-9.-]+(:\d+)?(/[A-Za-z0-9._~-]+)+",
+                                        url) and "@" not in url), url
+
+
+def test_the_source_is_the_one_given_else_the_origin_else_none(
+    repo: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(R.SOURCE_ENV, raising=False)
+    assert R.source_url(repo) is None  # no origin
+    _git(repo, "remote", "add", "origin", "git@github.com:acme/spyre.git")
+    assert R.source_url(repo) == "https://github.com/acme/spyre"
+    monkeypatch.setenv(R.SOURCE_ENV, "https://git.example.org/site/spyre")
+    assert R.source_url(repo) == "https://git.example.org/site/spyre"
+    monkeypatch.setenv(R.SOURCE_ENV, "/a/local/path")
+    with pytest.raises(SystemExit, match="not an http"):
+        R.source_url(repo)
+
+
+def test_the_labels_name_version_commit_its_time_and_a_known_source_only() -> None:
+    labels = R.release_labels("1.2.0", "abc123-dirty", 315532800, None)
+    assert labels == {"org.opencontainers.image.version": "1.2.0",
+                      "org.opencontainers.image.revision": "abc123-dirty",
+                      "org.opencontainers.image.created": "1980-01-01T00:00:00Z"}
+    assert R.release_labels("1.2.0", "abc", 0, "https://h.example/a")[
+        "org.opencontainers.image.source"] == "https://h.example/a"
