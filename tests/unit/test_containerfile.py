@@ -190,7 +190,9 @@ def test_engine_dependencies_are_a_layer_of_their_own() -> None:
     ins = _instructions(ENGINE)
     heavy = next(i for i, (op, rest) in enumerate(ins) if op == "RUN" and "--extra engine" in rest)
     before = [rest for op, rest in ins[:heavy] if op == "COPY"]
-    assert before == [f"pyproject.toml requirements.lock {' '.join(UPSTREAM_PINS)} /src/"]
+    # ... and engine/lock_pick.py, which picks uv's pin and hashes from the lock (stdlib only)
+    assert before == [f"pyproject.toml requirements.lock {' '.join(UPSTREAM_PINS)} "
+                      "engine/lock_pick.py /src/"]
     copies = " ".join(rest for op, rest in ins if op == "COPY")
     assert "engine/spyre_engine" in copies
     assert "operator/" not in copies  # the engine does not import the operator package
