@@ -530,19 +530,19 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `spyre-operator` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "crd":
-        from .crd import render_crd
+        from .gen.crd import render_crd
 
         sys.stdout.write(render_crd())
         return 0
     if args.command == "api-doc":
-        from .apidoc import render_api_doc
+        from .gen.apidoc import render_api_doc
 
         sys.stdout.write(render_api_doc())
         return 0
     if args.command == "reasons-doc":
         from pathlib import Path
 
-        from .reason_docs import splice
+        from .gen.reason_docs import splice
 
         page = Path(args.page)
         page.write_text(splice(page.read_text()))

@@ -25,7 +25,7 @@ from spyre_operator.api.v1alpha1 import (
     QUANTITY_PATTERN,
 )
 from spyre_operator.apply import build_event
-from spyre_operator.crd import build_crd
+from spyre_operator.gen.crd import build_crd
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 

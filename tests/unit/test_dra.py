@@ -11,13 +11,13 @@ from pydantic import ValidationError
 from spyre_operator import conditions as C
 from spyre_operator.api.v1alpha1 import SpyreModelSpec
 from spyre_operator.controller import compact_pod
-from spyre_operator.crd import build_crd
 from spyre_operator.desired import names
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.devices import build_cards_template
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.site import SiteDefaults
+from spyre_operator.gen.crd import build_crd
 from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, SITE, model

@@ -78,7 +78,7 @@ def test_cpu_backends_use_no_cards_and_no_spyre_scheduler_anywhere(backend: str)
 
 def crd_messages() -> str:
     import yaml
-    from spyre_operator.crd import render_crd
+    from spyre_operator.gen.crd import render_crd
 
     return json.dumps(yaml.safe_load(render_crd()))
 
