@@ -384,7 +384,7 @@ def _budget(value: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `spyre-operator`."""
-    from .metrics_auth import MODES as METRICS_AUTH_MODES
+    from .runtime.metrics_auth import MODES as METRICS_AUTH_MODES
 
     parser = argparse.ArgumentParser(prog="spyre-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -71,7 +71,6 @@ from .control.observe import Observer
 from .control.queue import WorkQueue
 from .control.status import StatusReporter
 from .desired.plan import plan_model
-from .metrics import Instruments
 from .reconcile import (
     DEFAULT_POLICY,
     Decision,
@@ -81,6 +80,7 @@ from .reconcile import (
     decide,
     pods_missing,
 )
+from .runtime.metrics import Instruments
 
 __all__ = [
     "CONFLICT_EVENT_SECONDS",

@@ -29,7 +29,6 @@ from pydantic import ValidationError
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .apply import STATUS_FIELDS_KEY, status_fields_owned
-from .coldstart import start_coldstart_server
 from .control.budgets import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .controller import Caches, Controller
 from .desired import names
@@ -37,12 +36,13 @@ from .desired.inference_pool import InferencePool, inference_pool_name
 from .desired.plan import OwnerRef, plan_model
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
-from .metrics import counting_client, start_metrics_server
-from .metrics_auth import MetricsAuth
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
 from .resync import DEFAULT_PERIOD_SECONDS, PAGE_SIZE, Resync
 from .rollout import deployment_rolling
+from .runtime.coldstart import start_coldstart_server
+from .runtime.metrics import counting_client, start_metrics_server
+from .runtime.metrics_auth import MetricsAuth
 
 log = logging.getLogger(__name__)
 

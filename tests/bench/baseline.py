@@ -50,8 +50,8 @@ from spyre_operator.apply import Applier, SpyreModelResource  # noqa: E402
 from spyre_operator.controller import compact_pod  # noqa: E402
 from spyre_operator.desired import names  # noqa: E402
 from spyre_operator.desired.plan import plan_model  # noqa: E402
-from spyre_operator.metrics import counting_client  # noqa: E402
 from spyre_operator.reconcile import Observed, decide  # noqa: E402
+from spyre_operator.runtime.metrics import counting_client  # noqa: E402
 
 log = logging.getLogger("baseline")
 

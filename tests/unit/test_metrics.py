@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from spyre_operator.controller import Caches, Controller
-from spyre_operator.metrics import render
+from spyre_operator.runtime.metrics import render
 
 from .samples import GENERATE, model
 
