@@ -79,7 +79,7 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
         Toleration,
     )
     from .desired.site import SiteDefaults
-    from .podsecurity import platform_assigns_user, scc_api_served
+    from .kube.podsecurity import platform_assigns_user, scc_api_served
 
     if args.default_card_resource is not None and not re.match(
         EXTENDED_RESOURCE_PATTERN, args.default_card_resource
@@ -249,7 +249,7 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
     follows it at every reconcile) and the engine-image allow-list."""
     from .desired.pod import SELINUX_CHANGE_POLICIES
     from .desired.site import BUILTIN_ENGINE_IMAGE
-    from .podsecurity import POD_USER_CHOICES
+    from .kube.podsecurity import POD_USER_CHOICES
 
     g = run.add_argument_group(
         "cluster-wide defaults",

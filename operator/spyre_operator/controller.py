@@ -33,7 +33,6 @@ from pydantic import ValidationError
 
 from . import conditions as C
 from .api.v1alpha1 import SpyreModelSpec
-from .apply import Applier
 from .control import budgets as B
 from .control.budgets import Budgets
 from .control.claims import ClaimReleaser
@@ -71,6 +70,7 @@ from .control.observe import Observer
 from .control.queue import WorkQueue
 from .control.status import StatusReporter
 from .desired.plan import plan_model
+from .kube.apply import Applier
 from .reconcile import (
     DEFAULT_POLICY,
     Decision,

@@ -28,7 +28,6 @@ from pydantic import ValidationError
 
 from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, jobs, peers
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
-from .apply import STATUS_FIELDS_KEY, status_fields_owned
 from .control.budgets import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .controller import Caches, Controller
 from .desired import names
@@ -36,6 +35,7 @@ from .desired.inference_pool import InferencePool, inference_pool_name
 from .desired.plan import OwnerRef, plan_model
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
+from .kube.apply import STATUS_FIELDS_KEY, status_fields_owned
 from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
 from .resync import DEFAULT_PERIOD_SECONDS, PAGE_SIZE, Resync

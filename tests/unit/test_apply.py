@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spyre_operator.apply import is_subset
+from spyre_operator.kube.apply import is_subset
 from spyre_operator.quantity import parse_quantity
 
 

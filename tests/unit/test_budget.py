@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from spyre_operator import conditions as C
-from spyre_operator.apply import is_subset, with_applied_hash
 from spyre_operator.cli import main as cli_main
 from spyre_operator.control import budgets as B
 from spyre_operator.controller import Caches, Controller
 from spyre_operator.desired import names
+from spyre_operator.kube.apply import is_subset, with_applied_hash
 from spyre_operator.reconcile import Observed, decide, served_key
 from spyre_operator.rollout import deployment_rolling, record
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from lightkube import AsyncClient
 
-    from ..apply import Applier
+    from ..kube.apply import Applier
     from ..reconcile import Policy, ScaleToZeroConfig
     from .budgets import Budgets
     from .claims import ClaimReleaser

@@ -13,8 +13,8 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import ConfigMap
 
 from .. import peers
-from ..apply import STATUS_FIELDS_KEY, comparable_status
 from ..desired import names
+from ..kube.apply import STATUS_FIELDS_KEY, comparable_status
 from ..reconcile import Decision, Observed, WriteError, decide, write_error_message
 from .base import ControllerParts
 from .common import (
