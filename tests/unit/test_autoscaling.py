@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.controller import compact_pod
+from spyre_operator.control.controller import compact_pod
 from spyre_operator.desired.autoscaling import (
     KV_CACHE_METRIC,
     QUEUE_METRIC,

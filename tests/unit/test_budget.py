@@ -13,7 +13,7 @@ import pytest
 from spyre_operator import conditions as C
 from spyre_operator.cli import main as cli_main
 from spyre_operator.control import budgets as B
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
 from spyre_operator.desired import names
 from spyre_operator.kube.apply import is_subset, with_applied_hash
 from spyre_operator.reconcile import Observed, decide, served_key

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
 from spyre_operator.desired import names
 from spyre_operator.desired.gcjob import GC_KEYS_ANNOTATION
 from spyre_operator.desired.plan import plan_model

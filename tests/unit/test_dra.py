@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from spyre_operator import conditions as C
 from spyre_operator.api.v1alpha1 import SpyreModelSpec
-from spyre_operator.controller import compact_pod
+from spyre_operator.control.controller import compact_pod
 from spyre_operator.desired import names
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.devices import build_cards_template

@@ -385,7 +385,7 @@ class PodsAndEvents:
 
 def _controller(m: dict[str, Any], job: dict[str, Any], client: PodsAndEvents) -> Any:
     """A controller whose caches hold ``m`` and its live ``job``; a recording applier."""
-    from spyre_operator.controller import Caches, Controller
+    from spyre_operator.control.controller import Caches, Controller
 
     from .test_controller_failures import RecordingApplier
 

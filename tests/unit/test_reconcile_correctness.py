@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.api.v1alpha1 import OPERATOR_ENV, PRECOMPILE_ENV, CacheVolumeSpec
-from spyre_operator.controller import compact_pod, foreign_owner
+from spyre_operator.control.controller import compact_pod, foreign_owner
 from spyre_operator.desired import names
 from spyre_operator.desired.deployment import PROGRESS_DEADLINE_SECONDS, STARTUP_BUDGET_SECONDS
 from spyre_operator.desired.plan import OwnerRef

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
 from spyre_operator.desired import names
 from spyre_operator.desired.plan import OwnerRef
 from spyre_operator.handlers import ClaimUser

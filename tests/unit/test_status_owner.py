@@ -92,7 +92,7 @@ def test_a_pruning_crd_is_one_warning_event_and_an_error_in_the_log() -> None:
 def test_a_field_another_manager_set_does_not_renew_the_install_stamp() -> None:
     """The stamp (peers.stamped) is kept when nothing else changes; compared with the live
     status and its foreign field, it was renewed, and so written, on every reconcile."""
-    from spyre_operator import peers
+    from spyre_operator.control import peers
 
     stamp = {"install": "ns/op", "identity": "a", "writtenAt": "2026-11-27T00:00:00Z"}
     desired = {"conditions": [1]}

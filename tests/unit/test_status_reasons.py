@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from spyre_operator import conditions as C
-from spyre_operator.controller import compact_pod, foreign_owner
+from spyre_operator.control.controller import compact_pod, foreign_owner
 from spyre_operator.handlers import policy_from_env
 from spyre_operator.reconcile import Observed, WriteError, decide
 

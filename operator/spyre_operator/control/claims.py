@@ -12,7 +12,7 @@ from .. import jobs as job_status
 from ..release import claim_named_by, claims_to_release, mounted_claims, rollout_complete
 from .base import ControllerParts
 
-log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+log = logging.getLogger("spyre_operator.control.controller")  # the controller's
 
 
 class ClaimReleaser:

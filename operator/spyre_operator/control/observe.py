@@ -41,7 +41,7 @@ from .common import (
     foreign_owner,
 )
 
-log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+log = logging.getLogger("spyre_operator.control.controller")  # the controller's
 T = TypeVar("T")
 
 #: A same-named mirror EndpointSlice of someone else is looked at again this often.

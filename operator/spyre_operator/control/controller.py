@@ -31,12 +31,24 @@ from typing import Any
 from lightkube import AsyncClient
 from pydantic import ValidationError
 
-from . import conditions as C
-from .api.v1alpha1 import SpyreModelSpec
-from .control import budgets as B
-from .control.budgets import Budgets
-from .control.claims import ClaimReleaser
-from .control.common import (
+from .. import conditions as C
+from ..api.v1alpha1 import SpyreModelSpec
+from ..desired.plan import plan_model
+from ..kube.apply import Applier
+from ..reconcile import (
+    DEFAULT_POLICY,
+    Decision,
+    Observed,
+    Policy,
+    ScaleToZeroConfig,
+    decide,
+    pods_missing,
+)
+from ..runtime.metrics import Instruments
+from . import budgets as B
+from .budgets import Budgets
+from .claims import ClaimReleaser
+from .common import (
     CONFLICT_EVENT_SECONDS,
     CRD_OUTDATED,
     DEFAULT_WORKERS,
@@ -62,25 +74,13 @@ from .control.common import (
     uid_of,
     unexpected,
 )
-from .control.devices import DeviceObserver
-from .control.event_routing import Router
-from .control.execute import Writer
-from .control.gc import GarbageCollector
-from .control.observe import Observer
-from .control.queue import WorkQueue
-from .control.status import StatusReporter
-from .desired.plan import plan_model
-from .kube.apply import Applier
-from .reconcile import (
-    DEFAULT_POLICY,
-    Decision,
-    Observed,
-    Policy,
-    ScaleToZeroConfig,
-    decide,
-    pods_missing,
-)
-from .runtime.metrics import Instruments
+from .devices import DeviceObserver
+from .event_routing import Router
+from .execute import Writer
+from .gc import GarbageCollector
+from .observe import Observer
+from .queue import WorkQueue
+from .status import StatusReporter
 
 __all__ = [
     "CONFLICT_EVENT_SECONDS",
