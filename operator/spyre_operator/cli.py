@@ -223,7 +223,7 @@ def _service_ref(value: str, flag: str, with_port: bool) -> tuple[str, str, int]
 
 def scale_to_zero_config(args: argparse.Namespace) -> Any:
     """The scale-to-zero settings (reconcile.ScaleToZeroConfig) from the flags."""
-    from .reconcile import ScaleToZeroConfig
+    from .decide import ScaleToZeroConfig
 
     ins_ns, ins_name, _ = _service_ref(
         args.keda_interceptor_service, "--keda-interceptor-service", False

@@ -26,21 +26,20 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.discovery_v1 import EndpointSlice
 from pydantic import ValidationError
 
-from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, jobs
+from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
 from .control import peers
 from .control.budgets import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from .control.controller import Caches, Controller
 from .control.optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
 from .control.resync import DEFAULT_PERIOD_SECONDS, PAGE_SIZE, Resync
+from .decide import DEFAULT_POLICY, Policy, ScaleToZeroConfig, deployment_rolling, jobs
 from .desired import names
 from .desired.inference_pool import InferencePool, inference_pool_name
 from .desired.plan import OwnerRef, plan_model
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
 from .kube.apply import STATUS_FIELDS_KEY, status_fields_owned
-from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
-from .rollout import deployment_rolling
 from .runtime.coldstart import start_coldstart_server
 from .runtime.metrics import counting_client, start_metrics_server
 from .runtime.metrics_auth import MetricsAuth

@@ -7,9 +7,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
 from spyre_operator.control.controller import ERROR_BACKOFF_BASE, Caches, Controller
-from spyre_operator.reconcile import Observed, decide
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 
 from .samples import GENERATE, model
 

@@ -8,9 +8,9 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from spyre_operator import conditions as C
 from spyre_operator.control.controller import Caches, Controller
 from spyre_operator.control.resync import Resync
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 
 from .samples import model

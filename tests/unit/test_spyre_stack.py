@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.reconcile import Observed, decide
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, cond, deployment_obj, job_obj

@@ -8,8 +8,8 @@ from typing import Any
 
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 
-from .. import jobs as job_status
-from ..release import claim_named_by, claims_to_release, mounted_claims, rollout_complete
+from ..decide import claim_named_by, claims_to_release, mounted_claims, rollout_complete
+from ..decide import jobs as job_status
 from .base import ControllerParts
 
 log = logging.getLogger("spyre_operator.control.controller")  # the controller's

@@ -31,11 +31,8 @@ from typing import Any
 from lightkube import AsyncClient
 from pydantic import ValidationError
 
-from .. import conditions as C
 from ..api.v1alpha1 import SpyreModelSpec
-from ..desired.plan import plan_model
-from ..kube.apply import Applier
-from ..reconcile import (
+from ..decide import (
     DEFAULT_POLICY,
     Decision,
     Observed,
@@ -44,6 +41,9 @@ from ..reconcile import (
     decide,
     pods_missing,
 )
+from ..decide import conditions as C
+from ..desired.plan import plan_model
+from ..kube.apply import Applier
 from ..runtime.metrics import Instruments
 from . import budgets as B
 from .budgets import Budgets

@@ -12,9 +12,9 @@ from typing import Any
 from lightkube import ApiError
 from lightkube.resources.core_v1 import ConfigMap
 
+from ..decide import Decision, Observed, WriteError, decide, write_error_message
 from ..desired import names
 from ..kube.apply import STATUS_FIELDS_KEY, comparable_status
-from ..reconcile import Decision, Observed, WriteError, decide, write_error_message
 from . import peers
 from .base import ControllerParts
 from .common import (

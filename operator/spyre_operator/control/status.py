@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .. import conditions as C
+from ..decide import conditions as C
 from . import peers
 from .base import ControllerParts
 from .common import CONFLICT_EVENT_SECONDS, CRD_OUTDATED, ModelKey

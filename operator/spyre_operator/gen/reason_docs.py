@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import conditions as C
+from ..decide import conditions as C
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from lightkube.types import CascadeType, PatchType
 
 from .. import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from ..desired.names import ROLLED_OUT_LABEL
-from ..quantity import parse_quantity
+from ..desired.quantity import parse_quantity
 
 #: Hash of the desired object last applied (see the module docstring).
 APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"

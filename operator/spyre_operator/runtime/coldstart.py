@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import conditions as C
+from ..decide import conditions as C
 from ..desired import names
 
 NAME_HEADER = "X-KEDA-HTTP-Cold-Start-Ref-Name"

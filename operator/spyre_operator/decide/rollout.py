@@ -22,7 +22,7 @@ from typing import Any
 
 from lightkube.resources.apps_v1 import Deployment
 
-from .desired import names
+from ..desired import names
 from .release import mounted_claims, rollout_complete
 
 
