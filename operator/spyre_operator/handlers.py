@@ -5,7 +5,7 @@ work queue is an asyncio structure owned by the event loop.
 
 Index handlers keep slim copies of SpyreModels and their children in memory; event handlers
 only route each event to the SpyreModels it concerns; all decisions happen in
-``controller.Controller`` / ``reconcile.decide``. No change-detection handlers are used, so
+``control.controller.Controller`` / ``decide.decide``. No change-detection handlers are used, so
 kopf itself writes nothing to the objects (its bookkeeping storage is still configured under
 the group's annotation prefix for any future handler).
 """
@@ -323,7 +323,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     controller.peer_window = float(os.environ.get("SPYRE_PEER_WINDOW_SECONDS",
                                                   controller.peer_window))
     controller.start()
-    # Re-list what the indices hold: nothing deleted during a watch gap stays (resync.py).
+    # Re-list what the indices hold: nothing deleted during a watch gap stays (control/resync.py).
     resync = Resync(controller, client, OperatorConfig.namespaces or None,
                     period=float(os.environ.get("SPYRE_RESYNC_SECONDS", DEFAULT_PERIOD_SECONDS)))
     memo["resync"] = resync

@@ -22,7 +22,7 @@ class ClaimReleaser:
         self.c = controller
 
     async def release(self, plan: Any, deployment: dict[str, Any] | None) -> None:
-        """Release the managed cache PVCs the model owns but no longer names (release.py):
+        """Release the managed cache PVCs the model owns but no longer names (decide/release.py):
         drop its ownerReference, or delete the PVC once no SpyreModel owns or names it; only
         when no pod of the operator may read from it."""
         ns, uid = plan.namespace, plan.uid

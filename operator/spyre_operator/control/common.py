@@ -187,7 +187,7 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     if canary:
         out["canary"] = True
     ip = (pod.get("status") or {}).get("podIP")
-    if ip:  # where the operator reads a canary's count and any pod's figures (canary_report.py)
+    if ip:  # where the operator reads a canary's count and any pod's figures (decide/canary_report.py)
         out["podIP"] = str(ip)
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         state = cs.get("state") or {}

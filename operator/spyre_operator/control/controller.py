@@ -3,7 +3,7 @@
 kopf watches SpyreModels and their children and keeps them in in-memory indices (kopf waits
 until every index is populated before any handler runs, so a restarted operator never acts
 on a half-filled cache). Any event on a model or a child only *enqueues* the affected
-models; workers then recompute everything from the caches (``reconcile.decide``) and apply
+models; workers then recompute everything from the caches (``decide.decide``) and apply
 the difference. This is the controller-runtime pattern expressed with kopf: edge-triggered
 watches, level-based decisions, one in-flight reconcile per model.
 
@@ -133,7 +133,7 @@ class Controller:
         self.caches = caches
         self.applier = Applier(client)
         #: This controller's /metrics registry: its histograms, and its counters and models
-        #: read at scrape time (metrics.py).
+        #: read at scrape time (runtime/metrics.py).
         self.instruments = Instruments()
         self.queue = WorkQueue(on_wait=self.instruments.queue_wait.observe)
         self.workers = workers

@@ -281,7 +281,7 @@ class Applier:
     async def owner_exists(self, model: Mapping[str, Any]) -> bool:
         """Whether ``model`` (its UID) is in the API server: asked before a child is created,
         since after a watch gap the caches may hold a model deleted meanwhile, and an object
-        created for it would be the garbage collector's, again and again (resync.py)."""
+        created for it would be the garbage collector's, again and again (control/resync.py)."""
         meta = model["metadata"]
         # A list by name, not a get: the verbs the operator already has on SpyreModels (its
         # watches), so no RBAC changes with this question (the chart grants list and watch).
