@@ -391,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
     sub.add_parser("api-doc", help="print docs/api.md, the field reference generated from the CRD")
     reasons = sub.add_parser("reasons-doc", help="write the reasons table of "
-                             "docs/troubleshooting.md (generated from gen/reason_docs.py) into PAGE")
+                             "docs/troubleshooting.md (generated from gen/reason_docs.py) "
+                             "into PAGE")
     reasons.add_argument("page", help="the page to update in place (docs/troubleshooting.md)")
     run = sub.add_parser("run", help="run the operator")
     scope = run.add_mutually_exclusive_group()

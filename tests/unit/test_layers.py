@@ -66,8 +66,8 @@ def _statements(path: Path) -> list[tuple[str, list[str]]]:
 
 
 def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, dotted (``from .. import apply`` is the module
-    ``spyre_operator.apply``)."""
+    """Every module ``path`` imports, dotted (``from ..kube import apply`` is the module
+    ``spyre_operator.kube.apply``)."""
     out: set[str] = set()
     for source, names in _statements(path):
         out.add(source)

@@ -2,8 +2,8 @@
 
 The reasons table of docs/troubleshooting.md is generated from :data:`REASONS` (``make crds``
 writes it; tests/unit/test_reasons_walk.py fails when the page drifts, when a reason of
-decide/conditions.py has no entry, or when an entry's remedy names nothing to act on). Edit the table
-here. Cells are Markdown; the order is the table's.
+decide/conditions.py has no entry, or when an entry's remedy names nothing to act on). Edit the
+table here. Cells are Markdown; the order is the table's.
 """
 
 from __future__ import annotations
