@@ -29,14 +29,14 @@ import yaml
 from spyre_engine import answers as engine_answers
 from spyre_engine import canary as engine_canary
 from spyre_engine.summary import REASON_ENGINE_FAILED, FailureSummary
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.canary_report import CanaryReport, ServedReport
 from spyre_operator.control.common import compact_pod
+from spyre_operator.decide import Decision, Observed, decide
+from spyre_operator.decide import conditions as C
+from spyre_operator.decide.canary_report import CanaryReport, ServedReport
 from spyre_operator.decide.observed import CANARY_ABORT_ANNOTATION, CANARY_PROMOTE_ANNOTATION
 from spyre_operator.desired import names
 from spyre_operator.desired.plan import ModelPlan, plan_model
-from spyre_operator.reconcile import Decision, Observed, decide
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "verified-promotion.md"

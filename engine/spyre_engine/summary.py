@@ -3,7 +3,7 @@
 Pure (pydantic only): written before vLLM is imported (a refusal that never starts it), and
 read back by the engine's own tests. The operator does not import it: it reads the same line from
 ``containerStatuses[].state.terminated.message`` with its own parser
-(operator/spyre_operator/summary.py), whose image has neither this package nor torch.
+(operator/spyre_operator/decide/summary.py), whose image has neither this package nor torch.
 """
 
 from __future__ import annotations

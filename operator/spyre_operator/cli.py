@@ -79,7 +79,7 @@ def site_defaults(args: argparse.Namespace, scc_probe: Any = None) -> Any:
         Toleration,
     )
     from .desired.site import SiteDefaults
-    from .podsecurity import platform_assigns_user, scc_api_served
+    from .kube.podsecurity import platform_assigns_user, scc_api_served
 
     if args.default_card_resource is not None and not re.match(
         EXTENDED_RESOURCE_PATTERN, args.default_card_resource
@@ -223,7 +223,7 @@ def _service_ref(value: str, flag: str, with_port: bool) -> tuple[str, str, int]
 
 def scale_to_zero_config(args: argparse.Namespace) -> Any:
     """The scale-to-zero settings (reconcile.ScaleToZeroConfig) from the flags."""
-    from .reconcile import ScaleToZeroConfig
+    from .decide import ScaleToZeroConfig
 
     ins_ns, ins_name, _ = _service_ref(
         args.keda_interceptor_service, "--keda-interceptor-service", False
@@ -249,7 +249,7 @@ def _add_site_flags(run: argparse.ArgumentParser) -> None:
     follows it at every reconcile) and the engine-image allow-list."""
     from .desired.pod import SELINUX_CHANGE_POLICIES
     from .desired.site import BUILTIN_ENGINE_IMAGE
-    from .podsecurity import POD_USER_CHOICES
+    from .kube.podsecurity import POD_USER_CHOICES
 
     g = run.add_argument_group(
         "cluster-wide defaults",
@@ -384,14 +384,15 @@ def _budget(value: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `spyre-operator`."""
-    from .metrics_auth import MODES as METRICS_AUTH_MODES
+    from .runtime.metrics_auth import MODES as METRICS_AUTH_MODES
 
     parser = argparse.ArgumentParser(prog="spyre-operator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("crd", help="print the SpyreModel CRD generated from the API models")
     sub.add_parser("api-doc", help="print docs/api.md, the field reference generated from the CRD")
     reasons = sub.add_parser("reasons-doc", help="write the reasons table of "
-                             "docs/troubleshooting.md (generated from reason_docs.py) into PAGE")
+                             "docs/troubleshooting.md (generated from gen/reason_docs.py) "
+                             "into PAGE")
     reasons.add_argument("page", help="the page to update in place (docs/troubleshooting.md)")
     run = sub.add_parser("run", help="run the operator")
     scope = run.add_mutually_exclusive_group()
@@ -530,19 +531,19 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `spyre-operator` console script."""
     args = build_parser().parse_args(argv)
     if args.command == "crd":
-        from .crd import render_crd
+        from .gen.crd import render_crd
 
         sys.stdout.write(render_crd())
         return 0
     if args.command == "api-doc":
-        from .apidoc import render_api_doc
+        from .gen.apidoc import render_api_doc
 
         sys.stdout.write(render_api_doc())
         return 0
     if args.command == "reasons-doc":
         from pathlib import Path
 
-        from .reason_docs import splice
+        from .gen.reason_docs import splice
 
         page = Path(args.page)
         page.write_text(splice(page.read_text()))

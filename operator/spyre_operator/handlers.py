@@ -5,7 +5,7 @@ work queue is an asyncio structure owned by the event loop.
 
 Index handlers keep slim copies of SpyreModels and their children in memory; event handlers
 only route each event to the SpyreModels it concerns; all decisions happen in
-``controller.Controller`` / ``reconcile.decide``. No change-detection handlers are used, so
+``control.controller.Controller`` / ``decide.decide``. No change-detection handlers are used, so
 kopf itself writes nothing to the objects (its bookkeeping storage is still configured under
 the group's annotation prefix for any future handler).
 """
@@ -26,23 +26,23 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.discovery_v1 import EndpointSlice
 from pydantic import ValidationError
 
-from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION, jobs, peers
+from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from .api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
-from .apply import STATUS_FIELDS_KEY, status_fields_owned
-from .coldstart import start_coldstart_server
+from .control import peers
 from .control.budgets import DEFAULT_MAX_CONCURRENT_COMPILES, DEFAULT_MAX_CONCURRENT_ROLLOUTS
-from .controller import Caches, Controller
+from .control.controller import Caches, Controller
+from .control.optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
+from .control.resync import DEFAULT_PERIOD_SECONDS, PAGE_SIZE, Resync
+from .decide import DEFAULT_POLICY, Policy, ScaleToZeroConfig, deployment_rolling, jobs
 from .desired import names
 from .desired.inference_pool import InferencePool, inference_pool_name
 from .desired.plan import OwnerRef, plan_model
 from .desired.scaletozero import HTTPScaledObject, ScaledObject
 from .desired.site import SiteDefaults
-from .metrics import counting_client, start_metrics_server
-from .metrics_auth import MetricsAuth
-from .optional import DEFAULT_RECHECK_SECONDS, OptionalApiWatch
-from .reconcile import DEFAULT_POLICY, Policy, ScaleToZeroConfig
-from .resync import DEFAULT_PERIOD_SECONDS, PAGE_SIZE, Resync
-from .rollout import deployment_rolling
+from .kube.apply import STATUS_FIELDS_KEY, status_fields_owned
+from .runtime.coldstart import start_coldstart_server
+from .runtime.metrics import counting_client, start_metrics_server
+from .runtime.metrics_auth import MetricsAuth
 
 log = logging.getLogger(__name__)
 
@@ -323,13 +323,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     controller.peer_window = float(os.environ.get("SPYRE_PEER_WINDOW_SECONDS",
                                                   controller.peer_window))
     controller.start()
-    # Re-list what the indices hold: nothing deleted during a watch gap stays (resync.py).
+    # Re-list what the indices hold: nothing deleted during a watch gap stays (control/resync.py).
     resync = Resync(controller, client, OperatorConfig.namespaces or None,
                     period=float(os.environ.get("SPYRE_RESYNC_SECONDS", DEFAULT_PERIOD_SECONDS)))
     memo["resync"] = resync
     resync.start()
     if OperatorConfig.leader_election:
-        from .leader import LeaderElector
+        from .control.leader import LeaderElector
 
         elector = LeaderElector(
             client,

@@ -44,14 +44,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "operator"))
 
 from spyre_operator import FIELD_MANAGER, GROUP, KIND, VERSION  # noqa: E402
-from spyre_operator import conditions as C  # noqa: E402
 from spyre_operator.api.v1alpha1 import SpyreModelSpec  # noqa: E402
-from spyre_operator.apply import Applier, SpyreModelResource  # noqa: E402
-from spyre_operator.controller import compact_pod  # noqa: E402
+from spyre_operator.control.controller import compact_pod  # noqa: E402
+from spyre_operator.decide import Observed, decide  # noqa: E402
+from spyre_operator.decide import conditions as C  # noqa: E402
 from spyre_operator.desired import names  # noqa: E402
 from spyre_operator.desired.plan import plan_model  # noqa: E402
-from spyre_operator.metrics import counting_client  # noqa: E402
-from spyre_operator.reconcile import Observed, decide  # noqa: E402
+from spyre_operator.kube.apply import Applier, SpyreModelResource  # noqa: E402
+from spyre_operator.runtime.metrics import counting_client  # noqa: E402
 
 log = logging.getLogger("baseline")
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from spyre_engine import catalog, manifest
 from spyre_engine.precompile import directory_size
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
+from spyre_operator.decide.summary import ArtifactSummary, parse_termination_message
 from spyre_operator.desired import names
-from spyre_operator.summary import ArtifactSummary, parse_termination_message
 
 from tests.cluster.node import NODE_NAME
 from tests.realpods import support

@@ -100,7 +100,7 @@ def test_the_sendnn_pods_differ_from_the_pods_run_here_only_in_backend_and_cards
     and serving pod but for the backend flag and env, the Spyre card requests, ``FLEX_DEVICE``
     (VF for ``ibm.com/spyre_vf``, on pods with cards only) and the Spyre scheduler (compile off
     the cards: the Job gets no cards)."""
-    from spyre_operator.reconcile import Observed, decide
+    from spyre_operator.decide import Observed, decide
 
     from tests.cluster.node import NODE_SELECTOR, NODE_TOLERATION
     from tests.unit.samples import model

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.api.v1alpha1 import MAX_MODEL_NAME
-from spyre_operator.apply import build_event
+from spyre_operator.kube.apply import build_event
 
 from tests.cluster.controlplane import ControlPlane
 

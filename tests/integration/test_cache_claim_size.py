@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 
 from tests.cluster.controlplane import ControlPlane
 

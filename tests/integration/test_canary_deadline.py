@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 
 from .conftest import Kube, OperatorProcess

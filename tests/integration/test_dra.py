@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 
 from tests.cluster.controlplane import ControlPlane

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 
 from tests.cluster.metrics import MetricsStack

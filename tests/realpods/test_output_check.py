@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 from spyre_engine import answers, manifest
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 from spyre_operator.decide.observed import RETRY_ANNOTATION
 from spyre_operator.desired import names
 

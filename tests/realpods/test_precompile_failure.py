@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from spyre_operator import conditions as C
-from spyre_operator.summary import EngineFailure, parse_termination_message
+from spyre_operator.decide import conditions as C
+from spyre_operator.decide.summary import EngineFailure, parse_termination_message
 
 from tests.contract.realpods import NO_WEIGHTS_PATH, RealEnv, model_spec, real_env_fixture
 from tests.realpods import support

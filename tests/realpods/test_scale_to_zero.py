@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 
 from tests.cluster.controlplane import ControlPlane, wait_until

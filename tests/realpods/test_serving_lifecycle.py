@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 from spyre_engine import catalog
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 
 from tests.cluster.controlplane import wait_until

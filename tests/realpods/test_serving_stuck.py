@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 
 from tests.cluster.ociimage import busybox_image
 from tests.contract.realpods import HF_MODEL, MISSING_IMAGE

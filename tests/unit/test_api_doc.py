@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spyre_operator.apidoc import render_api_doc
-from spyre_operator.crd import build_crd
+from spyre_operator.gen.apidoc import render_api_doc
+from spyre_operator.gen.crd import build_crd
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spyre_operator.apply import is_subset
-from spyre_operator.quantity import parse_quantity
+from spyre_operator.desired.quantity import parse_quantity
+from spyre_operator.kube.apply import is_subset
 
 
 def test_defaulted_fields_in_live_are_ignored() -> None:

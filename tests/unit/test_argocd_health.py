@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from spyre_operator import conditions as C
-from spyre_operator.reconcile import Observed, decide
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 
 from tests.unit.samples import GENERATE, model
 

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.controller import compact_pod
+from spyre_operator.control.controller import compact_pod
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired.autoscaling import (
     KV_CACHE_METRIC,
     QUEUE_METRIC,
     build_hpa,
     quantity,
 )
-from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
 from .test_reconcile import BOUND, NOW, cond, deployment_obj, job_obj, plan_for

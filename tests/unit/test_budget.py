@@ -10,14 +10,14 @@ import copy
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
-from spyre_operator.apply import is_subset, with_applied_hash
 from spyre_operator.cli import main as cli_main
 from spyre_operator.control import budgets as B
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.decide import Observed, decide, served_key
+from spyre_operator.decide import conditions as C
+from spyre_operator.decide.rollout import deployment_rolling, record
 from spyre_operator.desired import names
-from spyre_operator.reconcile import Observed, decide, served_key
-from spyre_operator.rollout import deployment_rolling, record
+from spyre_operator.kube.apply import is_subset, with_applied_hash
 
 from .samples import GENERATE, model
 from .test_controller_failures import RecordingApplier

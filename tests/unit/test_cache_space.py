@@ -12,9 +12,9 @@ import copy
 import json
 from typing import Any
 
+from spyre_operator.decide import Observed, decide
 from spyre_operator.decide.gc import parse_gc_result
 from spyre_operator.decide.observed import ClaimMeasure
-from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
 from .test_reconcile import BOUND, job_obj

@@ -7,11 +7,11 @@ import copy
 import json
 from typing import Any
 
-from spyre_operator import conditions as C
-from spyre_operator.canary_report import CanaryReport, ServedReport
+from spyre_operator.decide import Observed, decide, served_key
+from spyre_operator.decide import conditions as C
+from spyre_operator.decide.canary_report import CanaryReport, ServedReport
 from spyre_operator.decide.observed import RETRY_ANNOTATION
 from spyre_operator.desired import names
-from spyre_operator.reconcile import Observed, decide, served_key
 
 from .samples import GENERATE
 from .test_reconcile import cond, deployment_obj, plan_for

@@ -14,7 +14,8 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from spyre_engine import canary
-from spyre_operator.canary_report import (
+from spyre_operator.control.observe import read_report
+from spyre_operator.decide.canary_report import (
     MAX_REPORT_BYTES,
     REPORT_PATH,
     SERVED_PATH,
@@ -23,7 +24,6 @@ from spyre_operator.canary_report import (
     parse_report,
     parse_served,
 )
-from spyre_operator.control.observe import read_report
 
 
 def test_the_engines_report_parses_as_the_operator_reads_it() -> None:

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
 from spyre_operator.desired import names
 from spyre_operator.desired.inference_pool import inference_pool_name
 from spyre_operator.handlers import child_names, index_child_names, on_foreign_child

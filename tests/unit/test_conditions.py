@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spyre_operator import conditions as C
+from spyre_operator.decide import conditions as C
 
 
 def test_merge_keeps_transition_time_when_status_unchanged() -> None:

@@ -17,12 +17,12 @@ import kopf
 import pytest
 from kopf._cogs.structs.references import Resource
 from spyre_operator import handlers
+from spyre_operator.control.controller import Caches, Controller
 from spyre_operator.control.execute import UNWATCHED_RECHECK_SECONDS, Writer
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.resync import Resync
+from spyre_operator.decide import Decision, Observed
 from spyre_operator.desired import names
 from spyre_operator.desired.verified import build_verified_configmap
-from spyre_operator.reconcile import Decision, Observed
-from spyre_operator.resync import Resync
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, plan_for

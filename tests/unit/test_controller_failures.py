@@ -7,9 +7,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
-from spyre_operator.controller import ERROR_BACKOFF_BASE, Caches, Controller
-from spyre_operator.reconcile import Observed, decide
+from spyre_operator.control.controller import ERROR_BACKOFF_BASE, Caches, Controller
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 
 from .samples import GENERATE, model
 
@@ -157,7 +157,7 @@ def test_a_reconcile_plans_the_model_once(monkeypatch: pytest.MonkeyPatch) -> No
     """Issue 49, 2: the controller's plan is the one decide() uses (it validated the spec and
     planned it again, in decide/assemble.py), and the decision is the one decide() makes
     when it plans itself."""
-    from spyre_operator.controller import plan_model as controller_plan
+    from spyre_operator.control.controller import plan_model as controller_plan
     from spyre_operator.decide import assemble
 
     m = model("m", GENERATE)
@@ -168,7 +168,7 @@ def test_a_reconcile_plans_the_model_once(monkeypatch: pytest.MonkeyPatch) -> No
         calls.append(args[0])
         return controller_plan(*args, **kwargs)
 
-    monkeypatch.setattr("spyre_operator.controller.plan_model", counted)
+    monkeypatch.setattr("spyre_operator.control.controller.plan_model", counted)
     monkeypatch.setattr(assemble, "plan_model", counted)
     asyncio.run(c.reconcile_key(("ns", "m")))
     assert calls == ["m"]

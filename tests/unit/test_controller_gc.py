@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.decide import Policy
 from spyre_operator.desired import names
 from spyre_operator.desired.gcjob import GC_KEYS_ANNOTATION
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.handlers import ClaimUser
-from spyre_operator.reconcile import Policy
 
 from .samples import GENERATE
 

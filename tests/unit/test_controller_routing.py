@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
 from spyre_operator.desired.plan import OwnerRef, plan_model
 from spyre_operator.handlers import ClaimUser
 
@@ -67,7 +67,7 @@ def test_decides_from_the_status_it_last_wrote_until_the_cache_catches_up() -> N
 
 
 def test_urgent_keys_go_first_and_are_not_duplicated() -> None:
-    from spyre_operator.controller import WorkQueue
+    from spyre_operator.control.controller import WorkQueue
 
     async def order() -> list[Any]:
         q = WorkQueue()

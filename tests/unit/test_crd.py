@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from spyre_operator.crd import build_crd, render_crd
+from spyre_operator.gen.crd import build_crd, render_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "serving.spyre.dev_spyremodels.yaml"

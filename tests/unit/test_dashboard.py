@@ -78,8 +78,8 @@ def test_dashboard_has_the_panels_and_reads_their_metrics() -> None:
 def test_every_operator_series_the_dashboard_reads_is_exposed() -> None:
     """The operator's series in the dashboard exist on its /metrics, with the labels the
     queries match (the engine's: tests/engine/test_dashboard_metrics.py)."""
-    from spyre_operator.controller import Caches, Controller
-    from spyre_operator.metrics import render
+    from spyre_operator.control.controller import Caches, Controller
+    from spyre_operator.runtime.metrics import render
 
     from .test_metrics import SERVING
 

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from spyre_operator import conditions as C
 from spyre_operator.api.v1alpha1 import SpyreModelSpec
-from spyre_operator.controller import compact_pod
-from spyre_operator.crd import build_crd
+from spyre_operator.control.controller import compact_pod
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.devices import build_cards_template
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.site import SiteDefaults
-from spyre_operator.reconcile import Observed, decide
+from spyre_operator.gen.crd import build_crd
 
 from .samples import GENERATE, SITE, model
 from .test_reconcile import BOUND, NOW, cond, deployment_obj, job_obj
@@ -286,7 +286,7 @@ def test_a_missing_device_class_is_named_and_warned_about() -> None:
 
 
 def test_the_site_class_is_named_as_the_operators_default_when_missing() -> None:
-    from spyre_operator.reconcile import Policy
+    from spyre_operator.decide import Policy
 
     m = model("m", SENDNN)
     site = replace(SiteDefaults(), device_class_name="spyre-nope")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from spyre_operator.leader import LeaderElector
+from spyre_operator.control.leader import LeaderElector
 
 
 class Clock:

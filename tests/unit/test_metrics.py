@@ -8,8 +8,8 @@ import subprocess
 from typing import Any
 
 import pytest
-from spyre_operator.controller import Caches, Controller
-from spyre_operator.metrics import render
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.runtime.metrics import render
 
 from .samples import GENERATE, model
 

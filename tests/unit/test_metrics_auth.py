@@ -25,8 +25,8 @@ from lightkube.models.meta_v1 import Status
 from lightkube.resources.authentication_v1 import TokenReview
 from lightkube.resources.authorization_v1 import SubjectAccessReview
 from spyre_engine.testing.process import free_port
-from spyre_operator import metrics, metrics_auth
-from spyre_operator.metrics_auth import MAX_WAITING, MetricsAuth, bearer_token
+from spyre_operator.runtime import metrics, metrics_auth
+from spyre_operator.runtime.metrics_auth import MAX_WAITING, MetricsAuth, bearer_token
 
 READER, STRANGER = "reader-token.abc", "stranger-token.def"
 

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
-from spyre_operator import metrics
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.runtime import metrics
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 _SUFFIXES = ("_bucket", "_count", "_sum", "_created")

@@ -14,10 +14,10 @@ import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.decide import Observed
 from spyre_operator.desired import names
 from spyre_operator.desired.plan import plan_model
-from spyre_operator.reconcile import Observed
 
 from .samples import GENERATE
 from .test_scaletozero_reconcile import CONFIG, s2z

@@ -10,9 +10,9 @@ from lightkube.models.core_v1 import ServicePort, ServiceSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
-from spyre_operator import metrics
-from spyre_operator.apply import Applier, with_applied_hash
-from spyre_operator.controller import Caches, Controller, Stats
+from spyre_operator.control.controller import Caches, Controller, Stats
+from spyre_operator.kube.apply import Applier, with_applied_hash
+from spyre_operator.runtime import metrics
 
 
 class RecordingClient:

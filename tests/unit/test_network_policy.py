@@ -11,10 +11,10 @@ from typing import Any
 
 from lightkube.resources.networking_v1 import NetworkPolicy
 from spyre_operator.api import SpyreModelSpec
+from spyre_operator.decide import Observed, decide
 from spyre_operator.desired import names
 from spyre_operator.desired.networkpolicy import build_network_policy
 from spyre_operator.desired.plan import plan_model
-from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, job_obj

@@ -19,9 +19,9 @@ from aiohttp import web
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Pod
 from prometheus_client.parser import text_string_to_metric_families
-from spyre_operator import metrics
 from spyre_operator.cli import JsonFormatter, configure_logging, main
-from spyre_operator.controller import Caches, Controller, WorkQueue
+from spyre_operator.control.controller import Caches, Controller, WorkQueue
+from spyre_operator.runtime import metrics
 
 
 def test_json_log_lines() -> None:

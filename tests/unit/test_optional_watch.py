@@ -11,10 +11,10 @@ import httpx
 import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
-from spyre_operator import optional
+from spyre_operator.control import optional
+from spyre_operator.control.optional import OptionalApiWatch
+from spyre_operator.decide import API_FORBIDDEN, API_NOT_SERVED, API_SERVED, API_UNKNOWN
 from spyre_operator.desired.inference_pool import InferencePool
-from spyre_operator.optional import OptionalApiWatch
-from spyre_operator.reconcile import API_FORBIDDEN, API_NOT_SERVED, API_SERVED, API_UNKNOWN
 
 
 def http_error(code: int, body: str) -> httpx.HTTPStatusError:

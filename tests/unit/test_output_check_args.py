@@ -8,9 +8,9 @@ import pytest
 from spyre_engine.cli import build_parser, load_settings
 from spyre_engine.settings import PrecompileSettings, ServeSettings, split_passthrough
 from spyre_engine.summary import PrecompileSummary
+from spyre_operator.decide import Observed, decide
 from spyre_operator.desired.deployment import serve_args
 from spyre_operator.desired.job import build_precompile_job
-from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, job_obj, plan_for

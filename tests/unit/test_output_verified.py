@@ -13,9 +13,9 @@ from typing import Any
 from spyre_engine.cli import build_parser, load_settings
 from spyre_engine.settings import ServeSettings, split_passthrough
 from spyre_operator.api.v1alpha1 import SpyreModelStatus
+from spyre_operator.decide import Observed, decide
 from spyre_operator.desired import names
 from spyre_operator.desired.verified import VERIFIED_ENV
-from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE
 from .test_reconcile import deployment_obj, plan_for

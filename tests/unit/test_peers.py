@@ -7,9 +7,9 @@ import asyncio
 import copy
 from typing import Any
 
-from spyre_operator import peers
-from spyre_operator.controller import CONFLICT_EVENT_SECONDS
-from spyre_operator.leader import LeaderElector
+from spyre_operator.control import peers
+from spyre_operator.control.controller import CONFLICT_EVENT_SECONDS
+from spyre_operator.control.leader import LeaderElector
 
 from .samples import GENERATE, model
 from .test_controller_failures import NOW, controller_with

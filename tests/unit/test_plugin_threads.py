@@ -21,13 +21,13 @@ import pytest
 from pydantic import ValidationError
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.cli import build_parser, site_defaults
-from spyre_operator.crd import build_crd
+from spyre_operator.decide import Observed, decide
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.key import artifact_key, engine_cpus, is_compile_env, key_inputs
 from spyre_operator.desired.plan import ModelPlan, plan_model
 from spyre_operator.desired.site import SiteDefaults
-from spyre_operator.reconcile import Observed, decide
+from spyre_operator.gen.crd import build_crd
 
 from .samples import GENERATE, SITE, model
 from .test_reconcile import BOUND, NOW, deployment_obj, job_obj

@@ -11,7 +11,7 @@ from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.pod import ENGINE_UID, pod_security_context
 from spyre_operator.desired.site import SiteDefaults
-from spyre_operator.podsecurity import platform_assigns_user
+from spyre_operator.kube.podsecurity import platform_assigns_user
 
 from .samples import GENERATE
 

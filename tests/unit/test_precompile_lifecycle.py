@@ -15,11 +15,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
+from spyre_operator.decide import RETRY_ANNOTATION, Observed, Policy, decide, served_key
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 from spyre_operator.desired.job import PRECOMPILE_JOB_TTL_SECONDS, build_precompile_job
 from spyre_operator.desired.plan import OwnerRef
-from spyre_operator.reconcile import RETRY_ANNOTATION, Observed, Policy, decide, served_key
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, cond, deployment_obj, job_obj, plan_for
@@ -385,7 +385,7 @@ class PodsAndEvents:
 
 def _controller(m: dict[str, Any], job: dict[str, Any], client: PodsAndEvents) -> Any:
     """A controller whose caches hold ``m`` and its live ``job``; a recording applier."""
-    from spyre_operator.controller import Caches, Controller
+    from spyre_operator.control.controller import Caches, Controller
 
     from .test_controller_failures import RecordingApplier
 

@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 
 import pytest
-from spyre_operator import conditions as C
-from spyre_operator.reason_docs import BEGIN, REASONS, render_table, splice
+from spyre_operator.decide import conditions as C
+from spyre_operator.gen.reason_docs import BEGIN, REASONS, render_table, splice
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TROUBLESHOOTING = DOCS / "troubleshooting.md"

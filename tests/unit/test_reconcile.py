@@ -6,10 +6,10 @@ import copy
 import json
 from typing import Any
 
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired.plan import plan_model
-from spyre_operator.reconcile import Observed, decide
 
 from .samples import EMBED, GENERATE, model
 

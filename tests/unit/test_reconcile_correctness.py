@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.api.v1alpha1 import OPERATOR_ENV, PRECOMPILE_ENV, CacheVolumeSpec
-from spyre_operator.apply import APPLIED_HASH_ANNOTATION, is_subset, with_applied_hash
-from spyre_operator.controller import compact_pod, foreign_owner
+from spyre_operator.control.controller import compact_pod, foreign_owner
+from spyre_operator.decide import RETRY_ANNOTATION, Observed, Policy, WriteError, decide
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
 from spyre_operator.desired.deployment import PROGRESS_DEADLINE_SECONDS, STARTUP_BUDGET_SECONDS
 from spyre_operator.desired.plan import OwnerRef
-from spyre_operator.reconcile import RETRY_ANNOTATION, Observed, Policy, WriteError, decide
+from spyre_operator.kube.apply import APPLIED_HASH_ANNOTATION, is_subset, with_applied_hash
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, cond, deployment_obj, job_obj, kinds, plan_for

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.decide.release import claims_to_release, mounted_claims, rollout_complete
 from spyre_operator.desired import names
 from spyre_operator.desired.plan import OwnerRef
 from spyre_operator.handlers import ClaimUser
-from spyre_operator.release import claims_to_release, mounted_claims, rollout_complete
 
 from .test_controller_failures import RecordingApplier
 from .test_reconcile_correctness import bound
@@ -122,7 +122,7 @@ def test_a_claim_a_model_with_an_invalid_spec_names_is_never_deleted() -> None:
     """Issue 31, 8: a model whose spec fails validation now (stricter rules after an
     operator upgrade) is no claim user, so only the Delete users counted: the claim it names
     (retainPolicy Retain) was deleted when they moved off it."""
-    from spyre_operator.release import claim_named_by
+    from spyre_operator.decide.release import claim_named_by
 
     old = pvc("old", "m")
     invalid = {"model": {"uri": "not a uri"},
@@ -139,7 +139,7 @@ def test_a_claim_a_model_with_an_invalid_spec_names_is_never_deleted() -> None:
 def test_a_claim_another_model_names_has_no_owners() -> None:
     """Model a makes claim x (retainPolicy Delete), model b names it by cache.claimName:
     deleting a garbage-collected x under b (ownerReferences named only a)."""
-    from spyre_operator.reconcile import Observed, decide
+    from spyre_operator.decide import Observed, decide
 
     from .samples import model
     from .test_reconcile import NOW

@@ -8,10 +8,10 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from spyre_operator import conditions as C
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.control.resync import Resync
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
-from spyre_operator.resync import Resync
 
 from .samples import model
 from .test_budget import Cluster, drain, reason, spec
@@ -128,7 +128,8 @@ def test_an_object_the_list_still_has_is_no_ghost_and_a_failed_list_keeps_the_la
 
 
 def test_the_names_of_the_managed_label_match_the_handlers() -> None:
-    from spyre_operator import handlers, resync
+    from spyre_operator import handlers
+    from spyre_operator.control import resync
 
     assert resync.MANAGED == handlers.MANAGED
     assert names.MANAGED_BY in resync.MANAGED

@@ -6,10 +6,10 @@ import copy
 import json
 from typing import Any
 
-from spyre_operator import conditions as C
+from spyre_operator.decide import MAX_REMEMBERED, Observed, decide, served_key
+from spyre_operator.decide import conditions as C
 from spyre_operator.decide.observed import RETRY_ANNOTATION
 from spyre_operator.desired import names
-from spyre_operator.reconcile import MAX_REMEMBERED, Observed, decide, served_key
 
 from .samples import GENERATE, model
 from .test_reconcile import BOUND, cond, deployment_obj, job_obj, plan_for

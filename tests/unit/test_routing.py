@@ -7,11 +7,8 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.desired import names
-from spyre_operator.desired.inference_pool import build_inference_pool
-from spyre_operator.reconcile import (
+from spyre_operator.decide import (
     API_FORBIDDEN,
     API_NOT_SERVED,
     API_SERVED,
@@ -19,6 +16,9 @@ from spyre_operator.reconcile import (
     Observed,
     decide,
 )
+from spyre_operator.decide import conditions as C
+from spyre_operator.desired import names
+from spyre_operator.desired.inference_pool import build_inference_pool
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, cond, deployment_obj, job_obj, kinds, plan_for

@@ -21,7 +21,6 @@ import yaml
 from pydantic import ValidationError
 from spyre_operator.api import SpyreModelSpec
 from spyre_operator.api.v1alpha1 import ScaleToZeroSpec
-from spyre_operator.crd import build_crd
 from spyre_operator.desired import names
 from spyre_operator.desired.plan import ModelPlan, plan_model
 from spyre_operator.desired.scaletozero import (
@@ -39,6 +38,7 @@ from spyre_operator.desired.scaletozero import (
     wants_scale_to_zero,
 )
 from spyre_operator.desired.service import build_service
+from spyre_operator.gen.crd import build_crd
 
 from .samples import GENERATE
 

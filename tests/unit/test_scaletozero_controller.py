@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from spyre_operator import conditions as C
 from spyre_operator.cli import main as cli_main
-from spyre_operator.coldstart import NAME_HEADER, NAMESPACE_HEADER, make_app, starting
-from spyre_operator.controller import Caches, Controller
+from spyre_operator.control.controller import Caches, Controller
+from spyre_operator.decide import API_NOT_SERVED, API_SERVED
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import names
-from spyre_operator.reconcile import API_NOT_SERVED, API_SERVED
+from spyre_operator.runtime.coldstart import NAME_HEADER, NAMESPACE_HEADER, make_app, starting
 
 from .test_scaletozero_reconcile import CONFIG, INTERCEPTOR_SLICE, s2z
 

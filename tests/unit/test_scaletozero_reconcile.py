@@ -5,10 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from spyre_operator import conditions as C
-from spyre_operator.desired import names
-from spyre_operator.desired.scaletozero import SLICE_SERVICE_NAME
-from spyre_operator.reconcile import (
+from spyre_operator.decide import (
     API_FORBIDDEN,
     API_NOT_SERVED,
     API_SERVED,
@@ -17,6 +14,9 @@ from spyre_operator.reconcile import (
     ScaleToZeroConfig,
     decide,
 )
+from spyre_operator.decide import conditions as C
+from spyre_operator.desired import names
+from spyre_operator.desired.scaletozero import SLICE_SERVICE_NAME
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, cond, deployment_obj, job_obj, kinds

@@ -11,8 +11,8 @@ import copy
 import json
 from typing import Any
 
+from spyre_operator.decide import Observed, decide
 from spyre_operator.desired import names
-from spyre_operator.reconcile import Observed, decide
 
 from .samples import GENERATE, model
 from .test_reconcile import job_obj

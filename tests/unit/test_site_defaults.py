@@ -8,14 +8,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
 from spyre_operator.api.v1alpha1 import SpyreModelSpec
-from spyre_operator.crd import build_crd
+from spyre_operator.decide import Observed, Policy, decide
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired.deployment import build_deployment
 from spyre_operator.desired.job import build_precompile_job
 from spyre_operator.desired.plan import plan_model
 from spyre_operator.desired.site import SiteDefaults
-from spyre_operator.reconcile import Observed, Policy, decide
+from spyre_operator.gen.crd import build_crd
 
 from .samples import GENERATE, SITE, model
 from .test_reconcile import NOW, cond

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
-from spyre_operator.reconcile import Observed, decide
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, cond, deployment_obj, job_obj
@@ -78,7 +78,7 @@ def test_cpu_backends_use_no_cards_and_no_spyre_scheduler_anywhere(backend: str)
 
 def crd_messages() -> str:
     import yaml
-    from spyre_operator.crd import render_crd
+    from spyre_operator.gen.crd import render_crd
 
     return json.dumps(yaml.safe_load(render_crd()))
 

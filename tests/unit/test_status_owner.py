@@ -5,8 +5,8 @@ status on every reconcile."""
 from __future__ import annotations
 
 from spyre_operator import FIELD_MANAGER
-from spyre_operator.apply import comparable_status, status_fields_owned
 from spyre_operator.handlers import index_models
+from spyre_operator.kube.apply import comparable_status, status_fields_owned
 
 OURS = {"manager": FIELD_MANAGER, "operation": "Apply", "subresource": "status",
         "fieldsV1": {"f:status": {"f:conditions": {}, "f:observedGeneration": {},
@@ -47,7 +47,7 @@ def test_status_fields_an_older_crd_prunes_are_noticed_on_the_write() -> None:
     from types import SimpleNamespace
     from typing import Any
 
-    from spyre_operator.apply import Applier, pruned
+    from spyre_operator.kube.apply import Applier, pruned
 
     sent = {"servedSpec": "{}", "artifact": {"key": "k", "waitingSince": "t"},
             "conditions": [], "operator": {"install": "a/b"}, "replicas": None}
@@ -92,7 +92,7 @@ def test_a_pruning_crd_is_one_warning_event_and_an_error_in_the_log() -> None:
 def test_a_field_another_manager_set_does_not_renew_the_install_stamp() -> None:
     """The stamp (peers.stamped) is kept when nothing else changes; compared with the live
     status and its foreign field, it was renewed, and so written, on every reconcile."""
-    from spyre_operator import peers
+    from spyre_operator.control import peers
 
     stamp = {"install": "ns/op", "identity": "a", "writtenAt": "2026-11-27T00:00:00Z"}
     desired = {"conditions": [1]}

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from spyre_operator import conditions as C
-from spyre_operator.controller import compact_pod, foreign_owner
+from spyre_operator.control.controller import compact_pod, foreign_owner
+from spyre_operator.decide import Observed, WriteError, decide
+from spyre_operator.decide import conditions as C
 from spyre_operator.handlers import policy_from_env
-from spyre_operator.reconcile import Observed, WriteError, decide
 
 from .samples import GENERATE, model
 from .test_reconcile import NOW, cond, deployment_obj, job_obj, plan_for

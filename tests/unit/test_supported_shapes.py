@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
-from spyre_operator import conditions as C
 from spyre_operator.api import SpyreModelSpec
+from spyre_operator.decide import Observed, decide
+from spyre_operator.decide import conditions as C
 from spyre_operator.desired import shapes
 from spyre_operator.desired.key import artifact_key
-from spyre_operator.reconcile import Observed, decide
 
 from tests.documented_models import documented_models, mentions_of_spyre_models
 

@@ -9,8 +9,8 @@ import difflib
 import re
 
 import pytest
-from spyre_operator import conditions as C
 from spyre_operator.api.v1alpha1 import CanaryStatus
+from spyre_operator.decide import conditions as C
 
 from tests import docs_examples as X
 

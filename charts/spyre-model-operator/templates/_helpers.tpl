@@ -81,12 +81,12 @@ README.md#rbac. Server-side apply is the `patch` verb, and it needs `create` too
 object does not exist yet.
 */}}
 {{- define "spyre.workloadRules" -}}
-# handlers.py: kopf indices and event watches on SpyreModels (list + watch); apply.py
+# handlers.py: kopf indices and event watches on SpyreModels (list + watch); kube/apply.py
 # Applier.owner_exists: a list by name before a child is created (no get needed).
 - apiGroups: ["serving.spyre.dev"]
   resources: ["spyremodels"]
   verbs: ["list", "watch"]
-# apply.py Applier.apply_status: server-side apply of the status subresource.
+# kube/apply.py Applier.apply_status: server-side apply of the status subresource.
 - apiGroups: ["serving.spyre.dev"]
   resources: ["spyremodels/status"]
   verbs: ["patch"]
@@ -144,7 +144,7 @@ object does not exist yet.
   resources: ["services"]
   verbs: ["delete"]
 # KEDA's ScaledObjects and the HTTP add-on's HTTPScaledObjects: listed and watched (the CRDs
-# may be absent: optional.py), server-side applied, deleted when zero is switched off.
+# may be absent: control/optional.py), server-side applied, deleted when zero is switched off.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["list", "watch", "create", "patch", "delete"]
@@ -158,7 +158,7 @@ object does not exist yet.
   resources: ["endpointslices"]
   verbs: ["list", "watch", "create", "patch", "delete"]
 {{- end }}
-# controller.py: precompile pods' termination messages and why they do not start, serving
+# control/controller.py: precompile pods' termination messages and why they do not start, serving
 # pods' crash loops (a plain list, no watch).
 - apiGroups: [""]
   resources: ["pods"]
@@ -173,7 +173,7 @@ object does not exist yet.
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
   verbs: ["get"]
-# spec.routing.inferencePool (optional.py, desired/inference_pool.py): InferencePools are listed and
+# spec.routing.inferencePool (control/optional.py, desired/inference_pool.py): InferencePools are listed and
 # watched (the CRD may be absent), server-side applied, deleted when routing is removed.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
     from lightkube import AsyncClient
 
-    from ..apply import Applier
-    from ..reconcile import Policy, ScaleToZeroConfig
+    from ..decide import Policy, ScaleToZeroConfig
+    from ..kube.apply import Applier
     from .budgets import Budgets
     from .claims import ClaimReleaser
     from .common import Caches, ModelKey, Stats

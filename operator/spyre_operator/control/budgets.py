@@ -30,21 +30,21 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import KIND
-from .. import conditions as C
-from .. import jobs as job_status
-from ..desired import names
-from ..reconcile import (
+from ..decide import (
     FREE,
     WAITING_RECHECK_SECONDS,
     Decision,
     Observed,
     Slot,
+    deployment_rolling,
+    mounted_claims,
     ordinal,
     served_key,
     waiting_since,
 )
-from ..release import mounted_claims
-from ..rollout import deployment_rolling
+from ..decide import conditions as C
+from ..decide import jobs as job_status
+from ..desired import names
 from .base import ControllerParts
 
 __all__ = ["FREE", "WAITING_RECHECK_SECONDS", "Slot", "ordinal"]  # the decisions' part, here too

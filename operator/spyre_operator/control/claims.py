@@ -8,11 +8,11 @@ from typing import Any
 
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 
-from .. import jobs as job_status
-from ..release import claim_named_by, claims_to_release, mounted_claims, rollout_complete
+from ..decide import claim_named_by, claims_to_release, mounted_claims, rollout_complete
+from ..decide import jobs as job_status
 from .base import ControllerParts
 
-log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+log = logging.getLogger("spyre_operator.control.controller")  # the controller's
 
 
 class ClaimReleaser:
@@ -22,7 +22,7 @@ class ClaimReleaser:
         self.c = controller
 
     async def release(self, plan: Any, deployment: dict[str, Any] | None) -> None:
-        """Release the managed cache PVCs the model owns but no longer names (release.py):
+        """Release the managed cache PVCs the model owns but no longer names (decide/release.py):
         drop its ownerReference, or delete the PVC once no SpyreModel owns or names it; only
         when no pod of the operator may read from it."""
         ns, uid = plan.namespace, plan.uid

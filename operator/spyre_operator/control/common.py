@@ -187,7 +187,8 @@ def compact_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     if canary:
         out["canary"] = True
     ip = (pod.get("status") or {}).get("podIP")
-    if ip:  # where the operator reads a canary's count and any pod's figures (canary_report.py)
+    # where the operator reads a canary's count and any pod's figures (decide/canary_report.py)
+    if ip:
         out["podIP"] = str(ip)
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         state = cs.get("state") or {}

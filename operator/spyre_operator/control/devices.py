@@ -10,6 +10,7 @@ from typing import Any
 
 from lightkube import ApiError
 
+from ..decide import Observed
 from ..desired import names
 from ..desired.devices import (
     RESOURCE_GROUP,
@@ -20,7 +21,6 @@ from ..desired.devices import (
     device_class,
 )
 from ..desired.plan import ModelPlan
-from ..reconcile import Observed
 from .base import ControllerParts
 from .common import ModelKey
 

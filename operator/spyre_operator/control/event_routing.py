@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import conditions as C
+from ..decide import conditions as C
 from ..desired.scaletozero import SLICE_SERVICE_NAME
 from .base import ControllerParts
 from .common import ModelKey

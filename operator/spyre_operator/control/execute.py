@@ -12,10 +12,10 @@ from typing import Any
 from lightkube import ApiError
 from lightkube.resources.core_v1 import ConfigMap
 
-from .. import peers
-from ..apply import STATUS_FIELDS_KEY, comparable_status
+from ..decide import Decision, Observed, WriteError, decide, write_error_message
 from ..desired import names
-from ..reconcile import Decision, Observed, WriteError, decide, write_error_message
+from ..kube.apply import STATUS_FIELDS_KEY, comparable_status
+from . import peers
 from .base import ControllerParts
 from .common import (
     EVENT_CONCURRENCY,

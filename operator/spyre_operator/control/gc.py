@@ -13,17 +13,14 @@ from typing import Any
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 
-from .. import jobs
 from ..api.v1alpha1 import SpyreModelSpec
-from ..desired import names
-from ..desired.gcjob import COMPONENT_GC, Sweep, build_gc_access, build_gc_job
-from ..desired.plan import plan_model
-from ..reconcile import (
+from ..decide import (
     ClaimMeasure,
     ClaimUse,
     GcResult,
     epoch,
     gone_keys,
+    jobs,
     keys_to_remove,
     known_keys,
     merge_removed,
@@ -35,7 +32,10 @@ from ..reconcile import (
     still_listed,
     with_removed,
 )
-from ..reconcile import served_key as served_key_of
+from ..decide import served_key as served_key_of
+from ..desired import names
+from ..desired.gcjob import COMPONENT_GC, Sweep, build_gc_access, build_gc_job
+from ..desired.plan import plan_model
 from .base import ControllerParts
 
 log = logging.getLogger("spyre_operator.gc")  # the logger's name before the split

@@ -15,22 +15,23 @@ from lightkube import ApiError
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.resources.discovery_v1 import EndpointSlice
 
-from .. import jobs as job_status
-from ..canary_report import (
+from ..decide import (
+    API_UNKNOWN,
     MAX_REPORT_BYTES,
     REPORT_PATH,
     REPORT_TIMEOUT_SECONDS,
     SERVED_PATH,
     CanaryReport,
+    Observed,
     ServedReport,
     parse_report,
     parse_served,
 )
+from ..decide import jobs as job_status
 from ..desired import names
 from ..desired.inference_pool import inference_pool_name
 from ..desired.plan import ModelPlan
 from ..desired.scaletozero import SLICE_SERVICE_NAME, wants_scale_to_zero
-from ..reconcile import API_UNKNOWN, Observed
 from .base import ControllerParts
 from .common import (
     JOB_MESSAGES_MIN_LIMIT,
@@ -41,7 +42,7 @@ from .common import (
     foreign_owner,
 )
 
-log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+log = logging.getLogger("spyre_operator.control.controller")  # the controller's
 T = TypeVar("T")
 
 #: A same-named mirror EndpointSlice of someone else is looked at again this often.

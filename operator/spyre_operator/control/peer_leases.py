@@ -12,9 +12,9 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
-from .. import peers
+from . import peers
 
-log = logging.getLogger("spyre_operator.controller")
+log = logging.getLogger("spyre_operator.control.controller")
 
 #: An answer is asked again after this long (a Lease is renewed every ~2 s, lasts 15 s).
 LEASE_TTL_SECONDS = 10.0

@@ -10,13 +10,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .. import conditions as C
-from .. import peers
+from ..decide import conditions as C
+from . import peers
 from .base import ControllerParts
 from .common import CONFLICT_EVENT_SECONDS, CRD_OUTDATED, ModelKey
 from .peer_leases import PeerLeases
 
-log = logging.getLogger("spyre_operator.controller")  # the controller's, as before the split
+log = logging.getLogger("spyre_operator.control.controller")  # the controller's
 
 
 class StatusReporter:

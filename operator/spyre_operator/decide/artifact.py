@@ -11,13 +11,11 @@ from typing import Any
 
 from lightkube.resources.batch_v1 import Job
 
-from .. import conditions as C
-from .. import jobs
 from ..desired import names
 from ..desired.job import build_precompile_job
 from ..desired.plan import ModelPlan
-from ..precompile_state import Stuck, job_attempt, job_stuck, template_changed
-from ..summary import ArtifactSummary, EngineFailure, parse_termination_message
+from . import conditions as C
+from . import jobs
 from .cache import CacheOutcome
 from .observed import (
     CANARY_ABORT_ANNOTATION,
@@ -35,7 +33,9 @@ from .observed import (
     parse_time,
     seconds_between,
 )
+from .precompile_state import Stuck, job_attempt, job_stuck, template_changed
 from .slots import WAITING_RECHECK_SECONDS
+from .summary import ArtifactSummary, EngineFailure, parse_termination_message
 
 
 @dataclass

@@ -13,7 +13,6 @@ from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from pydantic import ValidationError
 
-from .. import conditions as C
 from ..api.v1alpha1 import SpyreModelSpec
 from ..desired import names
 from ..desired.autoscaling import build_hpa, wants_hpa
@@ -26,8 +25,7 @@ from ..desired.scaletozero import build_interceptor_service, wants_scale_to_zero
 from ..desired.service import build_pdb, build_service, wants_pdb
 from ..desired.site import effective_status
 from ..desired.verified import build_verified_configmap, reads_verified
-from ..precompile_state import superseded
-from ..rollout import mark_rolled_out
+from . import conditions as C
 from .artifact import decide_artifact
 from .cache import decide_cache
 from .cache_status import decide_cache_status
@@ -35,6 +33,8 @@ from .canary import decide_canary
 from .devices import decide_devices
 from .inference_pool import decide_routing
 from .observed import DEFAULT_POLICY, Decision, Observed, Policy, parse_time
+from .precompile_state import superseded
+from .rollout import mark_rolled_out
 from .scaletozero import ScaleToZeroOutcome, decide_scale_to_zero
 from .serving import decide_serving, last_good, verified_key
 from .slots import WAITING_RECHECK_SECONDS

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..canary_report import ServedReport
+from .canary_report import ServedReport
 from .observed import Observed
 
 

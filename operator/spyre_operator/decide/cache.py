@@ -8,12 +8,12 @@ from typing import Any
 
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 
-from .. import conditions as C
 from ..api.v1alpha1 import CacheVolumeSpec
 from ..desired import names
 from ..desired.plan import ModelPlan
 from ..desired.pvc import build_cache_pvc, cache_owners
-from ..quantity import parse_quantity
+from ..desired.quantity import parse_quantity
+from . import conditions as C
 from .observed import Observed, human_size
 
 

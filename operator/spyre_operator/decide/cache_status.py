@@ -7,7 +7,7 @@ from typing import Any
 
 from ..api.v1alpha1 import SpyreModelSpec
 from ..desired.plan import ModelPlan, plan_model
-from ..quantity import parse_quantity
+from ..desired.quantity import parse_quantity
 from .artifact import ArtifactOutcome, clean_artifacts, collected_since, remembered_artifacts
 from .observed import READY, Observed, human_size, parse_time, served_key, served_spec_of
 from .serving import ServingOutcome

@@ -20,14 +20,14 @@ from typing import Any
 
 from lightkube.resources.apps_v1 import Deployment
 
-from .. import conditions as C
-from ..canary_report import CanaryReport
 from ..desired import names
 from ..desired.deployment import build_canary_deployment
 from ..desired.plan import ModelPlan
 from ..desired.verified import reads_verified
+from . import conditions as C
 from .artifact import ArtifactOutcome
 from .baseline import compare
+from .canary_report import CanaryReport
 from .devices import unschedulable_reason
 from .observed import (
     CANARY_PROMOTE_ANNOTATION,

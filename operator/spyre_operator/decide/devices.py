@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import conditions as C
 from ..desired.devices import build_cards_template, device_class
 from ..desired.plan import ModelPlan
 from ..desired.pod import compiles_on_cards, serves_on_cards
+from . import conditions as C
 from .observed import Observed
 
 #: status.devices lists at most this many (pod, device) pairs.

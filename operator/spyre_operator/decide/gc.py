@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import jobs
 from ..api.v1alpha1 import CacheRetention
 from ..desired import names
+from . import jobs
 
 
 @dataclass(frozen=True)

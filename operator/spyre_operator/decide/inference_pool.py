@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import conditions as C
 from ..desired.inference_pool import build_inference_pool, inference_pool_name, wants_inference_pool
 from ..desired.plan import ModelPlan
+from . import conditions as C
 from .observed import API_FORBIDDEN, API_NOT_SERVED, API_UNKNOWN, Observed
 
 

@@ -15,12 +15,13 @@ from typing import Any
 from lightkube.resources.batch_v1 import Job
 from pydantic import ValidationError
 
-from .. import GROUP, jobs
+from .. import GROUP
 from ..api.v1alpha1 import CacheVolumeSpec, SpyreModelSpec
-from ..canary_report import CanaryReport, ServedReport
 from ..desired import names
 from ..desired.plan import OwnerRef
 from ..desired.site import SiteDefaults
+from . import jobs
+from .canary_report import CanaryReport, ServedReport
 from .slots import FREE, Slot
 
 # Artifact phases (status.artifact.phase)

@@ -9,7 +9,6 @@ from typing import Any
 from lightkube.resources.core_v1 import Service
 from lightkube.resources.discovery_v1 import EndpointSlice
 
-from .. import conditions as C
 from ..desired import names
 from ..desired.autoscaling import targets
 from ..desired.plan import ModelPlan
@@ -24,6 +23,7 @@ from ..desired.scaletozero import (
     interceptor_endpoints,
     wants_scale_to_zero,
 )
+from . import conditions as C
 from .observed import API_FORBIDDEN, API_NOT_SERVED, API_UNKNOWN, Observed
 from .serving import unschedulable_of
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import conditions as C
-from .. import pods as P
 from ..api.v1alpha1 import SpyreModelSpec
 from ..desired import names
 from ..desired.plan import ModelPlan, plan_model
-from ..summary import EngineFailure, parse_termination_message
+from . import conditions as C
+from . import pods as P
 from .artifact import ArtifactOutcome
 from .observed import (
     READY,
@@ -20,6 +19,7 @@ from .observed import (
     remembered_serving,
     served_key,
 )
+from .summary import EngineFailure, parse_termination_message
 
 
 @dataclass

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import conditions as C
 from ..desired import names
 from ..desired.autoscaling import wants_hpa
 from ..desired.networkpolicy import wants_network_policy
 from ..desired.plan import ModelPlan
 from ..desired.scaletozero import wants_scale_to_zero
 from ..desired.service import wants_pdb
+from . import conditions as C
 from .artifact import ArtifactOutcome
 from .cache import CacheOutcome
 from .devices import device_class_problem, unschedulable_reason

@@ -44,7 +44,7 @@ import math
 from typing import Any
 
 from ..api.v1alpha1 import OPERATOR_ENV, EnvVar, SpyreModelSpec
-from ..quantity import parse_quantity
+from .quantity import parse_quantity
 from .shapes import resolve_compile
 
 #: Bump when the key's inputs change meaning, so old artifacts are not reused by mistake.

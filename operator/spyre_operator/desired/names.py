@@ -28,7 +28,7 @@ ARTIFACT_KEY_ANNOTATION = f"{GROUP}/artifact-key"
 #: whatever its availability now (a scale-up waiting for cards holds no rollout slot). A label,
 #: not an annotation: the API server starts a new generation of a Deployment when its
 #: annotations change, and the rollout read as not done until the controller observed it
-#: (Reconciling flapped back to True). See rollout.py.
+#: (Reconciling flapped back to True). See decide/rollout.py.
 ROLLED_OUT_LABEL = f"{GROUP}/rolled-out"
 #: Where earlier builds kept the record (the identity itself, as an annotation); still read.
 ROLLED_OUT_ANNOTATION = ROLLED_OUT_LABEL
@@ -45,7 +45,7 @@ METRICS_PORT_ANNOTATION = f"{GROUP}/metrics-port"
 #: Annotations on a precompile Job: the attempt it is for this (claim, key) (one retry budget
 #: per key and claim, whoever of the models sharing it retries), a hash of its pod template
 #: and the SpyreModel whose spec the template was built from (a stuck Job is replaced when
-#: that model's template changed; see precompile_state.py).
+#: that model's template changed; see decide/precompile_state.py).
 ATTEMPT_ANNOTATION = f"{GROUP}/attempt"
 TEMPLATE_HASH_ANNOTATION = f"{GROUP}/pod-template-hash"
 TEMPLATE_OF_ANNOTATION = f"{GROUP}/pod-template-of"

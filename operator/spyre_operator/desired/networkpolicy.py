@@ -65,7 +65,7 @@ def build_network_policy(
     port exists (probes come from the kubelet, which NetworkPolicies do not restrict). A
     model with a canary admits the operator's namespace too: the operator reads each canary
     pod's count of judged requests, and every serving pod's figures for the comparison with
-    the baseline, from the serving port (canary_report.py).
+    the baseline, from the serving port (decide/canary_report.py).
     """
     serving = plan.spec.serving
     allowed = None if serving.allow_from is None else [peer(c) for c in serving.allow_from]

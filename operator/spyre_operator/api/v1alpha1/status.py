@@ -264,7 +264,7 @@ class EffectiveStatus(ApiModel):
 
 
 class OperatorStamp(ApiModel):
-    """Which operator install wrote a status, and when (see peers.py)."""
+    """Which operator install wrote a status, and when (see control/peers.py)."""
 
     install: str | None = Field(
         default=None, description="The install's Lease, <namespace>/<name>: one per release."

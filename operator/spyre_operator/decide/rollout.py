@@ -11,7 +11,7 @@ itself (``names.ROLLED_OUT_LABEL``, what the API server keeps, not the operator'
 written once it sees the rollout complete, kept by every later apply of the same artifact and
 claims, and dropped by the apply that switches them. The record is a digest of what rolled
 out, in a label: an annotation change starts a new generation of a Deployment, and the apply
-hash (apply.py) leaves the record out, so writing it changes nothing the controller acts on.
+hash (kube/apply.py) leaves the record out, so writing it changes nothing the controller acts on.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from lightkube.resources.apps_v1 import Deployment
 
-from .desired import names
+from ..desired import names
 from .release import mounted_claims, rollout_complete
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.core.exceptions import NotReadyError
 
-from .reconcile import API_FORBIDDEN, API_NOT_SERVED, API_SERVED, API_UNKNOWN
+from ..decide import API_FORBIDDEN, API_NOT_SERVED, API_SERVED, API_UNKNOWN
 
 log = logging.getLogger(__name__)
 

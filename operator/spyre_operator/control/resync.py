@@ -34,9 +34,9 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
-from .apply import SpyreModelResource
-from .control.common import uid_of
-from .desired import names
+from ..desired import names
+from ..kube.apply import SpyreModelResource
+from .common import uid_of
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Event, PersistentVolumeClaim
 from lightkube.types import CascadeType, PatchType
 
-from . import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
-from .desired.names import ROLLED_OUT_LABEL
-from .quantity import parse_quantity
+from .. import FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
+from ..desired.names import ROLLED_OUT_LABEL
+from ..desired.quantity import parse_quantity
 
 #: Hash of the desired object last applied (see the module docstring).
 APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
@@ -281,7 +281,7 @@ class Applier:
     async def owner_exists(self, model: Mapping[str, Any]) -> bool:
         """Whether ``model`` (its UID) is in the API server: asked before a child is created,
         since after a watch gap the caches may hold a model deleted meanwhile, and an object
-        created for it would be the garbage collector's, again and again (resync.py)."""
+        created for it would be the garbage collector's, again and again (control/resync.py)."""
         meta = model["metadata"]
         # A list by name, not a get: the verbs the operator already has on SpyreModels (its
         # watches), so no RBAC changes with this question (the chart grants list and watch).

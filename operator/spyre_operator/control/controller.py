@@ -3,7 +3,7 @@
 kopf watches SpyreModels and their children and keeps them in in-memory indices (kopf waits
 until every index is populated before any handler runs, so a restarted operator never acts
 on a half-filled cache). Any event on a model or a child only *enqueues* the affected
-models; workers then recompute everything from the caches (``reconcile.decide``) and apply
+models; workers then recompute everything from the caches (``decide.decide``) and apply
 the difference. This is the controller-runtime pattern expressed with kopf: edge-triggered
 watches, level-based decisions, one in-flight reconcile per model.
 
@@ -31,13 +31,24 @@ from typing import Any
 from lightkube import AsyncClient
 from pydantic import ValidationError
 
-from . import conditions as C
-from .api.v1alpha1 import SpyreModelSpec
-from .apply import Applier
-from .control import budgets as B
-from .control.budgets import Budgets
-from .control.claims import ClaimReleaser
-from .control.common import (
+from ..api.v1alpha1 import SpyreModelSpec
+from ..decide import (
+    DEFAULT_POLICY,
+    Decision,
+    Observed,
+    Policy,
+    ScaleToZeroConfig,
+    decide,
+    pods_missing,
+)
+from ..decide import conditions as C
+from ..desired.plan import plan_model
+from ..kube.apply import Applier
+from ..runtime.metrics import Instruments
+from . import budgets as B
+from .budgets import Budgets
+from .claims import ClaimReleaser
+from .common import (
     CONFLICT_EVENT_SECONDS,
     CRD_OUTDATED,
     DEFAULT_WORKERS,
@@ -63,24 +74,13 @@ from .control.common import (
     uid_of,
     unexpected,
 )
-from .control.devices import DeviceObserver
-from .control.event_routing import Router
-from .control.execute import Writer
-from .control.gc import GarbageCollector
-from .control.observe import Observer
-from .control.queue import WorkQueue
-from .control.status import StatusReporter
-from .desired.plan import plan_model
-from .metrics import Instruments
-from .reconcile import (
-    DEFAULT_POLICY,
-    Decision,
-    Observed,
-    Policy,
-    ScaleToZeroConfig,
-    decide,
-    pods_missing,
-)
+from .devices import DeviceObserver
+from .event_routing import Router
+from .execute import Writer
+from .gc import GarbageCollector
+from .observe import Observer
+from .queue import WorkQueue
+from .status import StatusReporter
 
 __all__ = [
     "CONFLICT_EVENT_SECONDS",
@@ -133,7 +133,7 @@ class Controller:
         self.caches = caches
         self.applier = Applier(client)
         #: This controller's /metrics registry: its histograms, and its counters and models
-        #: read at scrape time (metrics.py).
+        #: read at scrape time (runtime/metrics.py).
         self.instruments = Instruments()
         self.queue = WorkQueue(on_wait=self.instruments.queue_wait.observe)
         self.workers = workers

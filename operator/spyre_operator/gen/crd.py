@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import core_schema, to_jsonable_python
 
-from . import GROUP, KIND, PLURAL, VERSION
-from .api.v1alpha1 import MAX_MODEL_NAME, SpyreModelSpec, SpyreModelStatus, cel
+from .. import GROUP, KIND, PLURAL, VERSION
+from ..api.v1alpha1 import MAX_MODEL_NAME, SpyreModelSpec, SpyreModelStatus, cel
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 

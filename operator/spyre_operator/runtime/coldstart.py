@@ -24,8 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
-from . import conditions as C
-from .desired import names
+from ..decide import conditions as C
+from ..desired import names
 
 NAME_HEADER = "X-KEDA-HTTP-Cold-Start-Ref-Name"
 NAMESPACE_HEADER = "X-KEDA-HTTP-Cold-Start-Ref-Namespace"

@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from ..control.controller import Controller
     from .metrics_auth import MetricsAuth
 
 log = logging.getLogger(__name__)

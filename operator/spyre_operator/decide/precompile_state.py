@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..desired import names
 from . import conditions as C
 from . import pods as P
-from .desired import names
 
 
 @dataclass(frozen=True)

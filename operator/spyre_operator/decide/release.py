@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .desired import names
+from ..desired import names
 
 
 @dataclass(frozen=True)
