@@ -30,8 +30,8 @@ chart to an OCI registry, the chart pinned to the images' digests.
    ``--out`` too.
 6. ``release-<version>.json`` (refs, digests, chart, SBOMs) in ``--out``.
 
-``mirror`` copies a release into a site's registry, digests unchanged (``skopeo copy --all
---preserve-digests``, registry to registry: the index with every platform, the engine's
+``mirror`` (mirror.py) copies a release into a site's registry, digests unchanged (``skopeo
+copy --all --preserve-digests``, registry to registry: the index with every platform, the engine's
 compressed layers as they are; the bundle and catalog images too) with their cosign signatures
 and attestations (``cosign copy --only=sig,att``), and re-publishes the chart with the mirror's
 repositories (same digests) to ``oci://<to>/charts``.
@@ -627,7 +627,7 @@ def check_release_inputs(version: str, allow_dirty: bool, root: Path = ROOT) -> 
 
 #: skopeo's words for a tag the registry does not have (the distribution spec's
 #: MANIFEST_UNKNOWN and NAME_UNKNOWN; some registries answer a bare 404)
-_ABSENT = re.compile(r"manifest unknown|name unknown|not found|\b404\b", re.I)
+ABSENT = re.compile(r"manifest unknown|name unknown|not found|\b404\b", re.I)
 
 #: ``skopeo inspect --raw docker://<ref>``: (exit status, stderr)
 Inspect = Callable[[str], tuple[int, str]]
@@ -640,7 +640,7 @@ def release_refs(registry: str, version: str) -> list[str]:
             f"{registry}/{CATALOG_NAME}:{version}"]
 
 
-def _skopeo_inspect(plain_http: bool) -> Inspect:
+def skopeo_inspect(plain_http: bool) -> Inspect:
     skopeo = skopeo_bin()
 
     def inspect(ref: str) -> tuple[int, str]:
@@ -661,7 +661,7 @@ def check_unpublished(registry: str, version: str, inspect: Inspect) -> None:
         code, err = inspect(ref)
         if code == 0:
             found.append(ref)
-        elif not _ABSENT.search(err):
+        elif not ABSENT.search(err):
             raise SystemExit(f"cannot tell whether {ref} is published already: "
                              f"{err.strip()[-500:] or f'skopeo exited {code}'}")
     if found:
@@ -683,7 +683,7 @@ def release(registry: str, version: str | None, engine_base: str | None, plain_h
         signing.check_key(sign_key)  # before anything is built
     registry = registry.rstrip("/")
     if not replace:
-        check_unpublished(registry, version, _skopeo_inspect(plain_http))
+        check_unpublished(registry, version, skopeo_inspect(plain_http))
     out.mkdir(parents=True, exist_ok=True)
     build.require_tools()
     operator, platforms = push_operator(registry, version, plain_http, archs)
@@ -728,102 +728,6 @@ def skopeo_bin() -> str:
     if not found:
         raise SystemExit("skopeo not found (Debian: apt-get install skopeo)")
     return found
-
-
-_REPOSITORY = re.compile(r"[a-z0-9]+(?:[._:/-]+[a-z0-9]+)*")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def pinned_images(values_text: str, src: str) -> tuple[tuple[str, str], tuple[str, str]]:
-    """The (repository, digest) of the operator image (``image.repository``, ``image.digest``)
-    and of the default engine image (``defaults.engineImage``, ``<repository>@sha256:...``)
-    that a released chart's values.yaml pins: parsed as YAML, each value checked; SystemExit
-    naming what is missing or malformed (a chart from ``src``, a registry: not trusted)."""
-    import yaml
-
-    try:
-        values = yaml.safe_load(values_text)
-    except yaml.YAMLError as e:
-        raise SystemExit(f"the chart in {src}: values.yaml does not parse: {e}") from None
-
-    def field(*path: str) -> str:
-        node: Any = values
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if not isinstance(node, str) or not node:
-            raise SystemExit(f"the chart in {src} pins no image digests: {'.'.join(path)} "
-                             f"is {node!r}")  # fmt: skip
-        return node
-
-    repo, digest = field("image", "repository"), field("image", "digest")
-    engine = field("defaults", "engineImage")
-    eng_repo, _, eng_digest = engine.partition("@")
-    for what, r, d in (("image", repo, digest), ("defaults.engineImage", eng_repo, eng_digest)):
-        if not (_REPOSITORY.fullmatch(r) and _DIGEST.fullmatch(d)):
-            raise SystemExit(f"the chart in {src} pins {what} as {r}@{d}: not a repository "
-                             "and a sha256 digest")
-    return (repo, digest), (eng_repo, eng_digest)
-
-
-def mirror(src: str, dest: str, version: str | None, plain_http: bool, out: Path) -> Release:
-    """Copy a release from ``src`` to ``dest`` (both ``host[:port]/path``): both images
-    registry to registry with ``skopeo copy --all --preserve-digests`` (every platform, the
-    same digests), the chart re-pinned to the mirror's repositories and pushed there."""
-    version = check_version(version)
-    src, dest = src.rstrip("/"), dest.rstrip("/")
-    out.mkdir(parents=True, exist_ok=True)
-    helm, skopeo = helm_bin(), skopeo_bin()
-    hflags = ["--plain-http"] if plain_http else []
-    tls = ["--src-tls-verify=false", "--dest-tls-verify=false"] if plain_http else []
-    with tempfile.TemporaryDirectory() as tmp:
-        # The chart names the exact images of the release.
-        run([helm, "pull", f"oci://{src}/charts/{CHART_NAME}", "--version", version,
-             "--untar", "-d", tmp, *hflags])  # fmt: skip
-        values = (Path(tmp) / CHART_NAME / "values.yaml").read_text()
-    (op_repo, op_digest), (eng_repo, eng_digest) = pinned_images(values, src)
-    copies = [(f"{op_repo}@{op_digest}", OPERATOR_NAME, op_digest),
-              (f"{eng_repo}@{eng_digest}", ENGINE_NAME, eng_digest)]
-    for image, name, _ in copies:
-        log(f"copying {image} -> {dest}/{name}:{version}")
-        run([skopeo, "copy", "--all", "--preserve-digests", "--quiet", *tls,
-             f"docker://{image}", f"docker://{dest}/{name}:{version}"])  # fmt: skip
-    operator, engine = (f"{dest}/{name}@{digest}" for _, name, digest in copies)
-    chart, chart_digest = package_and_push_chart(version, operator, engine, dest, plain_http, out)
-    verify = ["--tls-verify=false"] if plain_http else []
-    platforms, engine_platforms = (
-        index_platforms(run([skopeo, "inspect", "--raw", *verify, f"docker://{ref}"],
-                            capture=True))
-        for ref in (operator, engine))  # fmt: skip
-    # The bundle and its catalog as they are (the catalog names the bundle in src by digest:
-    # a site maps src to dest with an ImageDigestMirrorSet, docs/openshift.md).
-    olm = []
-    for name in (BUNDLE_NAME, CATALOG_NAME):
-        code, err = _skopeo_inspect(plain_http)(f"{src}/{name}:{version}")
-        if code != 0:
-            if not _ABSENT.search(err):
-                raise SystemExit(f"cannot read {src}/{name}:{version}: {err.strip()[-500:]}")
-            log(f"{src} has no {name}:{version} (a release before the bundle): not copied")
-            olm.append("")
-            continue
-        log(f"copying {src}/{name}:{version} -> {dest}/{name}:{version}")
-        run([skopeo, "copy", "--all", "--preserve-digests", "--quiet", *tls,
-             f"docker://{src}/{name}:{version}", f"docker://{dest}/{name}:{version}"])  # fmt: skip
-        digest = run([skopeo, "inspect", "--format", "{{.Digest}}", *verify,
-                      f"docker://{dest}/{name}:{version}"], capture=True).strip()
-        olm.append(f"{dest}/{name}@{digest}")
-    # Signatures and SBOM attestations follow the images, by digest (none: nothing copied).
-    cosign = signing.Cosign(plain_http)
-    try:
-        for image, name, _ in copies:
-            cosign.copy(image, f"{dest}/{name}")
-        for name, ref in zip((BUNDLE_NAME, CATALOG_NAME), olm, strict=True):
-            if ref:
-                cosign.copy(f"{src}/{name}@{ref.partition('@')[2]}", f"{dest}/{name}")
-    finally:
-        cosign.close()
-    bundle, catalog = olm
-    return Release(version, dest, operator, platforms, engine, chart, chart_digest, bundle,
-                   catalog, engine_platforms).write(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -885,7 +789,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       args.engine_image, archs, args.allow_dirty, args.replace,
                       args.catalog_base, layers, args.engine_python, args.sign_key)
     else:
-        rel = mirror(args.src, args.dest, args.version, args.plain_http, args.out)
+        import mirror  # beside this file; it imports this module
+
+        rel = mirror.mirror(args.src, args.dest, args.version, args.plain_http, args.out)
     print(json.dumps(asdict(rel), indent=2))
     return 0
 

@@ -1,7 +1,8 @@
-"""No module over 800 lines and no class over 400 in the operator and the engine (issue 49, 7):
-a module or class that grows past them is split by concern, as api/v1alpha1/ (a 1,913-line
-module), the GC's collector and reports (a 543-line class) and the engine's front (a 551-line
-class: the proxy's requests in flight and vLLM's own API went to proxy.py) were.
+"""No module over 800 lines and no class over 400 in the operator, the engine and
+operator/scripts (issue 49, 7): a module or class that grows past them is split by concern, as
+api/v1alpha1/ (a 1,913-line module), release.py (894 lines: ``mirror`` went to mirror.py),
+the GC's collector and reports (a 543-line class) and the engine's front (a 551-line class:
+the proxy's requests in flight and vLLM's own API went to proxy.py) were.
 
 ``KNOWN`` lists what is over today, each with the size it may not exceed: it can shrink, not
 grow, and a new one fails here.
@@ -13,7 +14,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = [ROOT / "operator" / "spyre_operator", ROOT / "engine" / "spyre_engine"]
+#: the operator, the engine, and the release and OLM scripts beside them
+PACKAGES = [ROOT / "operator" / "spyre_operator", ROOT / "engine" / "spyre_engine",
+            ROOT / "operator" / "scripts"]
 MAX_MODULE_LINES = 800
 MAX_CLASS_LINES = 400
 KNOWN: dict[str, int] = {}

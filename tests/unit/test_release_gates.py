@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 R = script("release")
+M = script("mirror")
 CHANGELOG = "# Changelog\n\n## [Unreleased]\n\n## [1.2.0]\n\n- first\n"
 
 
@@ -164,11 +165,11 @@ def test_mirror_reads_the_pinned_images_from_the_charts_values_as_yaml() -> None
               f"defaults:\n  repository: evil.example/y\n"
               f"  engineImage: \"{ENG}@{D2}\"\n"
               f"image:\n  digest: '{D1}'\n  pullPolicy: IfNotPresent\n  repository: {OP}\n")
-    assert R.pinned_images(values, "r") == ((OP, D1), (ENG, D2))
+    assert M.pinned_images(values, "r") == ((OP, D1), (ENG, D2))
     # the chart as the repository ships it, pinned as release.py pins it
     chart = (ROOT / "charts" / "spyre-model-operator" / "values.yaml").read_text()
     with pytest.raises(SystemExit, match=r"image\.digest is ''"):
-        R.pinned_images(chart, "r")
+        M.pinned_images(chart, "r")
     for bad, why in (
         (f"image: {{repository: {OP}, digest: {D1}}}\ndefaults: {{engineImage: {ENG}:latest}}",
          "pins defaults.engineImage as"),
@@ -180,7 +181,7 @@ def test_mirror_reads_the_pinned_images_from_the_charts_values_as_yaml() -> None
         ("image: {repository: [", "does not parse"),
     ):
         with pytest.raises(SystemExit, match=why):
-            R.pinned_images(bad, "r")
+            M.pinned_images(bad, "r")
 
 
 def _chart_tgz(path: Path, mtime: int) -> None:
