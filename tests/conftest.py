@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 pytest_plugins = ["tests.cluster.fixtures", "tests.cluster.watchdog", "tests.cluster.prebuilt"]
@@ -29,3 +33,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "platforms: the release's operator image on every architecture (qemu "
         "builds): make test-platforms, once per change of its inputs; skipped in make test")
+
+
+#: vLLM's ZeroMQ sockets (``ipc://$VLLM_RPC_BASE_PATH/<uuid>``, by default the system's temp
+#: directory) of the engines a session starts on this machine: in a directory of the session's
+#: own, removed at its end. A vLLM killed by a test leaves its sockets behind (~70 per run
+#: stayed in /tmp before).
+_VLLM_RPC = "VLLM_RPC_BASE_PATH"
+_OWN_RPC_DIR: str | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _OWN_RPC_DIR
+    if _VLLM_RPC not in os.environ:
+        _OWN_RPC_DIR = os.environ[_VLLM_RPC] = tempfile.mkdtemp(prefix="spyre-vllm-rpc-")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _OWN_RPC_DIR is not None:
+        shutil.rmtree(_OWN_RPC_DIR, ignore_errors=True)
