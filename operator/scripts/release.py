@@ -86,6 +86,7 @@ CATALOG_NAME = f"{OPERATOR_NAME}-catalog"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import release_signing as signing  # noqa: E402  (beside this file)
+from provenance import SOURCE_ENV, release_labels, source_url  # noqa: E402  (beside it)
 
 from tests.images import build  # noqa: E402  (the project's image builder)
 
@@ -244,67 +245,17 @@ def tag_release(version: str, root: Path = ROOT) -> str:
     return tag
 
 
-#: The repository the images name as their source (``--source``): wins over git's origin.
-SOURCE_ENV = "SPYRE_RELEASE_SOURCE"
+#: What buildah records of the image a build started from (its manifest's annotations).
+BASE_ANNOTATIONS = ("org.opencontainers.image.base.name", "org.opencontainers.image.base.digest")
 
 
-_URL_PATH = re.compile(r"[A-Za-z0-9._~-]+(?:/[A-Za-z0-9._~-]+)*")
-_HOST = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
-
-
-def public_url(remote: str) -> str | None:
-    """A git remote as the https URL a reader can open, credentials dropped: ``https://`` and
-    ``http://`` as they are, ``ssh://[user@]host[:port]/path``, ``git://host/path`` and
-    scp-like ``user@host:path`` as ``https://host/path`` (no ``.git``); None for anything
-    else (a local path, ``file://``, a host without a domain, odd characters): no source is
-    better than a wrong one."""
-    from urllib.parse import urlsplit
-
-    remote = remote.strip()
-    if "://" not in remote:  # scp-like: [user@]host:path
-        head, sep, path = remote.partition(":")
-        remote = f"ssh://{head}/{path}" if sep and "/" not in head else ""
-    try:
-        u = urlsplit(remote)
-        host, port = u.hostname or "", u.port
-    except ValueError:
-        return None
-    path = u.path.strip("/").removesuffix(".git")
-    if (u.scheme not in ("https", "http", "ssh", "git") or not _HOST.fullmatch(host)
-            or not _URL_PATH.fullmatch(path) or u.query or u.fragment):
-        return None
-    if u.scheme in ("https", "http"):
-        return f"{u.scheme}://{host}{f':{port}' if port else ''}/{path}"
-    return f"https://{host}/{path}"
-
-
-def source_url(root: Path = ROOT) -> str | None:
-    """Where the release's source lives: ``$SPYRE_RELEASE_SOURCE`` (``--source``), else git's
-    ``origin`` (:func:`public_url`); None when neither names a public repository."""
-    given = os.environ.get(SOURCE_ENV, "").strip()
-    if given:
-        url = public_url(given)
-        if url is None:
-            raise SystemExit(f"--source {given!r}: not an http(s), ssh or git URL")
-        return url
-    r = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"],
-                       capture_output=True, text=True)  # fmt: skip
-    return public_url(r.stdout) if r.returncode == 0 else None
-
-
-def release_labels(version: str, commit: str, when: int, source: str | None) -> dict[str, str]:
-    """The OCI labels of a release's images: version, revision (the commit, ``-dirty`` for a
-    dirty tree), created (the commit's time, so a commit gives one image) and, when known,
-    source (:func:`source_url`; left out rather than made up)."""
-    import datetime
-
-    created = datetime.datetime.fromtimestamp(when, datetime.UTC)
-    labels = {"org.opencontainers.image.version": version,
-              "org.opencontainers.image.revision": commit,
-              "org.opencontainers.image.created": created.strftime("%Y-%m-%dT%H:%M:%SZ")}
-    if source:
-        labels["org.opencontainers.image.source"] = source
-    return labels
+def base_annotations(local: str) -> dict[str, str]:
+    """The base ``local`` (in buildah's storage) was built on, as buildah annotated it; empty
+    for an image without them (one made elsewhere)."""
+    info = json.loads(run([*build.buildah_cmd(), "inspect", "--type", "image", local],
+                          capture=True))  # fmt: skip
+    annotations = info.get("ImageAnnotations") or {}
+    return {k: annotations[k] for k in BASE_ANNOTATIONS if k in annotations}
 
 
 def labelled(local: str, name: str, version: str) -> str:
@@ -313,15 +264,19 @@ def labelled(local: str, name: str, version: str) -> str:
     digest, the same layers). Also what keeps a release apart from the test images it is built
     from: containerd's CRI image store lost track of an image imported under one name once the
     same image (same config digest) was pulled under another, and the kubelet then found
-    neither (seen on the real node with containerd 1.6)."""
+    neither (seen on the real node with containerd 1.6). The base ``local`` was built on
+    (buildah's ``org.opencontainers.image.base.name`` and ``.digest`` annotations) stays the
+    release's base: committed as it is, the release would name ``local`` itself."""
     commit, when = source_revision()
     bh = build.buildah_cmd()
+    base = base_annotations(local)
     ctr = run([*bh, "from", "--pull=never", "--quiet", local], capture=True).splitlines()[-1]
     arch = run([*bh, "inspect", "--format", "{{.OCIv1.Architecture}}", ctr], capture=True)
     ref = f"localhost/{name}-release-{arch}:{version}"
     try:
         labels = release_labels(version, commit, when, source_url())
         run([*bh, "config", *(a for k, v in labels.items() for a in ("--label", f"{k}={v}")),
+             *(a for k, v in base.items() for a in ("--annotation", f"{k}={v}")),
              ctr])  # fmt: skip
         run([*bh, "commit", "--quiet", "--timestamp", str(when), ctr, ref])
     finally:

@@ -48,6 +48,7 @@ from tests.cluster.node import NODE_NAME, RealNode
 from tests.images import build
 from tests.operator_log import refusals
 from tests.realpods import support as s
+from tests.scripts import script
 from tests.unit.test_bundle import bundle as bundle_script
 
 from .conftest import assert_no_host_operator
@@ -285,18 +286,31 @@ def test_the_release_made_again_from_its_commit_has_its_digests(
     is the same image, test_reproducible.py; then labelled and dated by the commit) and the
     chart (packaged with every entry and the archive dated by the commit). Pushed again to the
     same tags: the same content, so nothing the release named changes. Issue 48, 4: its
-    labels name the version, the commit, the commit's time and the source it was given."""
+    labels name the version, the commit, the commit's time and the source it was given, and
+    its manifest the base the operator image was built on (not the test image it was
+    labelled from)."""
     registry, version = released["registry"], released["version"]
-    config = json.loads(subprocess.run(
-        [release_script.skopeo_bin(), "inspect", "--config", "--tls-verify=false",
-         f"docker://{released['operator']}"], check=True, capture_output=True, text=True,
-        timeout=120).stdout)  # fmt: skip
+    provenance = script("provenance")
+
+    def skopeo(*args: str) -> Any:
+        return json.loads(subprocess.run(
+            [release_script.skopeo_bin(), "inspect", "--tls-verify=false", *args],
+            check=True, capture_output=True, text=True, timeout=120).stdout)  # fmt: skip
+
+    config = skopeo("--config", f"docker://{released['operator']}")
     commit, when = release_script.source_revision()
     labels = config["config"]["Labels"]
-    wanted = release_script.release_labels(version, commit, when, s.RELEASE_SOURCE)
+    wanted = provenance.release_labels(version, commit, when, s.RELEASE_SOURCE)
     assert {k: labels.get(k) for k in wanted} == wanted, labels
     assert config["created"].startswith(labels["org.opencontainers.image.created"][:-1]), config
-    monkeypatch.setenv(release_script.SOURCE_ENV, s.RELEASE_SOURCE)  # as release_args gives it
+    repo = released["operator"].partition("@")[0]
+    [entry] = [m for m in skopeo("--raw", f"docker://{released['operator']}")["manifests"]
+               if m["platform"]["architecture"] == build.HOST_ARCH]  # fmt: skip
+    annotations = skopeo("--raw", f"docker://{repo}@{entry['digest']}").get("annotations") or {}
+    built = release_script.base_annotations(build.in_storage(build.ensure_image("operator")))
+    assert built["org.opencontainers.image.base.name"].startswith("localhost/spyre-base"), built
+    assert {k: annotations.get(k) for k in built} == built, annotations
+    monkeypatch.setenv(provenance.SOURCE_ENV, s.RELEASE_SOURCE)  # as release_args gives it
     operator, _ = release_script.push_operator(registry, version, True, [build.HOST_ARCH])
     assert operator == released["operator"], (operator, released["operator"])
     # what was pushed is not kept in buildah's storage (a kept labelled engine held 9 GB of

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 R = script("release")
 M = script("mirror")
+P = script("provenance")
 CHANGELOG = "# Changelog\n\n## [Unreleased]\n\n## [1.2.0]\n\n- first\n"
 
 
@@ -229,13 +230,13 @@ def test_a_remote_becomes_the_https_url_a_reader_opens_or_nothing(remote: str,
                                                                  url: str | None) -> None:
     """Issue 48, 4: the images' source label is a repository a reader can open, credentials
     dropped; a local path names no source (a test clone's origin): left out, not made up."""
-    assert R.public_url(remote) == url
+    assert P.public_url(remote) == url
 
 
 @given(st.one_of(st.text(max_size=80), st.from_regex(
     r"(https?|ssh|git|file)://([a-z:@]{0,12}@)?[a-z0-9.:\[\]-]{0,20}/\S{0,30}", fullmatch=True)))
 def test_any_remote_gives_an_url_without_credentials_or_nothing(remote: str) -> None:
-    url = R.public_url(remote)
+    url = P.public_url(remote)
     assert url is None or (re.fullmatch(r"https?://[A-Za-z0-9.-]+(:\d+)?(/[A-Za-z0-9._~-]+)+",
                                         url) and "@" not in url), url
 
@@ -243,21 +244,21 @@ def test_any_remote_gives_an_url_without_credentials_or_nothing(remote: str) -> 
 def test_the_source_is_the_one_given_else_the_origin_else_none(
     repo: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(R.SOURCE_ENV, raising=False)
-    assert R.source_url(repo) is None  # no origin
+    monkeypatch.delenv(P.SOURCE_ENV, raising=False)
+    assert P.source_url(repo) is None  # no origin
     _git(repo, "remote", "add", "origin", "git@github.com:acme/spyre.git")
-    assert R.source_url(repo) == "https://github.com/acme/spyre"
-    monkeypatch.setenv(R.SOURCE_ENV, "https://git.example.org/site/spyre")
-    assert R.source_url(repo) == "https://git.example.org/site/spyre"
-    monkeypatch.setenv(R.SOURCE_ENV, "/a/local/path")
+    assert P.source_url(repo) == "https://github.com/acme/spyre"
+    monkeypatch.setenv(P.SOURCE_ENV, "https://git.example.org/site/spyre")
+    assert P.source_url(repo) == "https://git.example.org/site/spyre"
+    monkeypatch.setenv(P.SOURCE_ENV, "/a/local/path")
     with pytest.raises(SystemExit, match="not an http"):
-        R.source_url(repo)
+        P.source_url(repo)
 
 
 def test_the_labels_name_version_commit_its_time_and_a_known_source_only() -> None:
-    labels = R.release_labels("1.2.0", "abc123-dirty", 315532800, None)
+    labels = P.release_labels("1.2.0", "abc123-dirty", 315532800, None)
     assert labels == {"org.opencontainers.image.version": "1.2.0",
                       "org.opencontainers.image.revision": "abc123-dirty",
                       "org.opencontainers.image.created": "1980-01-01T00:00:00Z"}
-    assert R.release_labels("1.2.0", "abc", 0, "https://h.example/a")[
+    assert P.release_labels("1.2.0", "abc", 0, "https://h.example/a")[
         "org.opencontainers.image.source"] == "https://h.example/a"
