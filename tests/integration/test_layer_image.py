@@ -147,6 +147,14 @@ def test_layer_onto_a_base_without_vllm_fails_naming_what_is_missing(
     base = build.ensure_base()  # Debian's python3, no pip, no vLLM, no plugin
     built = build_layer(context, base, tag)
     out = built.stdout + built.stderr
+    if built.returncode != 0 and "unsupported base:" not in out:
+        # buildah 1.28 (chroot isolation) once relayed none of the failing step's output on a
+        # starved machine (the 2x run of fa27d7a: "subprocess exited with status 1" alone,
+        # where the check prints its two lines and the message): its pipes lose output under
+        # load (.ci/README's failures table, the uid-1001 image test). Built once more.
+        print(f"[layer] the step's output was lost ({out[-300:]!r}); building again")
+        built = build_layer(context, base, tag)
+        out = built.stdout + built.stderr
     assert built.returncode != 0, out[-4000:]
     assert (
         f"unsupported base: spyre-engine {VERSION} supports sendnn-inference ==2.6.3 and "
