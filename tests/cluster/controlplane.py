@@ -173,8 +173,8 @@ def registry_bin() -> Path:
 
 # Ports are picked outside the kernel's ephemeral range (spyre_engine.testing.process explains
 # why): one implementation for the cluster, the operators and the engines the tests start.
-from spyre_engine.testing.process import PICK_RANGE as PICK_RANGE  # noqa: E402
-from spyre_engine.testing.process import free_ports as free_ports  # noqa: E402
+from spyre_engine.ports import PICK_RANGE as PICK_RANGE  # noqa: E402
+from spyre_engine.ports import free_ports as free_ports  # noqa: E402
 
 #: Held while a control plane starts (any root): its ports are picked free and then bound by
 #: its components seconds later, and two clusters starting at once (``make test``'s cluster

@@ -207,25 +207,25 @@ class Timeline:
 
     #: every watch still running, killed at exit if a test never stopped its Timeline
     live: set[subprocess.Popen[str]] = set()
-    #: the running Timelines by (kubeconfig, namespace), each with its number of users
-    #: (:meth:`shared`): several Steadys at once on one namespace (the autoscaling tests) share
-    #: one set of watches instead of starting three kubectl processes each.
-    _shared: dict[tuple[str, str], list[Any]] = {}  # noqa: RUF012 - shared on purpose
+    #: the running Timelines by (kubeconfig, namespace) (:meth:`shared`): several Steadys at
+    #: once on one namespace (the autoscaling tests) share one set of watches instead of
+    #: starting three kubectl processes each.
+    _shared: dict[tuple[str, str], Timeline] = {}  # noqa: RUF012 - shared on purpose
 
     @classmethod
     def shared(cls, cp: ControlPlane, namespace: str) -> Timeline:
         """The namespace's running Timeline, or a new one; each call needs a :meth:`stop`."""
         key = (str(cp.kubeconfig), namespace)
-        entry = cls._shared.get(key)
-        if entry is None:
-            entry = cls._shared[key] = [cls(cp, namespace), 0]
-            entry[0]._key = key
-        entry[1] += 1
-        timeline: Timeline = entry[0]
+        timeline = cls._shared.get(key)
+        if timeline is None:
+            timeline = cls._shared[key] = cls(cp, namespace)
+            timeline._key = key
+        timeline._users += 1
         return timeline
 
     def __init__(self, cp: ControlPlane, namespace: str) -> None:
-        self._key: tuple[str, str] | None = None
+        self._key: tuple[str, str] | None = None  # set by shared()
+        self._users = 0
         self.events: list[tuple[float, str]] = []
         self.procs: list[subprocess.Popen[str]] = []
         for kind, line in self.KINDS.items():
@@ -258,12 +258,11 @@ class Timeline:
 
     def stop(self) -> None:
         """Stop the watches (of a shared Timeline: once its last user stopped it)."""
-        entry = Timeline._shared.get(self._key) if self._key else None
-        if entry is not None:
-            entry[1] -= 1
-            if entry[1] > 0:
+        if self._key is not None:
+            self._users -= 1
+            if self._users > 0:
                 return
-            del Timeline._shared[self._key]  # type: ignore[arg-type]
+            Timeline._shared.pop(self._key, None)
         for proc in self.procs:
             proc.kill()
             proc.wait(10)

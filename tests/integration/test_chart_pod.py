@@ -53,7 +53,7 @@ from tests.unit.test_bundle import bundle as bundle_script
 
 from .conftest import assert_no_host_operator
 
-release_script = s.release_script()
+release_script = script("release")
 
 pytestmark = [pytest.mark.integration, pytest.mark.realpods, pytest.mark.slow,
               pytest.mark.usefixtures("no_host_operator"),

@@ -52,6 +52,7 @@ from spyre_operator.desired import names
 from tests.cluster.controlplane import ControlPlane, KubectlError, NotYet, wait_until
 from tests.cluster.node import NODE_NAME, NODE_SELECTOR, NODE_TOLERATION, RealNode
 from tests.images import build
+from tests.scripts import script
 
 #: The host's platform: the operator image a release in ``make test`` holds (tests/images).
 HOST_PLATFORM = f"linux/{build.HOST_ARCH}"
@@ -136,13 +137,6 @@ def ensure_images(node: RealNode, which: Iterable[str] = ("operator", "engine"),
     return refs
 
 
-def release_script() -> Any:
-    """operator/scripts/release.py as a module (tests/scripts.py)."""
-    from tests.scripts import script
-
-    return script("release")
-
-
 #: The password of the tests' release signing key (release_key).
 RELEASE_KEY_PASSWORD = "spyre-test-release"
 
@@ -161,7 +155,7 @@ def new_key_pair(d: Path, password: str, into: Path | None = None) -> tuple[Path
     """``cosign generate-key-pair`` in ``d`` (moved to ``into``): (release.key, release.pub)."""
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    cosign, _ = release_script().signing.tools()
+    cosign, _ = script("release").signing.tools()
     subprocess.run([cosign, "generate-key-pair", "--output-key-prefix", str(d / "release")],
                    check=True, capture_output=True, stdin=subprocess.DEVNULL,
                    env={**os.environ, "COSIGN_PASSWORD": password})  # fmt: skip
@@ -291,7 +285,7 @@ def image_files(ref: str, tmp: Path) -> tuple[dict[str, bytes], dict[str, str]]:
     import tarfile
 
     dest = tmp / ref.replace("/", "_").replace(":", "_").replace("@", "_")
-    subprocess.run([release_script().skopeo_bin(), "copy", "--quiet", "--src-tls-verify=false",
+    subprocess.run([script("release").skopeo_bin(), "copy", "--quiet", "--src-tls-verify=false",
                     f"docker://{ref}", f"dir:{dest}"], check=True, capture_output=True,
                    timeout=300)  # fmt: skip
     manifest = json.loads((dest / "manifest.json").read_text())
