@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spyre_engine import known_configs
-from spyre_engine.settings import SENDNN_BACKENDS, EngineSettings, format_warmup_shapes
+from spyre_engine.settings import SENDNN_BACKENDS, Backend, EngineSettings, format_warmup_shapes
 
 CATALOG_FILENAME = "pre_compiled_cache_catalog.json"
 LOCK_FILENAME = ".pre_compiled_cache_catalog.lock"
@@ -224,7 +224,7 @@ def serves_with(entry: dict[str, Any], backend: str) -> bool:
     by other tools) are accepted.
     """
     built = entry.get("dynamo_backend")
-    if built is None or backend == "eager":
+    if built is None or backend == Backend.EAGER:
         return True
     if backend in SENDNN_BACKENDS:
         return built in SENDNN_BACKENDS

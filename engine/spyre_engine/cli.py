@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import spyre_contract as contract
 from pydantic import ValidationError
 
 from spyre_engine import compat
 from spyre_engine.inuse import SERVICE_ACCOUNT_DIR, InUseCheck, InUseUnknown, api_lister
 from spyre_engine.settings import (
     SENDNN_BACKENDS,
+    Backend,
     CacheSettings,
     EngineSettings,
     PrecompileSettings,
@@ -44,7 +46,7 @@ from spyre_engine.weights import ModelRef, parse_ref
 
 log = logging.getLogger("spyre_engine")
 
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+DEFAULT_TERMINATION_LOG = contract.TERMINATION_LOG_PATH
 
 
 class UsageError(Exception):
@@ -66,11 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     add_arguments(
-        sub.add_parser("precompile", help="Compile a shape into the artifact dir"),
+        sub.add_parser(contract.PRECOMPILE, help="Compile a shape into the artifact dir"),
         PrecompileSettings,
     )
     add_arguments(
-        sub.add_parser("serve", help="Serve the OpenAI API from a precompiled artifact"),
+        sub.add_parser(contract.SERVE, help="Serve the OpenAI API from a precompiled artifact"),
         ServeSettings,
     )
     add_arguments(
@@ -79,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(
         sub.add_parser(
-            "gc", help="Remove the given artifacts (skipping any being written), and orphans"
+            contract.GC, help="Remove the given artifacts (skipping any being written), and orphans"
         ),
         CacheSettings,
     )
@@ -367,7 +369,8 @@ def select_entry(
     missing = [k for k in catalog.OPTIONAL_KEYS if k in shape and k not in entry["data"]]
     if missing:
         log.warning("The catalog entry does not record %s; not checked", ", ".join(missing))
-    if settings.backend == "inductor" and not _has_files(Path(settings.artifact_dir) / "inductor"):
+    inductor = Path(settings.artifact_dir) / "inductor"
+    if settings.backend == Backend.INDUCTOR and not _has_files(inductor):
         raise ArtifactMismatch(
             f"{settings.artifact_dir} has a catalog entry but no inductor graphs "
             "(<artifact>/inductor is empty); serve does not compile: precompile again"

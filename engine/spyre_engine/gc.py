@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import spyre_contract as contract
+
 from spyre_engine.catalog import CATALOG_FILENAME, write_json_atomically
 from spyre_engine.disk import TRASH_PREFIX, directory_size, empty_trash
 from spyre_engine.inuse import InUseUnknown
@@ -224,9 +226,9 @@ class GcResult:
     def to_dict(self) -> dict[str, Any]:
         """camelCase, for the termination log."""
         doc: dict[str, Any] = {
-            "removed": self.removed,
-            "skipped": self.skipped,
-            "freedBytes": self.freed_bytes,
+            contract.REMOVED: self.removed,
+            contract.SKIPPED: self.skipped,
+            contract.FREED_BYTES: self.freed_bytes,
         }
         if self.in_use_unknown:
             doc["inUseUnknown"] = self.in_use_unknown

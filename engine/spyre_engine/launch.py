@@ -24,8 +24,10 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
+import spyre_contract as contract
+
 from spyre_engine.ports import free_port
-from spyre_engine.settings import COMPILE_ONLY_BACKEND, SENDNN_BACKENDS, EngineSettings
+from spyre_engine.settings import COMPILE_ONLY_BACKEND, SENDNN_BACKENDS, Backend, EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -275,9 +277,7 @@ def plugin_env(
     # Paths derived from --artifact-dir win too: torch sets TORCHINDUCTOR_CACHE_DIR=/tmp/... in
     # any process that imported it, CI sets TMPDIR; either would put the graphs elsewhere.
     forced: dict[str, str] = {
-        "SENDNN_INFERENCE_DYNAMO_BACKEND": settings.backend,
-        "TORCH_SENDNN_CACHE_ENABLE": "1",
-        "TORCH_SENDNN_CACHE_DIR": str(artifact),
+        **contract.sendnn_cache_env(settings.backend, str(artifact)),
         "MASTER_PORT": str(free_port()),
     }
     if require_precompiled:
@@ -310,7 +310,7 @@ def plugin_env(
         # Inherited from a compile-only setup: with it nothing would run on the cards.
         log.warning("Ignoring inherited FLEX_DEVICE=COMPILE: --backend %s", settings.backend)
         env.pop("FLEX_DEVICE")
-    if settings.backend == "inductor":
+    if settings.backend == Backend.INDUCTOR:
         # Inductor keeps its graphs and ~150 MB of generated headers in these; both must live in
         # the artifact for a warm start.
         inductor_cache, inductor_tmp = inductor_dirs(artifact, serving=require_precompiled)

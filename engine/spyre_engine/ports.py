@@ -53,7 +53,7 @@ def free_ports(n: int, udp: bool = False) -> list[int]:
                     s.close()
                 continue
             socks += pair
-            ports.append(pair[0].getsockname()[1])
+            ports.append(port)
         return ports
     finally:
         for s in socks:

@@ -35,7 +35,7 @@ from spyre_engine.launch import (
     vllm_command,
 )
 from spyre_engine.ports import free_port
-from spyre_engine.settings import COMPILE_ONLY_BACKEND, PrecompileSettings
+from spyre_engine.settings import COMPILE_ONLY_BACKEND, Backend, PrecompileSettings
 from spyre_engine.summary import (
     REASON_CATALOG_ERROR,
     REASON_COMPILE_FAILED,
@@ -130,7 +130,7 @@ def run_warmup(
 
 #: The compile backends whose precompile vLLM runs the model (sendnn_compile_only builds graphs
 #: it cannot run; eager compiles nothing).
-RUNS_THE_MODEL = ("sendnn", "inductor")
+RUNS_THE_MODEL = (Backend.SENDNN, Backend.INDUCTOR)
 
 
 def reference_backend(settings: PrecompileSettings) -> str | None:
@@ -151,8 +151,8 @@ def reference_backend(settings: PrecompileSettings) -> str | None:
     """
     if settings.reference_answers != "record" or settings.is_pooling:
         return None
-    return {"sendnn": "sendnn", "inductor": "eager", COMPILE_ONLY_BACKEND: "eager",
-            "eager": "eager"}.get(settings.backend)
+    return {Backend.SENDNN: Backend.SENDNN, Backend.INDUCTOR: Backend.EAGER,
+            COMPILE_ONLY_BACKEND: Backend.EAGER, Backend.EAGER: Backend.EAGER}.get(settings.backend)
 
 
 def record_references_on(
@@ -394,7 +394,7 @@ def _precompile_locked(
     # Before any load: the reference answers are those of the files as they were then.
     weights = answers.weights_fingerprint(Path(model_path)) if recorded_on else None
     files = answers.files_signature(Path(model_path)) if recorded_on else None
-    if settings.backend == "eager":
+    if settings.backend == Backend.EAGER:
         log.info("Backend eager compiles nothing; recording the shape%s",
                  " and the reference answers" if recorded_on else " only")
     else:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import spyre_contract as contract
 from aiohttp import web
 
 from spyre_engine import answers, canary, guard
@@ -296,11 +297,11 @@ class EngineServer:
         # A body larger than the model's context can hold is refused (413): unread when its
         # length is declared (proxy), and aiohttp stops reading a chunked one there.
         app = web.Application(client_max_size=self.max_body)
-        app.router.add_get("/health/startup", self.startup_probe)
-        app.router.add_get("/health/ready", self.readiness_probe)
-        app.router.add_get("/health/live", self.liveness_probe)
-        app.router.add_get("/health/canary", self.canary_report)
-        app.router.add_get("/health/served", self.served_report)
+        app.router.add_get(contract.STARTUP_PATH, self.startup_probe)
+        app.router.add_get(contract.READY_PATH, self.readiness_probe)
+        app.router.add_get(contract.LIVE_PATH, self.liveness_probe)
+        app.router.add_get(contract.CANARY_REPORT_PATH, self.canary_report)
+        app.router.add_get(contract.SERVED_REPORT_PATH, self.served_report)
         metrics_port = self.settings.metrics_port
         app.router.add_get(
             "/metrics", self.metrics_endpoint if metrics_port is None else self.metrics_elsewhere

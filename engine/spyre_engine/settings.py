@@ -1,7 +1,10 @@
 """Engine settings: pydantic models filled from flags and ``SPYRE_ENGINE_*`` environment variables.
 
-Every field ``foo_bar`` is the flag ``--foo-bar`` and the variable ``SPYRE_ENGINE_FOO_BAR``; a flag
-beats the variable. Pure (no vLLM/torch) so the operator can import it to render container args.
+Every field ``foo_bar`` is the flag ``--foo-bar`` and the variable ``SPYRE_ENGINE_FOO_BAR``
+(spyre_contract ``flag``, ``env_name``); a flag beats the variable. Pure (no vLLM/torch): read
+before vLLM is imported. The operator does not import it (its image has no pydantic models of the
+engine): the flags it writes are spyre_contract's, each one of these fields
+(tests/unit/test_contract.py).
 """
 
 from __future__ import annotations
@@ -12,21 +15,22 @@ import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ENV_PREFIX = "SPYRE_ENGINE_"
-
-Task = Literal["generate", "embed", "score", "rerank"]
-Backend = Literal["sendnn", "sendnn_compile_only", "inductor", "eager"]
-POOLING_TASKS: frozenset[str] = frozenset({"embed", "score", "rerank"})
-# Compiles for Spyre without cards (torch_sendnn with FLEX_DEVICE=COMPILE); precompile only.
-COMPILE_ONLY_BACKEND = "sendnn_compile_only"
-# The backends that read and write torch_sendnn's cache: an artifact built with either is served
-# with "sendnn".
-SENDNN_BACKENDS: frozenset[str] = frozenset({"sendnn", COMPILE_ONLY_BACKEND})
+# The names the operator shares (tasks, backends, how a field is a flag and a variable).
+from spyre_contract import COMPILE_ONLY_BACKEND as COMPILE_ONLY_BACKEND
+from spyre_contract import ENV_PREFIX as ENV_PREFIX
+from spyre_contract import POOLING_TASKS as POOLING_TASKS
+from spyre_contract import SENDNN_BACKENDS as SENDNN_BACKENDS
+from spyre_contract import TERMINATION_LOG_PATH
+from spyre_contract import Backend as Backend
+from spyre_contract import Task as Task
+from spyre_contract import env_name as env_name
+from spyre_contract import flag as _flag
 
 # The plugin prefills in chunks and pads prompts to multiples of 64 tokens.
 SPYRE_BLOCK = 64
@@ -71,7 +75,8 @@ def format_warmup_shapes(shapes: Sequence[WarmupShape]) -> str:
 class EngineSettings(BaseModel):
     """Settings of ``precompile`` and ``serve``: what model, which shape, where the graphs are."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Tasks and backends as their plain names (the contract's enums only check them).
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_enum_values=True)
 
     model: str = Field(
         description="Model: a local path, pvc://CLAIM/PATH (under --pvc-root) or "
@@ -80,7 +85,9 @@ class EngineSettings(BaseModel):
     served_name: str | None = Field(
         None, description="Model name in the OpenAI API (default: the model's directory name)"
     )
-    task: Task = Field("generate", description="generate, or a pooling task: embed, score, rerank")
+    task: Task = Field(
+        Task.GENERATE, description="generate, or a pooling task: embed, score, rerank"
+    )
     artifact_dir: Path = Field(
         description="Directory holding the compiled graphs and pre_compiled_cache_catalog.json"
     )
@@ -97,10 +104,10 @@ class EngineSettings(BaseModel):
         default_factory=list, description="Pooling only: static shapes, e.g. 64x4,128x2"
     )
     backend: Backend = Field(
-        "sendnn", description="Dynamo backend: sendnn, sendnn_compile_only, inductor, eager"
+        Backend.SENDNN, description="Dynamo backend: sendnn, sendnn_compile_only, inductor, eager"
     )
     termination_log: Path | None = Field(
-        Path("/dev/termination-log"), description="Where the one-line JSON summary is written"
+        Path(TERMINATION_LOG_PATH), description="Where the one-line JSON summary is written"
     )
     hf_cache_dir: Path | None = Field(None, description="Download directory for hf:// models")
     pvc_root: Path = Field(
@@ -321,7 +328,7 @@ class CacheSettings(BaseModel):
         "ServiceAccount)",
     )
     termination_log: Path | None = Field(
-        Path("/dev/termination-log"), description="Where the one-line JSON summary is written"
+        Path(TERMINATION_LOG_PATH), description="Where the one-line JSON summary is written"
     )
 
     @field_validator("remove", "keep", "keep_models", mode="before")
@@ -339,22 +346,18 @@ class CacheSettings(BaseModel):
         return value
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def env_name(field: str) -> str:
-    """The environment variable that sets ``field``."""
-    return ENV_PREFIX + field.upper()
-
-
 def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """Add one flag per settings field; defaults are suppressed so env and model defaults apply."""
     for name, info in model.model_fields.items():
         help_text = f"{info.description or ''} [env {env_name(name)}]"
         if name == "vllm_args":
             continue  # taken from after "--"
-        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else None
+        kind = info.annotation
+        choices: Sequence[str] | None = (
+            get_args(kind) if get_origin(kind) is Literal
+            else [m.value for m in kind] if isinstance(kind, type) and issubclass(kind, Enum)
+            else None
+        )
         if info.annotation is bool:
             parser.add_argument(
                 _flag(name),

@@ -3,7 +3,8 @@
 Pure (pydantic only): written before vLLM is imported (a refusal that never starts it), and
 read back by the engine's own tests. The operator does not import it: it reads the same line from
 ``containerStatuses[].state.terminated.message`` with its own parser
-(operator/spyre_operator/decide/summary.py), whose image has neither this package nor torch.
+(operator/spyre_operator/decide/summary.py), whose image has neither this package nor torch; the
+fields and reasons both use are spyre_contract's.
 """
 
 from __future__ import annotations
@@ -12,36 +13,29 @@ import json
 import logging
 from pathlib import Path
 
+import spyre_contract as contract
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 log = logging.getLogger(__name__)
 
-# Reasons a failure summary can carry. CamelCase, like Kubernetes condition reasons.
-REASON_INVALID_SETTINGS = "InvalidSettings"
-REASON_MODEL_NOT_FOUND = "ModelNotFound"
-REASON_MODEL_ACCESS_DENIED = "ModelAccessDenied"
-#: The download failed for another reason than the repository (DNS, proxy, TLS, timeout, the
-#: hub's 5xx, a full claim): the message names the cause and the setting that fixes it.
-REASON_MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
-REASON_ARTIFACT_MISMATCH = "ArtifactMismatch"
-#: ``precompile``: the artifact would not fit on the cache claim, by the size of the last one of
-#: its shape there (space.py); nothing was compiled.
-REASON_INSUFFICIENT_CACHE_SPACE = "InsufficientCacheSpace"
-#: The artifact dir does not match its manifest (missing, truncated, changed) or has none.
-REASON_ARTIFACT_CORRUPT = "ArtifactCorrupt"
-REASON_COMPILE_FAILED = "CompileFailed"
-REASON_ENGINE_FAILED = "EngineFailed"
-REASON_CATALOG_ERROR = "CatalogError"
-REASON_TERMINATED = "Terminated"
-REASON_UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
-#: The image's vLLM or sendnn-inference is not a version this spyre-engine supports (compat.py).
-REASON_UNSUPPORTED_BASE = "UnsupportedBase"
-#: ``gc``: the API server could not be asked which artifacts are in use; nothing was removed.
-REASON_IN_USE_UNKNOWN = "InUseUnknown"
-#: ``serve``: the engine's answers left the artifact's reference answers (answers.py).
-REASON_OUTPUT_MISMATCH = "OutputMismatch"
-#: ``serve --canary-seconds``: the canary's own requests broke the model's bounds (canary.py).
-REASON_CANARY_FAILED = "CanaryFailed"
+# Reasons a failure summary can carry: spyre_contract's (the operator reads the same names),
+# explained there.
+REASON_INVALID_SETTINGS = contract.INVALID_SETTINGS
+REASON_MODEL_NOT_FOUND = contract.MODEL_NOT_FOUND
+REASON_MODEL_ACCESS_DENIED = contract.MODEL_ACCESS_DENIED
+REASON_MODEL_DOWNLOAD_FAILED = contract.MODEL_DOWNLOAD_FAILED
+REASON_ARTIFACT_MISMATCH = contract.ARTIFACT_MISMATCH
+REASON_INSUFFICIENT_CACHE_SPACE = contract.INSUFFICIENT_CACHE_SPACE
+REASON_ARTIFACT_CORRUPT = contract.ARTIFACT_CORRUPT
+REASON_COMPILE_FAILED = contract.COMPILE_FAILED
+REASON_ENGINE_FAILED = contract.ENGINE_FAILED
+REASON_CATALOG_ERROR = contract.CATALOG_ERROR
+REASON_TERMINATED = contract.TERMINATED
+REASON_UNSUPPORTED_CONFIGURATION = contract.UNSUPPORTED_CONFIGURATION
+REASON_UNSUPPORTED_BASE = contract.UNSUPPORTED_BASE
+REASON_IN_USE_UNKNOWN = contract.IN_USE_UNKNOWN
+REASON_OUTPUT_MISMATCH = contract.OUTPUT_MISMATCH
+REASON_CANARY_FAILED = contract.CANARY_FAILED
 
 
 class Versions(BaseModel):
@@ -67,11 +61,15 @@ class PrecompileSummary(BaseModel):
 
     key: str | None = Field(None, description="Artifact key (from --artifact-key), if any")
     path: str = Field(description="Artifact directory the graphs and catalog were written to")
-    compile_seconds: float = Field(alias="compileSeconds", description="Wall time of the warmup")
-    size_bytes: int = Field(alias="sizeBytes", description="Total size of the artifact dir")
+    compile_seconds: float = Field(
+        alias=contract.COMPILE_SECONDS, description="Wall time of the warmup"
+    )
+    size_bytes: int = Field(
+        alias=contract.SIZE_BYTES, description="Total size of the artifact dir"
+    )
     model_revision: str | None = Field(
         None,
-        alias="modelRevision",
+        alias=contract.MODEL_REVISION,
         description="Commit an hf:// model resolved to (e.g. for @main), if it came from the hub",
     )
     versions: Versions = Field(
@@ -97,7 +95,7 @@ class FailureSummary(BaseModel):
     message: str = Field(description="One human-readable line")
     output_check: dict[str, object] | None = Field(
         default=None,
-        validation_alias=AliasChoices("outputCheck", "output_check"),
+        validation_alias=AliasChoices(contract.OUTPUT_CHECK_SUMMARY, "output_check"),
         description="OutputMismatch: the check's summary (answers.Verdict.summary: the first "
         "diverging prompt, position, expected and actual token)",
     )
@@ -105,9 +103,9 @@ class FailureSummary(BaseModel):
     def to_line(self) -> str:
         """One line of JSON; the message is flattened to a single line."""
         flat = " ".join(self.message.split())
-        line: dict[str, object] = {"reason": self.reason, "message": flat}
+        line: dict[str, object] = {contract.REASON: self.reason, contract.MESSAGE: flat}
         if self.output_check is not None:
-            line["outputCheck"] = self.output_check
+            line[contract.OUTPUT_CHECK_SUMMARY] = self.output_check
         return json.dumps(line, separators=(",", ":"))
 
 
@@ -119,20 +117,11 @@ def parse_termination_message(text: str | None) -> PrecompileSummary | FailureSu
     """
     if not text:
         return None
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
+    for data in contract.json_objects_last_first(text):
         try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(data, dict):
-            continue
-        try:
-            if "reason" in data:
+            if contract.REASON in data:
                 return FailureSummary.model_validate(data)
-            if "path" in data:
+            if contract.PATH in data:
                 return PrecompileSummary.model_validate(data)
         except ValidationError:
             continue

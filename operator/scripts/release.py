@@ -388,8 +388,9 @@ def build_engine_layer(arch: str, base: str, python: str, ref: str | None = None
 
 
 #: What engine/Containerfile.layer copies (its .dockerignore admits these), and the file.
-LAYER_CONTEXT = ("pyproject.toml", "README.md", "engine/spyre_engine", "engine/senlib.json",
-                 "engine/entrypoint.sh", "engine/Containerfile.layer")  # fmt: skip
+LAYER_CONTEXT = ("pyproject.toml", "README.md", "engine/spyre_engine", "engine/spyre_contract",
+                 "engine/senlib.json", "engine/entrypoint.sh",
+                 "engine/Containerfile.layer")  # fmt: skip
 
 
 def layer_context(dest: Path) -> Path:

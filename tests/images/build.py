@@ -98,7 +98,8 @@ SPECS: dict[str, ImageSpec] = {
         name="operator",
         repo=OPERATOR_REPO,
         containerfile="operator/Containerfile",
-        inputs=("pyproject.toml", "operator/requirements.lock", "operator/spyre_operator"),
+        inputs=("pyproject.toml", "operator/requirements.lock", "operator/spyre_operator",
+                "engine/spyre_contract"),
         base_arg="PYTHON_IMAGE",
         base="base",
         extra_hashed=("operator/Containerfile.dockerignore",),
@@ -112,6 +113,7 @@ SPECS: dict[str, ImageSpec] = {
             "pyproject.toml",
             "requirements.lock",
             "engine/spyre_engine",
+            "engine/spyre_contract",
             "engine/senlib.json",
             "engine/entrypoint.sh",
             # copied by the production and the CPU build alike, used by production only

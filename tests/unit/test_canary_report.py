@@ -38,9 +38,13 @@ def test_the_engines_report_parses_as_the_operator_reads_it() -> None:
 def test_the_route_is_the_engines() -> None:
     import inspect
 
+    import spyre_contract as contract
     from spyre_engine import serve
 
-    assert f'"{REPORT_PATH}"' in inspect.getsource(serve.EngineServer._start_http)
+    # one spelling for both (spyre_contract), and the engine routes it
+    assert REPORT_PATH == contract.CANARY_REPORT_PATH
+    routes = inspect.getsource(serve.EngineServer._start_http)
+    assert "add_get(contract.CANARY_REPORT_PATH," in routes
 
 
 @pytest.mark.parametrize("body", [
@@ -180,9 +184,13 @@ def test_the_engines_served_report_parses_as_the_operator_reads_it() -> None:
 def test_the_served_route_is_the_engines() -> None:
     import inspect
 
+    import spyre_contract as contract
     from spyre_engine import serve
 
-    assert f'"{SERVED_PATH}"' in inspect.getsource(serve.EngineServer._start_http)
+    # one spelling for both (spyre_contract), and the engine routes it
+    assert SERVED_PATH == contract.SERVED_REPORT_PATH
+    routes = inspect.getsource(serve.EngineServer._start_http)
+    assert "add_get(contract.SERVED_REPORT_PATH," in routes
 
 
 @pytest.mark.parametrize("body", [

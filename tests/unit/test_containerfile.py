@@ -107,8 +107,19 @@ def test_operator_has_no_engine_extra() -> None:
     """The operator image must not pull torch/vLLM (the `engine` extra)."""
     runs = _runs(OPERATOR)
     assert "[engine" not in runs and "torch" not in runs and "vllm" not in runs.lower()
-    copies = " ".join(rest for op, rest in _instructions(OPERATOR) if op == "COPY")
-    assert "engine/" not in copies
+    # of the engine's folder only the names both share (stdlib only: test_spyre_contract.py)
+    engine = [s for s in _copy_sources(OPERATOR) if s.startswith("engine/")]
+    assert engine == ["engine/spyre_contract"]
+
+
+@pytest.mark.parametrize("path", [OPERATOR, ENGINE, LAYER], ids=["operator", "engine", "layer"])
+def test_every_image_ships_the_contract(path: Path) -> None:
+    """spyre_contract is imported by the operator and by the engine (issue 49, 4); each
+    image's .dockerignore (where it has one) admits it."""
+    assert "engine/spyre_contract" in _copy_sources(path)
+    ignore = path.with_name(path.name + ".dockerignore")
+    if ignore.exists():
+        assert "!engine/spyre_contract/**" in ignore.read_text().splitlines()
 
 
 def test_operator_user_gets_a_passwd_entry_only_where_missing() -> None:

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN = {"spyre_operator", "spyre_engine"}
+OWN = {"spyre_operator", "spyre_engine", "spyre_contract"}
 
 
 def _imports(package_dir: Path) -> dict[str, str]:

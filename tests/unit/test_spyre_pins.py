@@ -29,7 +29,6 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
 
 import pytest
 import yaml
@@ -39,6 +38,7 @@ from spyre_engine.settings import Backend
 ROOT = Path(__file__).resolve().parents[2]
 #: Our sources that name plugin variables (not the tests).
 OUR_SOURCES = [*(ROOT / "engine" / "spyre_engine").rglob("*.py"),
+               *(ROOT / "engine" / "spyre_contract").rglob("*.py"),
                *(ROOT / "operator" / "spyre_operator").rglob("*.py")]  # fmt: skip
 
 #: Keys of a catalog entry the plugin reads, all of which precompile writes (catalog.py).
@@ -137,9 +137,9 @@ def env_drift(src: Installed) -> list[str]:
                 rel = path.relative_to(ROOT)
                 problems.append(f"sendnn_inference/envs.py no longer defines {name} ({rel})")
     text = (src.plugin / "envs.py").read_text() + (src.plugin / "platform.py").read_text()
-    for backend in get_args(Backend):
-        if f'"{backend}"' not in text:
-            problems.append(f"the plugin no longer names the backend {backend!r}")
+    for backend in Backend:
+        if f'"{backend.value}"' not in text:
+            problems.append(f"the plugin no longer names the backend {backend.value!r}")
     return problems
 
 

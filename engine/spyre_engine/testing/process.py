@@ -18,9 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # Ports picked outside the kernel's ephemeral range (spyre_engine.ports says why).
-from spyre_engine.ports import PICK_RANGE as PICK_RANGE  # noqa: E402
 from spyre_engine.ports import free_port as free_port  # noqa: E402
-from spyre_engine.ports import free_ports as free_ports  # noqa: E402
 
 
 def engine_command(*args: str) -> list[str]:

@@ -15,14 +15,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import spyre_contract as contract
+
 #: The engine's answer is ~200 bytes.
 MAX_REPORT_BYTES = 4096
 #: One read of one canary pod (the operator reads a model's canary pods at most every
 #: SERVER_PODS_TTL seconds, while a canary runs).
 REPORT_TIMEOUT_SECONDS = 3.0
 #: The engine's routes (a unit test compares them with the engine's).
-REPORT_PATH = "/health/canary"
-SERVED_PATH = "/health/served"
+REPORT_PATH = contract.CANARY_REPORT_PATH
+SERVED_PATH = contract.SERVED_REPORT_PATH
 _MAX_COUNT = 10**12
 
 

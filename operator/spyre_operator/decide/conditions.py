@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import spyre_contract as contract
+
 # Types
 READY = "Ready"
 CACHE_VOLUME_READY = "CacheVolumeReady"
@@ -69,19 +71,19 @@ PRECOMPILE_POD_REJECTED = "PrecompilePodRejected"
 #: ArtifactReady=False, Progressing=True: the model needs a precompile Job but every slot of
 #: the cluster-wide budget (--max-concurrent-compiles) is in use; no Job is created yet.
 WAITING_FOR_COMPILE_SLOT = "WaitingForCompileSlot"
-# ... or the engine's own reason when it says what users must fix (engine/spyre_engine/summary.py)
-MODEL_NOT_FOUND = "ModelNotFound"
-MODEL_ACCESS_DENIED = "ModelAccessDenied"
+# ... or the engine's own reason when it says what users must fix (engine/spyre_contract)
+MODEL_NOT_FOUND = contract.MODEL_NOT_FOUND
+MODEL_ACCESS_DENIED = contract.MODEL_ACCESS_DENIED
 #: The hub could not be reached or answered with an error, or the claim filled up while
 #: downloading: the message names the cause (DNS, proxy, TLS, timeout, 5xx, no space) and its fix.
-MODEL_DOWNLOAD_FAILED = "ModelDownloadFailed"
-UNSUPPORTED_CONFIGURATION = "UnsupportedConfiguration"
+MODEL_DOWNLOAD_FAILED = contract.MODEL_DOWNLOAD_FAILED
+UNSUPPORTED_CONFIGURATION = contract.UNSUPPORTED_CONFIGURATION
 #: The engine image's vLLM or sendnn-inference is not a version its spyre-engine supports
 #: (engine/spyre_engine/compat.py; e.g. spyre-engine layered onto a site's own vLLM image).
-UNSUPPORTED_BASE = "UnsupportedBase"
+UNSUPPORTED_BASE = contract.UNSUPPORTED_BASE
 #: The artifact would not fit on the cache claim, by the size of the last artifact of its shape
 #: there (engine/spyre_engine/space.py): refused before compiling, the numbers in the message.
-INSUFFICIENT_CACHE_SPACE = "InsufficientCacheSpace"
+INSUFFICIENT_CACHE_SPACE = contract.INSUFFICIENT_CACHE_SPACE
 #: The effective engine image is not on the operator's allow-list: nothing is compiled.
 ENGINE_IMAGE_NOT_ALLOWED = "EngineImageNotAllowed"
 #: Engine failure reasons that replace the generic PrecompileFailed in conditions.
@@ -104,19 +106,19 @@ PODS_NOT_READY = "PodsNotReady"
 RECONCILED = "Reconciled"
 AS_EXPECTED = "AsExpected"
 INVALID_SPEC = "InvalidSpec"
-ENGINE_FAILED = "EngineFailed"
+ENGINE_FAILED = contract.ENGINE_FAILED
 #: A serving pod refused the artifact: it does not match the manifest its precompile wrote
 #: (missing, truncated, changed) or has none (engine/spyre_engine/manifest.py).
-ARTIFACT_CORRUPT = "ArtifactCorrupt"
+ARTIFACT_CORRUPT = contract.ARTIFACT_CORRUPT
 #: A serving pod found no catalog entry it can serve for its shape.
-ARTIFACT_MISMATCH = "ArtifactMismatch"
+ARTIFACT_MISMATCH = contract.ARTIFACT_MISMATCH
 #: A serving pod's answers to the artifact's reference prompts left the reference answers
 #: (engine/spyre_engine/answers.py): it stopped before turning Ready. Not compiled again for it
 #: (a compile of the same inputs gives the same graphs).
-OUTPUT_MISMATCH = "OutputMismatch"
+OUTPUT_MISMATCH = contract.OUTPUT_MISMATCH
 #: A canary pod's own requests broke spec.serving.canary's bounds (error share or mean latency;
 #: engine/spyre_engine/canary.py): it stopped, the model keeps the previous artifact.
-CANARY_FAILED = "CanaryFailed"
+CANARY_FAILED = contract.CANARY_FAILED
 #: The canary was not passed by canary.deadlineSeconds from its start (its pods never all
 #: served, or kept restarting): the model keeps the previous artifact.
 CANARY_DEADLINE_EXCEEDED = "CanaryDeadlineExceeded"

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import spyre_contract as contract
+
 from ..api.v1alpha1 import CacheRetention
 from ..desired import names
 from . import jobs
@@ -225,16 +227,16 @@ def parse_gc_result(message: str | None) -> GcResult | None:
             doc = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(doc, dict) or "removed" not in doc:
+        if not isinstance(doc, dict) or contract.REMOVED not in doc:
             return None
         removed = {
             str(r["key"]): int(r.get("sizeBytes") or 0)
-            for r in doc.get("removed") or []
+            for r in doc.get(contract.REMOVED) or []
             if isinstance(r, dict) and r.get("key")
         }
         skipped = {
             str(r["key"]): str(r.get("reason") or "")
-            for r in doc.get("skipped") or []
+            for r in doc.get(contract.SKIPPED) or []
             if isinstance(r, dict) and r.get("key")
         }
         orphans = tuple(
@@ -245,10 +247,10 @@ def parse_gc_result(message: str | None) -> GcResult | None:
         return GcResult(
             removed,
             skipped,
-            int(doc.get("freedBytes") or 0),
+            int(doc.get(contract.FREED_BYTES) or 0),
             orphans_removed=frozenset(
                 str(r["key"])
-                for r in doc.get("removed") or []
+                for r in doc.get(contract.REMOVED) or []
                 if isinstance(r, dict) and r.get("key") and r.get("orphan")
             ),
             orphans=orphans,

@@ -8,9 +8,10 @@ which is surfaced verbatim (trimmed).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import spyre_contract as contract
 
 MAX_MESSAGE = 1024
 
@@ -39,30 +40,17 @@ class EngineFailure:
     message: str
 
 
-def _last_json_line(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                return doc
-    return None
-
-
 def parse_termination_message(text: str | None) -> ArtifactSummary | EngineFailure | None:
     """Interpret a container's termination message; None when there is nothing to read."""
     if not text or not text.strip():
         return None
-    doc = _last_json_line(text)
+    doc = next(contract.json_objects_last_first(text), None)
     if doc is None:
         return EngineFailure(reason="Error", message=text.strip()[-MAX_MESSAGE:])
-    if "reason" in doc and "key" not in doc:
+    if contract.REASON in doc and contract.KEY not in doc:
         return EngineFailure(
-            reason=str(doc.get("reason") or "Error"),
-            message=str(doc.get("message") or "")[:MAX_MESSAGE],
+            reason=str(doc.get(contract.REASON) or "Error"),
+            message=str(doc.get(contract.MESSAGE) or "")[:MAX_MESSAGE],
         )
 
     def num(v: Any, kind: type) -> Any:
@@ -71,12 +59,14 @@ def parse_termination_message(text: str | None) -> ArtifactSummary | EngineFailu
         except (TypeError, ValueError):
             return None
 
+    versions, revision, refs = (doc.get(contract.VERSIONS), doc.get(contract.MODEL_REVISION),
+                                doc.get(contract.REFERENCES))
     return ArtifactSummary(
-        key=doc.get("key"),
-        path=doc.get("path"),
-        compile_seconds=num(doc.get("compileSeconds"), float),
-        size_bytes=num(doc.get("sizeBytes"), int),
-        versions=dict(doc["versions"]) if isinstance(doc.get("versions"), dict) else {},
-        model_revision=str(doc["modelRevision"]) if doc.get("modelRevision") else None,
-        references=dict(doc["references"]) if isinstance(doc.get("references"), dict) else None,
+        key=doc.get(contract.KEY),
+        path=doc.get(contract.PATH),
+        compile_seconds=num(doc.get(contract.COMPILE_SECONDS), float),
+        size_bytes=num(doc.get(contract.SIZE_BYTES), int),
+        versions=dict(versions) if isinstance(versions, dict) else {},
+        model_revision=str(revision) if revision else None,
+        references=dict(refs) if isinstance(refs, dict) else None,
     )

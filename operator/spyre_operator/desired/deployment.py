@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import spyre_contract as contract
 from lightkube.models.apps_v1 import DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment
 from lightkube.models.core_v1 import (
     Container,
@@ -51,9 +52,9 @@ PORT_NAME = "http"
 METRICS_PORT_NAME = "metrics"
 #: Probe paths of `spyre-engine serve` (engine/spyre_engine): startup passes once the model is
 #: loaded, readiness fails as soon as a drain starts, liveness only if the engine is wedged.
-STARTUP_PATH = "/health/startup"
-READY_PATH = "/health/ready"
-LIVE_PATH = "/health/live"
+STARTUP_PATH = contract.STARTUP_PATH
+READY_PATH = contract.READY_PATH
+LIVE_PATH = contract.LIVE_PATH
 #: Loading a large model from the cache onto the cards can take many minutes.
 STARTUP_BUDGET_SECONDS = 1800
 #: The start-up probe's period: the pod turns Ready (joins the Service) at the first probe after
@@ -81,36 +82,37 @@ def serve_args(plan: ModelPlan, key: str, canary: CanarySpec | None = None) -> l
     """`spyre-engine serve` arguments for the artifact ``key`` (a canary's: with its bounds)."""
     spec = plan.spec
     args = [
-        "serve",
+        contract.SERVE,
         *shape_args(plan, str(spec.compile.backend)),
-        "--artifact-dir", plan.artifact_dir(key),
-        "--artifact-key", key,
-        "--port", str(spec.serving.port),
-        *(["--metrics-port", str(spec.serving.metrics_port)]
+        contract.ARTIFACT_DIR, plan.artifact_dir(key),
+        contract.ARTIFACT_KEY, key,
+        contract.PORT, str(spec.serving.port),
+        *([contract.METRICS_PORT, str(spec.serving.metrics_port)]
           if spec.serving.metrics_port is not None else []),
-        "--drain-timeout", str(plan.drain_seconds),
-        "--termination-log", TERMINATION_LOG,
+        contract.DRAIN_TIMEOUT, str(plan.drain_seconds),
+        contract.TERMINATION_LOG, TERMINATION_LOG,
     ]  # fmt: skip
     if not plan.is_pooling:
-        args.append("--prefix-caching" if spec.serving.prefix_caching else "--no-prefix-caching")
+        args.append(contract.PREFIX_CACHING if spec.serving.prefix_caching
+                    else contract.NO_PREFIX_CACHING)
     # Only when set: an engine image from before these limits knows no such flags.
     if spec.serving.max_in_flight is not None:
-        args += ["--max-in-flight", str(spec.serving.max_in_flight)]
+        args += [contract.MAX_IN_FLIGHT, str(spec.serving.max_in_flight)]
     if spec.serving.body_timeout_seconds is not None:
-        args += ["--body-timeout", str(spec.serving.body_timeout_seconds)]
+        args += [contract.BODY_TIMEOUT, str(spec.serving.body_timeout_seconds)]
     if spec.serving.output_check != "Enforce":
         # Only when not the default: an engine image from before the check knows no such flag.
-        args += ["--output-check", spec.serving.output_check.lower()]
+        args += [contract.OUTPUT_CHECK, spec.serving.output_check.lower()]
     if canary is not None:
         args += [
-            "--canary-seconds", str(canary.duration_seconds),
-            "--canary-max-error-ratio", str(canary.max_error_ratio),
-            "--canary-min-requests", str(canary.min_requests),
+            contract.CANARY_SECONDS, str(canary.duration_seconds),
+            contract.CANARY_MAX_ERROR_RATIO, str(canary.max_error_ratio),
+            contract.CANARY_MIN_REQUESTS, str(canary.min_requests),
         ]  # fmt: skip
         if canary.max_mean_latency_seconds is not None:
-            args += ["--canary-max-mean-latency", str(canary.max_mean_latency_seconds)]
+            args += [contract.CANARY_MAX_MEAN_LATENCY, str(canary.max_mean_latency_seconds)]
     if spec.serving.extra_args:
-        args += ["--", *spec.serving.extra_args]
+        args += [contract.PASSTHROUGH, *spec.serving.extra_args]
     return args
 
 

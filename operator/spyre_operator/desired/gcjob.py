@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import spyre_contract as contract
 from lightkube.models.batch_v1 import JobSpec
 from lightkube.models.core_v1 import (
     Container,
@@ -70,7 +71,7 @@ def gc_job_labels(claim: str) -> dict[str, str]:
 #: The engine's variable for gc's ``--keep-models`` (engine settings.py ``env_name``): a JSON
 #: list. A variable, not a flag: an engine image older than the sweep of downloaded models
 #: ignores it, where it would refuse an unknown flag and remove nothing at all.
-KEEP_MODELS_ENV = "SPYRE_ENGINE_KEEP_MODELS"
+KEEP_MODELS_ENV = contract.KEEP_MODELS_ENV
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,9 @@ def build_gc_job(
     keys = sorted(set(keys))
     sweep_args = (
         [
-            "--keep",
+            contract.KEEP,
             ",".join(sorted(sweep.keep - set(keys))),
-            "--orphans-unused-for",
+            contract.ORPHANS_UNUSED_FOR,
             str(sweep.unused_for_seconds),
         ]
         if sweep is not None
@@ -114,18 +115,18 @@ def build_gc_job(
         image=spec.engine.image,
         imagePullPolicy=spec.engine.image_pull_policy,
         args=[
-            "gc",
-            "--cache-root",
+            contract.GC,
+            contract.CACHE_ROOT,
             CACHE_MOUNT,
-            "--remove",
+            contract.REMOVE,
             ",".join(keys),
             *sweep_args,
             # Each removal asks the API server first whether anything uses the key now.
-            "--claim",
+            contract.CLAIM,
             plan.claim,
-            "--namespace",
+            contract.NAMESPACE,
             plan.namespace,
-            "--termination-log",
+            contract.TERMINATION_LOG,
             TERMINATION_LOG,
         ],
         resources=ResourceRequirements(

@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 
+import spyre_contract as contract
 from lightkube.models.batch_v1 import JobSpec
 from lightkube.models.core_v1 import Container, EnvVar, PodSpec, PodTemplateSpec
 from lightkube.models.meta_v1 import ObjectMeta
@@ -37,7 +38,7 @@ from .pod import (
 )
 
 #: The engine writes its one-line JSON summary (or failure reason) here.
-TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG = contract.TERMINATION_LOG_PATH
 #: A finished precompile Job is removed after a day: status keeps what it said (the
 #: artifact's size and compile time, or the failure's reason and message and the next retry).
 PRECOMPILE_JOB_TTL_SECONDS = 86400
@@ -84,17 +85,18 @@ def build_precompile_job(plan: ModelPlan, owners: Iterable[OwnerRef], attempt: i
         image=spec.engine.image,
         imagePullPolicy=spec.engine.image_pull_policy,
         args=[
-            "precompile",
+            contract.PRECOMPILE,
             *shape_args(plan, backend),
-            "--artifact-dir",
+            contract.ARTIFACT_DIR,
             plan.artifact_dir(),
-            "--artifact-key",
+            contract.ARTIFACT_KEY,
             plan.key,
-            "--termination-log",
+            contract.TERMINATION_LOG,
             TERMINATION_LOG,
-            *([] if spec.compile.require_known_configuration else ["--no-require-known-config"]),
+            *([] if spec.compile.require_known_configuration
+              else [contract.NO_REQUIRE_KNOWN_CONFIG]),
             # Nothing will be checked: no reference answers (on eager, no vLLM started for them)
-            *(["--reference-answers", "off"] if spec.serving.output_check == "Off" else []),
+            *([contract.REFERENCE_ANSWERS, "off"] if spec.serving.output_check == "Off" else []),
         ],  # fmt: skip
         env=env,
         resources=resources(spec.precompile.resources, cards, container_claims(plan, on_cards)),

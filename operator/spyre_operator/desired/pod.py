@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import cast
 
+import spyre_contract as contract
 from lightkube.models.core_v1 import (
     Affinity,
     Capabilities,
@@ -108,8 +109,8 @@ def container_security_context() -> SecurityContext:
 
 
 #: The backend that runs on Spyre cards, and the one that builds its artifacts on a CPU node.
-CARD_BACKEND = "sendnn"
-COMPILE_ONLY_BACKEND = "sendnn_compile_only"
+CARD_BACKEND = contract.CARD_BACKEND
+COMPILE_ONLY_BACKEND = contract.COMPILE_ONLY_BACKEND
 
 
 def serves_on_cards(spec: SpyreModelSpec) -> bool:
@@ -146,20 +147,20 @@ def shape_args(plan: ModelPlan, backend: str) -> list[str]:
     spec = plan.spec
     c = spec.compile
     args = [
-        "--model", plan.model_arg,
-        "--served-name", plan.served_name,
-        "--task", str(spec.task),
-        "--tensor-parallel-size", str(c.tensor_parallel_size),
-        "--max-model-len", str(c.max_model_len),
-        "--max-num-seqs", str(c.max_num_seqs),
-        "--max-num-batched-tokens", str(c.max_num_batched_tokens),
-        "--backend", backend,
+        contract.MODEL, plan.model_arg,
+        contract.SERVED_NAME, plan.served_name,
+        contract.TASK, str(spec.task),
+        contract.TENSOR_PARALLEL_SIZE, str(c.tensor_parallel_size),
+        contract.MAX_MODEL_LEN, str(c.max_model_len),
+        contract.MAX_NUM_SEQS, str(c.max_num_seqs),
+        contract.MAX_NUM_BATCHED_TOKENS, str(c.max_num_batched_tokens),
+        contract.BACKEND, backend,
     ]  # fmt: skip
     if c.warmup_shapes:
         shapes = ",".join(f"{w.prompt_len}x{w.batch_size}" for w in c.warmup_shapes)
-        args += ["--warmup-shapes", shapes]
+        args += [contract.WARMUP_SHAPES, shapes]
     if plan.model_claim is None:
-        args += ["--hf-cache-dir", HF_CACHE_DIR]
+        args += [contract.HF_CACHE_DIR, HF_CACHE_DIR]
     return args
 
 
@@ -223,9 +224,8 @@ def plugin_env(plan: ModelPlan, key: str, backend: str) -> list[EnvVar]:
         *model_config_env(plan.spec),
         *(thread_env(plan.spec) if key == plan.key else []),
         *([EnvVar(name="FLEX_DEVICE", value=flex_device(flex))] if on_cards else []),
-        EnvVar(name="TORCH_SENDNN_CACHE_ENABLE", value="1"),
-        EnvVar(name="TORCH_SENDNN_CACHE_DIR", value=plan.artifact_dir(key)),
-        EnvVar(name="SENDNN_INFERENCE_DYNAMO_BACKEND", value=backend),
+        *(EnvVar(name=k, value=v)
+          for k, v in contract.sendnn_cache_env(backend, plan.artifact_dir(key)).items()),
         EnvVar(name="HOME", value="/tmp"),
         EnvVar(
             name="SPYRE_ENGINE_POD_NAME",

@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from ..api.v1alpha1 import POOLING_TASKS, CompileSpec, SpyreModelSpec, Task, WarmupShape
+from ..api.v1alpha1 import POOLING_TASKS, Backend, CompileSpec, SpyreModelSpec, Task, WarmupShape
 
 #: The copy of the plugin's list, and the plugin release it is from (the engine image's pin).
 SUPPORTED_CONFIGS_FILE = Path(__file__).resolve().parent.parent / "data" / "model_configs.yaml"
@@ -249,9 +249,8 @@ def checks_known(spec: SpyreModelSpec) -> bool:
     requireKnownConfiguration and no site modelConfigFile (which only the precompile Job reads,
     against which it checks the shape; omitted fields still come from the plugin's list)."""
     c = spec.compile
-    return (
-        str(c.backend) == "sendnn" and c.require_known_configuration and c.model_config_file is None
-    )
+    return bool(c.backend == Backend.SENDNN and c.require_known_configuration
+                and c.model_config_file is None)
 
 
 def resolve_compile(
@@ -311,7 +310,7 @@ def resolve_compile(
 
 def _unchecked(spec: SpyreModelSpec) -> str:
     c = spec.compile
-    if str(c.backend) != "sendnn":
+    if c.backend != Backend.SENDNN:
         return f" (not checked: backend {c.backend} runs on CPU)"
     if not c.require_known_configuration:
         return " (not checked: requireKnownConfiguration is false; the plugin caps the shape)"

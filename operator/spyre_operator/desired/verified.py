@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import spyre_contract as contract
 from lightkube.models.core_v1 import ConfigMapKeySelector, EnvVar, EnvVarSource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
@@ -33,7 +34,7 @@ from .owners import controller_ref
 from .plan import ModelPlan
 
 #: The engine's setting (spyre_engine/settings.py, ``output_verified``).
-VERIFIED_ENV = "SPYRE_ENGINE_OUTPUT_VERIFIED"
+VERIFIED_ENV = contract.OUTPUT_VERIFIED_ENV
 
 
 def verified_env(model: str, key: str) -> EnvVar:

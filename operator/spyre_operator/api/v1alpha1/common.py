@@ -3,11 +3,15 @@ no unknown fields), CEL rules, tasks and backends."""
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
+
+# The engine's own names for them (engine/spyre_contract: one spelling for both sides).
+from spyre_contract import POOLING_TASKS as POOLING_TASKS
+from spyre_contract import Backend as Backend
+from spyre_contract import Task as Task
 
 #: Regular expression for a Kubernetes resource quantity (as in apimachinery).
 QUANTITY_PATTERN = (
@@ -107,22 +111,3 @@ class ApiModel(BaseModel):
     )
 
 
-class Task(StrEnum):
-    """What the model serves."""
-
-    GENERATE = "generate"
-    EMBED = "embed"
-    SCORE = "score"
-    RERANK = "rerank"
-
-
-class Backend(StrEnum):
-    """The torch dynamo backend the Spyre plugin compiles with."""
-
-    SENDNN = "sendnn"
-    SENDNN_COMPILE_ONLY = "sendnn_compile_only"
-    INDUCTOR = "inductor"
-    EAGER = "eager"
-
-
-POOLING_TASKS = frozenset({Task.EMBED, Task.SCORE, Task.RERANK})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import spyre_contract as contract
 from pydantic import ConfigDict, Field, model_validator
 
 from .common import ApiModel, FreeForm, Quantity, cel, keys_are_qualified_names
@@ -145,6 +146,8 @@ EXTRA_ARGS_RULE = (
 #: shared by the CEL rule below, the artifact key (never part of it) and the pod builders
 #: (tests/unit check that the builders set nothing else).
 OPERATOR_ENV = (
+    # the plugin's backend and torch_sendnn's cache, from --backend and --artifact-dir; the
+    # engine sets them from its flags as well, and the image may bake no other values
     "TORCH_SENDNN_CACHE_ENABLE",
     "TORCH_SENDNN_CACHE_DIR",
     "SENDNN_INFERENCE_REQUIRE_PRECOMPILED_DECODERS",
@@ -159,7 +162,7 @@ OPERATOR_ENV = (
     # from serving.resources' cpu, the same in the precompile Job (desired/key.py engine_cpus)
     "SENDNN_INFERENCE_NUM_CPUS",
     # the artifact passed its output check before: from <model>-output-check (desired/verified.py)
-    "SPYRE_ENGINE_OUTPUT_VERIFIED",
+    contract.OUTPUT_VERIFIED_ENV,
 )
 #: Environment the operator sets on the precompile container only, from precompile fields when
 #: they are given; serving.env may set it for the serving pods.
