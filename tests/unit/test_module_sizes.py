@@ -14,8 +14,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the operator, the engine, and the release and OLM scripts beside them
+#: the operator, the engine, their contract, and the release and OLM scripts beside them
 PACKAGES = [ROOT / "operator" / "spyre_operator", ROOT / "engine" / "spyre_engine",
+            ROOT / "engine" / "spyre_contract",
             ROOT / "operator" / "scripts"]
 MAX_MODULE_LINES = 800
 MAX_CLASS_LINES = 400
