@@ -122,6 +122,23 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+def forwarders_of(host_ip: str) -> list[int]:
+    """Every live tcpforward.py relaying from ``host_ip`` (a node slot's host end), whether or
+    not a pid file names it: a checkout removed before its `down` leaves its forwarder behind
+    with no pid file, and the next node of the slot would count it as its own leak."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            ours = f"{host_ip}:".encode()
+            if any(a.endswith(b"tcpforward.py") for a in argv) and _pid_alive(int(d.name)) \
+                    and any(a.removeprefix(b"udp:").startswith(ours) for a in argv):
+                out.append(int(d.name))
+    return sorted(out)
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -1101,9 +1118,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         if delete_node and self.cp._load_state() and self.cp.apiserver_ready():
             self.cp.kubectl("delete", "node", self.name, "--ignore-not-found", "--wait=false",
                             check=False, timeout=30)
-        fwd = self.forward_pid()
-        if fwd:
-            self._kill(fwd)
+        # The pid file's forwarder, and any other of this slot (a removed checkout's).
+        for fwd in {self.forward_pid(), *forwarders_of(self.host_ip)} - {None}:
+            self._kill(fwd)  # type: ignore[arg-type]
         pid = self.pid()
         # Kill everything in the node's cgroups (the init first: the kernel then kills the
         # whole pid namespace) and the unshare process; repeat until nothing is left.
@@ -1194,6 +1211,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         while another checkout's node runs, whose kubelet set them too)."""
         out: list[str] = []
         marker = str(self.dir).encode()
+        forwarders = set(forwarders_of(self.host_ip))
         for d in Path("/proc").iterdir():
             if not d.name.isdigit() or int(d.name) == os.getpid():
                 continue
@@ -1201,8 +1219,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
                 if not _pid_alive(int(d.name)):  # a zombie holds nothing; its parent reaps it
                     continue
                 argv = (d / "cmdline").read_bytes()
-                if marker in argv or b"tcpforward.py" in argv and \
-                        f"{self.host_ip}:".encode() in argv:
+                if marker in argv or int(d.name) in forwarders:
                     cmd = argv.replace(b"\0", b" ")[:100].decode(errors="replace")
                     out.append(f"process {d.name}: {cmd}")
                 elif re.search(rb":/" + self.cgroup_name.encode() + rb"(/|$)",
