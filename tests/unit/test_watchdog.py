@@ -135,3 +135,14 @@ def _kills_itself(strace_line: str) -> bool:
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_control_plane_without_its_state_file_is_named_not_raised(tmp_path: Path) -> None:
+    """A failed test's report names /readyz even when the cluster's state file is gone (a
+    removed node's leftovers once failed a session this way: ClusterError from the report hook
+    ended the session in an INTERNALERROR)."""
+    from tests.cluster import watchdog
+    from tests.cluster.controlplane import ControlPlane
+
+    cp = ControlPlane(root=tmp_path)  # never started: no state file
+    assert watchdog._readyz(cp) == "the API server's /readyz"
