@@ -107,7 +107,7 @@ def test_operator_has_no_engine_extra() -> None:
     """The operator image must not pull torch/vLLM (the `engine` extra)."""
     runs = _runs(OPERATOR)
     assert "[engine" not in runs and "torch" not in runs and "vllm" not in runs.lower()
-    # of the engine's folder only the names both share (stdlib only: test_spyre_contract.py)
+    # of the engine's folder only the names both share (stdlib only: tests/unit/test_contract.py)
     engine = [s for s in _copy_sources(OPERATOR) if s.startswith("engine/")]
     assert engine == ["engine/spyre_contract"]
 

@@ -40,7 +40,7 @@ NOT_THE_OPERATORS = (
     "test_base_compat.py", "test_dependencies.py", "test_lock.py", "test_plugin_threads.py",
     "test_spyre_pins.py", "test_supported_shapes.py", "test_containerfile.py",
     "test_streams.py", "test_watchdog.py", "test_shutdown_budget.py", "test_engine_canary.py",
-    "test_output_check_args.py", "test_spyre_contract.py",
+    "test_output_check_args.py", "test_contract.py",
     # imports jsonschema, which the test extra does not declare (vLLM's tree brings it)
     "test_scaletozero.py",
 )  # fmt: skip
